@@ -1,0 +1,29 @@
+// Weight × activation products for every computable weight type, split over a thread pool.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/weight_type.h"
+
+namespace tandem::kernels::cpu {
+
+// Instruction-set paths. `best` picks the widest the CPU supports at run time.
+enum class isa { scalar, avx2, best };
+// Forces a path (tests compare avx2 against scalar); `best` restores automatic choice.
+void set_isa(isa which);
+isa active_isa();
+const char* isa_name(isa which);
+
+// y[r * rows + o] = sum_i W[o, i] * x[r * cols + i]   for r < n_x, o < rows.
+// W: `rows` rows of `cols` elements of type `wt`, each row row_bytes(wt, cols) bytes,
+// contiguous (a GGUF tensor with ne = {cols, rows}). x: n_x activation rows of `cols` floats.
+// Activations are converted as ggml does for the weight type (Q8_0 blocks for Q4_0/Q5_0/Q8_0,
+// Q8_1 for Q4_1/Q5_1, Q8_K for K-quants, F16/BF16 for F16/BF16 weights, F32 for F32), so
+// results match llama.cpp's CPU path to float rounding. n_x == 1 is the decode matvec; larger
+// n_x reads each weight block once per group of activation rows (prefill).
+// pool may be null (runs on the calling thread).
+void matmul(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
+            thread_pool* pool);
+
+}  // namespace tandem::kernels::cpu
