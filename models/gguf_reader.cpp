@@ -91,16 +91,21 @@ void read_array(cursor& c, gguf_value& v, const std::string& what, int depth) {
     v.strings.reserve(v.count);
     for (uint64_t k = 0; k < v.count; ++k) v.strings.push_back(c.read_string(what + "[" + std::to_string(k) + "]"));
   } else if (v.elem_type == gguf_type::array) {
-    v.arrays.resize(v.count);
+    // Grown element by element (no resize to the declared count): each level of nesting
+    // could otherwise reserve ~150 bytes per 12 bytes of file before anything is read.
     for (uint64_t k = 0; k < v.count; ++k) {
-      v.arrays[k].type = gguf_type::array;
-      read_array(c, v.arrays[k], what + "[" + std::to_string(k) + "]", depth + 1);
+      auto& e = v.arrays.emplace_back();
+      e.type = gguf_type::array;
+      read_array(c, e, what + "[" + std::to_string(k) + "]", depth + 1);
     }
   } else {
+    const uint64_t data_at = c.pos();
     v.raw = c.take(v.count * min_elem, what + " (array data)");
     if (v.elem_type == gguf_type::boolean)
-      for (auto b : v.raw)
-        if (static_cast<uint8_t>(b) > 1) c.fail(what + ": bool array element is neither 0 nor 1");
+      for (uint64_t k = 0; k < v.count; ++k)
+        if (const auto b = static_cast<uint8_t>(v.raw[k]); b > 1)
+          c.fail(what + "[" + std::to_string(k) + "]: bool array element " + std::to_string(b) + " is neither 0 nor 1",
+                 data_at + k);
   }
 }
 
@@ -291,17 +296,20 @@ gguf_file::gguf_file(const std::string& path) : map_(path) {
   const uint64_t header_end = c.pos();
   data_offset_ = header_end + (alignment_ - header_end % alignment_) % alignment_;
   const uint64_t size = map_.size();
-  if (n_tensors > 0 && data_offset_ > size)
-    c.fail("data section starts at " + std::to_string(data_offset_) + ", past the end of the file (" + std::to_string(size) + " bytes)", header_end);
+  // A file cut before its data section leaves data_size 0, so the loop below names the first
+  // tensor that has no data.
   const uint64_t data_size = data_offset_ <= size ? size - data_offset_ : 0;
 
   // Every tensor must lie inside the data section and no two may overlap.
   std::vector<const gguf_tensor*> by_offset;
   for (auto& t : tensors_) {
-    if (t.offset > data_size || t.bytes > data_size - t.offset)
-      throw gguf_error(map_.path() + ": offset " + std::to_string(data_offset_ + t.offset) + ": tensor '" + t.name + "': data (" +
+    if (t.offset > data_size || t.bytes > data_size - t.offset) {
+      // The absolute position of the claimed data; a wild offset would wrap, so name the end.
+      const uint64_t at = t.offset > std::numeric_limits<uint64_t>::max() - data_offset_ ? size : data_offset_ + t.offset;
+      throw gguf_error(map_.path() + ": offset " + std::to_string(at) + ": tensor '" + t.name + "': data (" +
                        std::to_string(t.bytes) + " bytes at data offset " + std::to_string(t.offset) +
                        ") extends past the end of the file (data section is " + std::to_string(data_size) + " bytes)");
+    }
     t.data = map_.bytes().subspan(data_offset_ + t.offset, t.bytes);
     by_offset.push_back(&t);
   }

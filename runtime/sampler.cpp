@@ -42,33 +42,34 @@ int32_t sampler::sample(std::span<float> logits, std::span<const int32_t> histor
   }
   candidates_.resize(keep);
 
-  // Temperature, then softmax over the survivors.
+  // Top-p and min-p judge the distribution at temperature 1; temperature only reshapes what
+  // survives them. This is llama.cpp's default chain (top-k, top-p, min-p, temperature), so a
+  // given temperature keeps the same tokens in play here as there.
   const float max_logit = candidates_.front().first;
-  double sum = 0;
-  for (auto& c : candidates_) {
-    c.first = std::exp((c.first - max_logit) / p.temperature);
-    sum += c.first;
-  }
-  for (auto& c : candidates_) c.first = static_cast<float>(c.first / sum);
-
-  // Top-p: smallest prefix whose mass reaches top_p (at least one token).
   if (p.top_p < 1.0f) {
+    double sum = 0;
+    for (const auto& c : candidates_) sum += std::exp(static_cast<double>(c.first - max_logit));
+    // Smallest prefix whose mass reaches top_p (at least one token).
     double cum = 0;
     size_t k = 0;
     while (k < candidates_.size()) {
-      cum += candidates_[k].first;
+      cum += std::exp(static_cast<double>(candidates_[k].first - max_logit)) / sum;
       ++k;
       if (cum >= p.top_p) break;
     }
     candidates_.resize(k);
   }
-  // Min-p: drop tokens below min_p times the most likely one.
+  // Min-p: drop tokens less likely than min_p times the most likely one, i.e. whose logit is
+  // below max + ln(min_p) (a ratio of probabilities, so no normalisation is needed).
   if (p.min_p > 0.0f) {
-    const float floor = candidates_.front().first * p.min_p;
+    const float floor = max_logit + std::log(p.min_p);
     size_t k = 1;
     while (k < candidates_.size() && candidates_[k].first >= floor) ++k;
     candidates_.resize(k);
   }
+
+  // Temperature, then the softmax weights of the survivors (unnormalised: the draw scales).
+  for (auto& c : candidates_) c.first = std::exp((c.first - max_logit) / p.temperature);
 
   double total = 0;
   for (const auto& c : candidates_) total += c.first;

@@ -20,7 +20,8 @@ struct sampling_params {
 };
 
 // Stateful per sequence (owns the RNG). Order of the chain: repetition penalty, top-k,
-// temperature, softmax, top-p, min-p, draw; llama.cpp's common sampler order.
+// top-p, min-p (both on the temperature-1 distribution), temperature, softmax, draw;
+// llama.cpp's common sampler order (temperature last).
 class sampler {
  public:
   explicit sampler(const sampling_params& p);

@@ -10,8 +10,12 @@ namespace tandem::kernels::cpu {
 
 // Instruction-set paths. `best` picks the widest the CPU supports at run time.
 enum class isa { scalar, avx2, best };
-// Forces a path (tests compare avx2 against scalar); `best` restores automatic choice.
+// Whether this CPU can run the path (scalar and best: always; avx2: AVX2 + FMA + F16C).
+bool isa_supported(isa which);
+// Forces a path for every later matmul in the process (tests compare avx2 against scalar);
+// `best` restores the automatic choice. Throws std::invalid_argument for an unsupported path.
 void set_isa(isa which);
+// The path matmul takes now: scalar or avx2, never best.
 isa active_isa();
 const char* isa_name(isa which);
 
@@ -22,7 +26,12 @@ const char* isa_name(isa which);
 // Q8_1 for Q4_1/Q5_1, Q8_K for K-quants, F16/BF16 for F16/BF16 weights, F32 for F32), so
 // results match llama.cpp's CPU path to float rounding. n_x == 1 is the decode matvec; larger
 // n_x reads each weight block once per group of activation rows (prefill).
-// pool may be null (runs on the calling thread).
+// pool may be null (runs on the calling thread); small products run on the calling thread
+// anyway, since waking workers would cost more than the work.
+// w needs no particular alignment; x and y are float arrays.
+// Throws std::invalid_argument (naming the type) when wt has no kernels or cols is not a
+// multiple of its block size. Activation scratch is a per-thread buffer that grows to the
+// largest n_x * cols seen and is reused, so steady-state calls do not allocate.
 void matmul(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
             thread_pool* pool);
 

@@ -1,4 +1,7 @@
 // Element-wise and attention ops of a Llama-family forward pass (F32 activations).
+// Each op mirrors the arithmetic of the ggml CPU op it replaces (noted per op), so that a
+// model run here tracks llama.cpp's logits on the same file within float noise.
+// None of them throws or allocates once warm; preconditions are the caller's to keep.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +11,7 @@
 namespace tandem::kernels::cpu {
 
 // out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i]; w may be null (no scale). out may equal x.
+// The sum of squares is accumulated in double (as ggml's rms_norm).
 void rms_norm(const float* x, const float* w, float* out, int64_t n, float eps);
 
 enum class rope_pairing {
@@ -16,8 +20,14 @@ enum class rope_pairing {
 };
 
 // Everything RoPE needs besides the data; built once from the model config.
+// Pair i (0 <= i < n_rot/2) turns by theta_i = pos * freq_base^(-2i/n_rot), divided by
+// freq_factors[i] when given, then scaled: plain/linear: theta_i * freq_scale; YaRN
+// (ext_factor != 0): a blend of theta_i * freq_scale and theta_i ramped over the pairs
+// between the correction dims of beta_fast and beta_slow, and cos/sin multiplied by
+// attn_factor * (1 + 0.1 ln(1/freq_scale)). Without YaRN cos/sin are multiplied by attn_factor.
 struct rope_params {
-  int n_rot = 0;                       // rotated dims per head (<= head_dim; rest pass through)
+  int n_rot = 0;                       // rotated dims per head, even, <= head_dim (rest pass
+                                       // through); <= 0 means all of head_dim
   float freq_base = 10000.0f;
   float freq_scale = 1.0f;             // 1/linear factor (linear and yarn scaling)
   rope_pairing pairing = rope_pairing::adjacent;
@@ -27,31 +37,38 @@ struct rope_params {
   float attn_factor = 1.0f;
   float beta_fast = 32.0f;
   float beta_slow = 1.0f;
-  int n_ctx_orig = 0;                  // training context (yarn correction dims)
+  int n_ctx_orig = 0;                  // training context (yarn correction dims); > 0 with yarn
 };
 
 // Rotates n_heads heads of head_dim floats each (contiguous) for token position pos, in place.
+// cos/sin are computed once per call and shared by the heads, so pass all heads of a token
+// in one call. Safe to call concurrently from several threads.
 void rope(float* x, int n_heads, int head_dim, int64_t pos, const rope_params& p);
 
 // gate[i] = silu(gate[i]) * up[i]
 void swiglu(float* gate, const float* up, int64_t n);
 
-// In-place softmax of n floats (max-subtracted).
+// In-place softmax of n floats (max-subtracted, F32 exponentials, sum kept in double).
+// Needs at least one finite value.
 void softmax(float* x, int64_t n);
 
-// Layout of one layer's KV cache: position-major, [n_ctx][n_kv_heads][head_dim].
+// Element type of one layer's KV cache, which is position-major:
+// [n_ctx][n_kv_heads][head_dim], so the row of one position is n_kv_heads * head_dim elements.
 enum class kv_type { f32, f16 };
 
 // Causal self-attention with grouped-query heads for n_q query rows at positions
 // pos0 .. pos0+n_q-1 over keys/values at positions 0 .. pos0+n_q-1 (already written to the
-// cache). q: [n_q][n_heads][head_dim]; out: same shape. Head h uses KV head h / (n_heads /
-// n_kv_heads). Scores are scaled by `scale` (1/sqrt(head_dim) normally). Split over heads and
-// rows with the pool (may be null).
+// cache): row r sees positions 0 .. pos0+r. q: [n_q][n_heads][head_dim]; out: same shape
+// (must not alias q). Head h uses KV head h / (n_heads / n_kv_heads); n_heads must be a
+// multiple of n_kv_heads. Scores are scaled by `scale` (1/sqrt(head_dim) normally).
+// With an f16 cache the arithmetic is llama.cpp's default CPU (flash-attention) path: Q
+// rounded to f16, online softmax, values accumulated in f16; with f32 nothing is rounded.
+// Split over (row, head) pairs with the pool (may be null: runs on the calling thread).
 void attention(const float* q, int64_t n_q, int64_t pos0, const void* k_cache, const void* v_cache, kv_type kt,
                int n_heads, int n_kv_heads, int head_dim, float scale, float* out, thread_pool* pool);
 
-// Writes n rows of [n_kv_heads * head_dim] floats into a cache at position pos (converting
-// to the cache type).
+// Writes n rows of row_elems (= n_kv_heads * head_dim) floats into a cache at positions
+// pos .. pos+n-1, converting to the cache type (f16: round to nearest even).
 void kv_store(void* cache, kv_type kt, int64_t pos, const float* rows, int64_t n, int64_t row_elems);
 
 }  // namespace tandem::kernels::cpu

@@ -1,0 +1,121 @@
+// `tandem run`: generate text from a GGUF model on the CPU. Only the generated text goes to
+// stdout; one line of timings goes to stderr.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <random>
+
+#include "cli/command_registry.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/device_probe.h"
+#include "models/chat_template.h"
+#include "models/forward.h"
+#include "models/model.h"
+#include "models/tokenizer.h"
+#include "runtime/generate.h"
+
+namespace tandem::cli {
+namespace {
+
+struct run_args {
+  std::string model;
+  std::string prompt;
+  std::string chat;
+  std::string system;
+  std::string chat_template;
+  int64_t n_predict = 128;
+  int64_t n_ctx = 0;
+  int threads = 0;
+  std::string kv_type = "f16";
+  bool has_seed = false;
+  uint64_t seed = 0;
+  runtime::sampling_params sampling;
+};
+
+// The prompt token ids for a plain prompt or a chat message rendered with the model's template.
+std::vector<int32_t> build_prompt(const run_args& a, const models::model& m, const models::tokenizer& tok) {
+  if (a.chat.empty()) return tok.encode(a.prompt, tok.add_bos(), /*parse_special=*/true);
+  models::chat_template_kind kind;
+  if (!a.chat_template.empty()) {
+    const auto k = models::parse_chat_template_name(a.chat_template);
+    if (!k) throw std::runtime_error("unknown chat template '" + a.chat_template + "'");
+    kind = *k;
+  } else {
+    kind = models::detect_chat_template(m.file().get_string("tokenizer.chat_template").value_or(""));
+  }
+  spdlog::info("chat template: {}", models::chat_template_name(kind));
+  std::vector<models::chat_message> msgs;
+  if (!a.system.empty()) msgs.push_back({"system", a.system});
+  msgs.push_back({"user", a.chat});
+  const std::string text = models::apply_chat_template(kind, msgs, /*add_generation_prompt=*/true);
+  return tok.encode(text, tok.add_bos() && !models::renders_bos(kind), /*parse_special=*/true);
+}
+
+void run(const run_args& a) {
+  if (a.prompt.empty() == a.chat.empty()) throw std::runtime_error("give exactly one of -p/--prompt and --chat");
+  // `run` computes on the CPU backend; say once why no GPU is used when none answers.
+  if (const auto cuda = kernels::probe_cuda(); cuda.devices.empty())
+    spdlog::info("{}; using the CPU backend", cuda.reason);
+  else
+    spdlog::info("CUDA device {} found; `run` uses the CPU backend (GPU kernels come with the CUDA backend)", cuda.devices[0].name);
+  const auto t_load = std::chrono::steady_clock::now();
+  models::model m(a.model);
+  const auto tok = models::tokenizer::from_gguf(m.file());
+  spdlog::info("loaded {} ({}, {} layers, {:.1f} MiB) in {:.2f} s", a.model, models::architecture_name(m.config().arch),
+               m.config().n_layer, m.weight_bytes() / 1048576.0,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count());
+
+  kernels::cpu::thread_pool pool(a.threads > 0 ? a.threads : kernels::cpu::default_thread_count());
+  models::context_params cp;
+  cp.n_ctx = a.n_ctx;
+  cp.kv = a.kv_type == "f32" ? kernels::cpu::kv_type::f32 : kernels::cpu::kv_type::f16;
+  models::forward_context ctx(m, cp, &pool);
+
+  const auto prompt = build_prompt(a, m, tok);
+  runtime::generate_options opt;
+  opt.max_tokens = a.n_predict;
+  opt.sampling = a.sampling;
+  opt.sampling.seed = a.has_seed ? a.seed : std::random_device{}();
+  const auto st = runtime::generate(ctx, tok, prompt, opt, [](int32_t, const std::string& text) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+    return true;
+  });
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  std::fprintf(stderr, "prompt: %lld tokens, %.1f tok/s | generated: %lld tokens, %.1f tok/s | threads %d, %s\n",
+               static_cast<long long>(st.prompt_tokens), st.prompt_tok_s(), static_cast<long long>(st.generated_tokens),
+               st.generate_tok_s(), pool.size(), kernels::cpu::isa_name(kernels::cpu::active_isa()));
+}
+
+void add_run_command(CLI::App& root) {
+  auto a = std::make_shared<run_args>();
+  auto* cmd = root.add_subcommand("run", "Generate text from a GGUF model (CPU)");
+  cmd->add_option("-m,--model", a->model, "GGUF model file")->required()->check(CLI::ExistingFile);
+  cmd->add_option("-p,--prompt", a->prompt, "prompt text (continued as is)");
+  cmd->add_option("--chat", a->chat, "a user message, wrapped in the model's chat template; stops at end of turn");
+  cmd->add_option("--system", a->system, "system message for --chat");
+  cmd->add_option("--chat-template", a->chat_template,
+                  "template family instead of the detected one: chatml, llama2, llama3, mistral, gemma, phi3, deepseek, zephyr, plain");
+  cmd->add_option("-n,--n-predict", a->n_predict, "tokens to generate (-1: until end of generation or context full)")
+      ->check(CLI::Range(int64_t{-1}, int64_t{1} << 24));
+  cmd->add_option("-c,--ctx-size", a->n_ctx, "context size (0: the model's training context)")->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
+  cmd->add_option("-t,--threads", a->threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
+  cmd->add_option("--kv-type", a->kv_type, "KV cache type: f16 (default, as llama.cpp) or f32")->check(CLI::IsMember({"f16", "f32"}));
+  cmd->add_option("--temp", a->sampling.temperature, "temperature (0: greedy)")->check(CLI::Range(0.0f, 100.0f));
+  cmd->add_option("--top-k", a->sampling.top_k, "top-k (0: off)")->check(CLI::Range(0, 1 << 24));
+  cmd->add_option("--top-p", a->sampling.top_p, "top-p (1: off)")->check(CLI::Range(0.0f, 1.0f));
+  cmd->add_option("--min-p", a->sampling.min_p, "min-p (0: off)")->check(CLI::Range(0.0f, 1.0f));
+  cmd->add_option("--repeat-penalty", a->sampling.repeat_penalty, "repetition penalty (1: off)")->check(CLI::Range(0.0f, 10.0f));
+  cmd->add_option("--repeat-last-n", a->sampling.repeat_last_n, "tokens the penalty looks back (-1: all)")->check(CLI::Range(-1, 1 << 24));
+  cmd->add_option("--seed", a->seed, "random seed (default: random)")->each([a](const std::string&) { a->has_seed = true; });
+  cmd->callback([a] { run(*a); });
+}
+
+const command_registrar reg{"run", &add_run_command};
+
+}  // namespace
+}  // namespace tandem::cli

@@ -1,0 +1,123 @@
+#include "kernels/cpu/act_quant.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cpu/blocks.h"
+#include "kernels/cpu/quants.h"
+#include "kernels/cpu/quants_impl.h"
+
+namespace tandem::kernels::cpu {
+namespace {
+
+void quantize_q8_1(const float* x, void* dst, int64_t n) {
+  auto* y = static_cast<block_q8_1*>(dst);
+  constexpr int qk = k_qk_legacy;
+  for (int64_t i = 0; i < n / qk; ++i, x += qk) {
+    float amax = 0.0f;
+    for (int j = 0; j < qk; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < qk; ++j) {
+      y[i].qs[j] = static_cast<int8_t>(std::round(x[j] * id));
+      sum += y[i].qs[j];
+    }
+    store_half(y[i].d, fp32_to_fp16(d));
+    // s uses the unrounded d, as ggml does: it multiplies the fp16 weight offset m.
+    store_half(y[i].s, fp32_to_fp16(static_cast<float>(sum) * d));
+  }
+}
+
+void quantize_q8_k(const float* x, void* dst, int64_t n) {
+  auto* y = static_cast<block_q8_k*>(dst);
+  constexpr int qk = k_qk_k;
+  for (int64_t i = 0; i < n / qk; ++i, x += qk) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < qk; ++j) {
+      if (std::fabs(x[j]) > amax) {
+        amax = std::fabs(x[j]);
+        max = x[j];
+      }
+    }
+    if (amax == 0.0f) {
+      y[i].d = 0.0f;
+      std::memset(y[i].qs, 0, sizeof y[i].qs);
+      std::memset(y[i].bsums, 0, sizeof y[i].bsums);
+      continue;
+    }
+    // The extreme maps to -127 whatever its sign; the min() only matters for rounding at +127.
+    const float iscale = -127.0f / max;
+    for (int j = 0; j < qk; ++j) y[i].qs[j] = static_cast<int8_t>(std::min(127, nearest_int(iscale * x[j])));
+    for (int g = 0; g < 16; ++g) {
+      int sum = 0;
+      for (int j = 0; j < 16; ++j) sum += y[i].qs[16 * g + j];
+      y[i].bsums[g] = static_cast<int16_t>(sum);
+    }
+    y[i].d = 1.0f / iscale;
+  }
+}
+
+}  // namespace
+
+weight_type activation_type(weight_type weights) {
+  switch (weights) {
+    case weight_type::q4_0:
+    case weight_type::q5_0:
+    case weight_type::q8_0: return weight_type::q8_0;
+    case weight_type::q4_1:
+    case weight_type::q5_1: return weight_type::q8_1;
+    case weight_type::q4_k:
+    case weight_type::q5_k:
+    case weight_type::q6_k: return weight_type::q8_k;
+    case weight_type::f16: return weight_type::f16;
+    case weight_type::bf16: return weight_type::bf16;
+    case weight_type::f32: return weight_type::f32;
+    default:
+      throw std::invalid_argument("activation_type: weight type " + display_name(weights) +
+                                  " has no CPU dot product");
+  }
+}
+
+void quantize_activation_row(weight_type act, const float* src, void* dst, int64_t n) {
+  switch (act) {
+    case weight_type::q8_0: quantize_q8_0(src, dst, n); return;  // same formula as the weight type
+    case weight_type::q8_1: quantize_q8_1(src, dst, n); return;
+    case weight_type::q8_k: quantize_q8_k(src, dst, n); return;
+    case weight_type::f16:
+    case weight_type::bf16:
+    case weight_type::f32: quantize_row(act, src, dst, n); return;
+    default:
+      throw std::invalid_argument("quantize_activation_row: " + display_name(act) + " is not an activation type");
+  }
+}
+
+void dequantize_activation_row(weight_type act, const void* src, float* dst, int64_t n) {
+  switch (act) {
+    case weight_type::q8_1: {
+      const auto* b = static_cast<const block_q8_1*>(src);
+      for (int64_t i = 0; i < n / k_qk_legacy; ++i) {
+        const float d = fp16_to_fp32(load_half(b[i].d));
+        for (int j = 0; j < k_qk_legacy; ++j) dst[i * k_qk_legacy + j] = d * static_cast<float>(b[i].qs[j]);
+      }
+      return;
+    }
+    case weight_type::q8_k: {
+      const auto* b = static_cast<const block_q8_k*>(src);
+      for (int64_t i = 0; i < n / k_qk_k; ++i)
+        for (int j = 0; j < k_qk_k; ++j) dst[i * k_qk_k + j] = b[i].d * static_cast<float>(b[i].qs[j]);
+      return;
+    }
+    case weight_type::q8_0:
+    case weight_type::f16:
+    case weight_type::bf16:
+    case weight_type::f32: dequantize_row(act, src, dst, n); return;
+    default:
+      throw std::invalid_argument("dequantize_activation_row: " + display_name(act) + " is not an activation type");
+  }
+}
+
+}  // namespace tandem::kernels::cpu

@@ -1,0 +1,16 @@
+#include "kernels/cpu/ops.h"
+
+#include <cmath>
+
+namespace tandem::kernels::cpu {
+
+void swiglu(float* gate, const float* up, int64_t n) {
+  // silu(g) = g * sigmoid(g), written as g / (1 + e^-g) like ggml: for very negative g,
+  // e^-g overflows to inf and the result is a clean -0 instead of inf * 0 = NaN.
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+}  // namespace tandem::kernels::cpu

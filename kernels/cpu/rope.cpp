@@ -1,0 +1,92 @@
+#include "kernels/cpu/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <vector>
+
+namespace tandem::kernels::cpu {
+
+namespace {
+
+// YaRN: the rotary dimension whose wavelength fits `n_rot_turns` full turns into the training
+// context (solve n_ctx_orig = n_rot_turns * 2*pi * base^(2d/n_dims) for d).
+float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot_turns, float base) {
+  return static_cast<float>(n_dims) * std::log(static_cast<float>(n_ctx_orig) / (n_rot_turns * 2.0f * std::numbers::pi_v<float>)) /
+         (2.0f * std::log(base));
+}
+
+// Pair indices [low, high] between which YaRN blends interpolated and extrapolated angles:
+// pairs below `low` rotate fast enough to keep their original frequency (extrapolate), pairs
+// above `high` are interpolated by freq_scale.
+void yarn_corr_dims(int n_dims, int n_ctx_orig, float base, float beta_fast, float beta_slow, float dims[2]) {
+  const float start = std::floor(yarn_corr_dim(n_dims, n_ctx_orig, beta_fast, base));
+  const float end = std::ceil(yarn_corr_dim(n_dims, n_ctx_orig, beta_slow, base));
+  dims[0] = std::max(0.0f, start);
+  dims[1] = std::min(static_cast<float>(n_dims - 1), end);
+}
+
+// 1 at and below `low`, 0 at and above `high`, linear in between (pair index i).
+float yarn_ramp(float low, float high, int i) {
+  const float y = (static_cast<float>(i) - low) / std::max(0.001f, high - low);
+  return 1.0f - std::min(1.0f, std::max(0.0f, y));
+}
+
+}  // namespace
+
+void rope(float* x, int n_heads, int head_dim, int64_t pos, const rope_params& p) {
+  const int n_rot = std::min(p.n_rot > 0 ? p.n_rot : head_dim, head_dim);
+  const int half = n_rot / 2;
+  if (half == 0) return;
+
+  // cos/sin per pair, computed once per call and shared by every head. Thread-local so that
+  // concurrent calls from pool workers neither race nor allocate after the first call.
+  thread_local std::vector<float> cs;
+  cs.resize(static_cast<size_t>(2 * half));
+
+  float corr[2] = {0.0f, 0.0f};
+  float mscale = p.attn_factor;
+  const bool yarn = p.ext_factor != 0.0f;
+  if (yarn) {
+    yarn_corr_dims(n_rot, p.n_ctx_orig, p.freq_base, p.beta_fast, p.beta_slow, corr);
+    // YaRN's attention temperature: it scales q and k alike, hence is folded into cos/sin.
+    mscale *= 1.0f + 0.1f * std::log(1.0f / p.freq_scale);
+  }
+
+  // theta_i = pos * base^(-2i/n_rot), built by repeated multiplication in float exactly as
+  // ggml does, so angles at large positions round the same way as llama.cpp's.
+  const float theta_scale = std::pow(p.freq_base, -2.0f / static_cast<float>(n_rot));
+  float theta = static_cast<float>(pos);
+  for (int i = 0; i < half; ++i) {
+    const float extrap = p.freq_factors ? theta / p.freq_factors[i] : theta;
+    const float interp = p.freq_scale * extrap;
+    float angle = interp;
+    if (yarn) {
+      const float mix = yarn_ramp(corr[0], corr[1], i) * p.ext_factor;
+      angle = interp * (1.0f - mix) + extrap * mix;
+    }
+    cs[2 * i] = std::cos(angle) * mscale;
+    cs[2 * i + 1] = std::sin(angle) * mscale;
+    theta *= theta_scale;
+  }
+
+  // Pair i of a head: (v[2i], v[2i+1]) when adjacent, (v[i], v[i+half]) when neox. Dimensions
+  // from n_rot to head_dim are left untouched.
+  const int stride = p.pairing == rope_pairing::adjacent ? 2 : 1;
+  const int other = p.pairing == rope_pairing::adjacent ? 1 : half;
+  for (int h = 0; h < n_heads; ++h) {
+    float* v = x + static_cast<int64_t>(h) * head_dim;
+    for (int i = 0; i < half; ++i) {
+      float* a = v + i * stride;
+      float* b = a + other;
+      const float c = cs[2 * i];
+      const float s = cs[2 * i + 1];
+      const float x0 = *a;
+      const float x1 = *b;
+      *a = x0 * c - x1 * s;
+      *b = x0 * s + x1 * c;
+    }
+  }
+}
+
+}  // namespace tandem::kernels::cpu

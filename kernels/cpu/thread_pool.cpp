@@ -1,0 +1,190 @@
+#include "kernels/cpu/thread_pool.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace tandem::kernels::cpu {
+namespace {
+
+// Set while a thread runs a chunk of some pool's job, so a nested parallel_for on that pool
+// runs inline instead of deadlocking on itself.
+thread_local const void* t_running_pool = nullptr;
+
+// Spin iterations a worker polls for the next job before sleeping: a decode step issues
+// hundreds of small matmuls back to back, and a condition-variable wakeup each time would
+// cost more than the work. Kept short so idle pools do not burn a shared CPU.
+constexpr int k_spin_iterations = 2000;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+}  // namespace
+
+struct thread_pool::impl {
+  int threads = 1;
+  std::vector<std::thread> workers;
+
+  std::mutex submit_mutex;  // one parallel_for at a time per pool
+
+  // The current job. body and n are written before job_word is published (release) and are
+  // only read by the workers that job_word names as participants; the job cannot end, and
+  // the next one cannot overwrite them, until each participant has finished its chunk.
+  const std::function<void(int64_t, int64_t)>* body = nullptr;
+  int64_t n = 0;
+  // generation << 16 | chunk count, in one word so a worker that wakes late never pairs one
+  // job's generation with another job's chunk count.
+  std::atomic<uint64_t> job_word{0};
+  std::atomic<int> pending{0};  // chunks not yet finished by workers
+  std::exception_ptr error;     // first exception thrown by a worker chunk
+  std::mutex error_mutex;
+
+  std::mutex wake_mutex;
+  std::condition_variable wake;  // workers sleep here between jobs
+  std::condition_variable done;  // the submitter sleeps here until pending == 0
+  bool stopping = false;
+
+  void shutdown() {
+    {
+      std::lock_guard lock(wake_mutex);
+      stopping = true;
+    }
+    wake.notify_all();
+    for (auto& t : workers) t.join();
+  }
+
+  static uint64_t generation_of(uint64_t word) { return word >> 16; }
+  static int chunks_of(uint64_t word) { return static_cast<int>(word & 0xffff); }
+
+  void run_chunk(int c, int chunks) {
+    // Even split; n * c fits in int64 for any n a kernel can be asked to cover.
+    const int64_t begin = n * c / chunks;
+    const int64_t end = n * (c + 1) / chunks;
+    if (begin < end) (*body)(begin, end);
+  }
+
+  void worker_loop(int index) {
+    uint64_t seen = 0;
+    for (;;) {
+      uint64_t word = job_word.load(std::memory_order_acquire);
+      for (int i = 0; generation_of(word) == seen && i < k_spin_iterations; ++i) {
+        cpu_relax();
+        word = job_word.load(std::memory_order_acquire);
+      }
+      if (generation_of(word) == seen) {
+        std::unique_lock lock(wake_mutex);
+        wake.wait(lock, [&] {
+          word = job_word.load(std::memory_order_acquire);
+          return stopping || generation_of(word) != seen;
+        });
+        if (stopping) return;
+      }
+      seen = generation_of(word);
+      const int chunks = chunks_of(word);
+      if (index >= chunks) continue;  // this job has fewer chunks than threads
+      t_running_pool = this;
+      try {
+        run_chunk(index, chunks);
+      } catch (...) {
+        std::lock_guard lock(error_mutex);
+        if (!error) error = std::current_exception();
+      }
+      t_running_pool = nullptr;
+      if (pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard lock(wake_mutex);
+        done.notify_one();
+      }
+    }
+  }
+};
+
+thread_pool::thread_pool(int threads) : impl_(new impl) {
+  if (threads < 1 || threads > 0xffff) {
+    delete impl_;
+    throw std::invalid_argument("thread_pool: thread count must be in 1..65535, got " + std::to_string(threads));
+  }
+  impl_->threads = threads;
+  impl_->workers.reserve(static_cast<size_t>(threads - 1));
+  try {
+    for (int i = 1; i < threads; ++i) impl_->workers.emplace_back([this, i] { impl_->worker_loop(i); });
+  } catch (...) {
+    // Thread creation failed part way: stop the ones already running before reporting it.
+    impl_->shutdown();
+    delete impl_;
+    throw;
+  }
+}
+
+thread_pool::~thread_pool() {
+  impl_->shutdown();
+  delete impl_;
+}
+
+int thread_pool::size() const { return impl_->threads; }
+
+void thread_pool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(grain, 1);
+  // floor(n / grain) chunks at most, so the even split never makes one smaller than grain.
+  const int64_t max_chunks = std::max<int64_t>(1, n / grain);
+  const int chunks = static_cast<int>(std::min<int64_t>(impl_->threads, max_chunks));
+  if (chunks <= 1 || t_running_pool == impl_) {
+    body(0, n);
+    return;
+  }
+
+  std::lock_guard submit(impl_->submit_mutex);
+  impl_->body = &body;
+  impl_->n = n;
+  impl_->error = nullptr;
+  impl_->pending.store(chunks - 1, std::memory_order_relaxed);
+  {
+    // Publish under the lock so a worker between its predicate check and its wait cannot miss it.
+    std::lock_guard lock(impl_->wake_mutex);
+    const uint64_t next = impl::generation_of(impl_->job_word.load(std::memory_order_relaxed)) + 1;
+    impl_->job_word.store(next << 16 | static_cast<uint64_t>(chunks), std::memory_order_release);
+  }
+  impl_->wake.notify_all();
+
+  // The caller takes chunk 0.
+  std::exception_ptr own_error;
+  t_running_pool = impl_;
+  try {
+    impl_->run_chunk(0, chunks);
+  } catch (...) {
+    own_error = std::current_exception();
+  }
+  t_running_pool = nullptr;
+
+  for (int i = 0; i < k_spin_iterations && impl_->pending.load(std::memory_order_acquire) != 0; ++i) cpu_relax();
+  if (impl_->pending.load(std::memory_order_acquire) != 0) {
+    std::unique_lock lock(impl_->wake_mutex);
+    impl_->done.wait(lock, [&] { return impl_->pending.load(std::memory_order_acquire) == 0; });
+  }
+  impl_->body = nullptr;
+  if (own_error) std::rethrow_exception(own_error);
+  if (impl_->error) std::rethrow_exception(impl_->error);
+}
+
+int default_thread_count() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+}  // namespace tandem::kernels::cpu

@@ -1,0 +1,41 @@
+#include "kernels/cpu/vec_dot.h"
+
+#include <array>
+#include <stdexcept>
+#include <string>
+
+namespace tandem::kernels::cpu {
+namespace {
+
+struct entry {
+  weight_type weights;
+  dot_kernel kernel;
+};
+
+// One row per weight type with kernels; the activation column mirrors activation_type().
+const std::array<entry, 11> k_kernels{{
+    {weight_type::f32, {weight_type::f32, vec_dot_f32_scalar, vec_dot_f32_avx2}},
+    {weight_type::f16, {weight_type::f16, vec_dot_f16_scalar, vec_dot_f16_avx2}},
+    {weight_type::bf16, {weight_type::bf16, vec_dot_bf16_scalar, vec_dot_bf16_avx2}},
+    {weight_type::q4_0, {weight_type::q8_0, vec_dot_q4_0_scalar, vec_dot_q4_0_avx2}},
+    {weight_type::q4_1, {weight_type::q8_1, vec_dot_q4_1_scalar, vec_dot_q4_1_avx2}},
+    {weight_type::q5_0, {weight_type::q8_0, vec_dot_q5_0_scalar, vec_dot_q5_0_avx2}},
+    {weight_type::q5_1, {weight_type::q8_1, vec_dot_q5_1_scalar, vec_dot_q5_1_avx2}},
+    {weight_type::q8_0, {weight_type::q8_0, vec_dot_q8_0_scalar, vec_dot_q8_0_avx2}},
+    {weight_type::q4_k, {weight_type::q8_k, vec_dot_q4_k_scalar, vec_dot_q4_k_avx2}},
+    {weight_type::q5_k, {weight_type::q8_k, vec_dot_q5_k_scalar, vec_dot_q5_k_avx2}},
+    {weight_type::q6_k, {weight_type::q8_k, vec_dot_q6_k_scalar, vec_dot_q6_k_avx2}},
+}};
+
+}  // namespace
+
+const dot_kernel& find_dot_kernel(weight_type weights) {
+  for (const auto& e : k_kernels)
+    if (e.weights == weights) return e.kernel;
+  std::string supported;
+  for (const auto& e : k_kernels) supported += (supported.empty() ? "" : ", ") + display_name(e.weights);
+  throw std::invalid_argument("no CPU dot product for weight type " + display_name(weights) + " (supported: " +
+                              supported + ")");
+}
+
+}  // namespace tandem::kernels::cpu

@@ -1,0 +1,74 @@
+#include "models/model.h"
+
+#include "kernels/cpu/quants.h"
+
+namespace tandem::models {
+namespace {
+
+std::string computable_types() {
+  std::string s;
+  for (uint32_t id = 0; id < 64; ++id)
+    if (auto i = kernels::find_weight_type(id); i && i->computable) s += (s.empty() ? "" : ", ") + kernels::display_name(i->type);
+  return s;
+}
+
+weight_view bind_matrix(const gguf_file& f, const std::string& name) {
+  const auto& t = f.tensor(name);
+  const auto& ti = kernels::info(t.type);
+  if (!ti.computable)
+    throw gguf_error(f.path() + ": tensor '" + name + "' has type " + kernels::display_name(t.type) +
+                     ", which tandem cannot compute (supported: " + computable_types() + ")");
+  return {t.data.data(), t.type, t.ne.size() > 1 ? t.ne[1] : 1, t.ne[0]};
+}
+
+// Converts a 1-D tensor to F32 into storage owned by the weights.
+const float* bind_vector(const gguf_file& f, const std::string& name, model_weights& w) {
+  const auto& t = f.tensor(name);
+  if (!kernels::info(t.type).computable)
+    throw gguf_error(f.path() + ": tensor '" + name + "' has type " + kernels::display_name(t.type) + ", expected F32");
+  auto& buf = w.owned.emplace_back(static_cast<size_t>(t.elements()));
+  kernels::cpu::dequantize_row(t.type, t.data.data(), buf.data(), t.elements());
+  return buf.data();
+}
+
+}  // namespace
+
+model::model(const std::string& path) : file_(path), config_(read_model_config(file_)) {
+  const auto& c = config_;
+  auto& w = weights_;
+  w.token_embd = bind_matrix(file_, "token_embd.weight");
+  w.output = c.tied_embeddings ? w.token_embd : bind_matrix(file_, "output.weight");
+  w.output_norm = bind_vector(file_, "output_norm.weight", w);
+  if (c.has_rope_freqs) w.rope_freqs = bind_vector(file_, "rope_freqs.weight", w);
+  w.layers.resize(c.n_layer);
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    auto& L = w.layers[l];
+    L.attn_norm = bind_vector(file_, b + "attn_norm.weight", w);
+    L.wq = bind_matrix(file_, b + "attn_q.weight");
+    L.wk = bind_matrix(file_, b + "attn_k.weight");
+    L.wv = bind_matrix(file_, b + "attn_v.weight");
+    L.wo = bind_matrix(file_, b + "attn_output.weight");
+    if (c.qkv_bias) {
+      L.bq = bind_vector(file_, b + "attn_q.bias", w);
+      L.bk = bind_vector(file_, b + "attn_k.bias", w);
+      L.bv = bind_vector(file_, b + "attn_v.bias", w);
+    }
+    if (c.qk_norm) {
+      L.q_norm = bind_vector(file_, b + "attn_q_norm.weight", w);
+      L.k_norm = bind_vector(file_, b + "attn_k_norm.weight", w);
+    }
+    L.ffn_norm = bind_vector(file_, b + "ffn_norm.weight", w);
+    L.w_gate = bind_matrix(file_, b + "ffn_gate.weight");
+    L.w_up = bind_matrix(file_, b + "ffn_up.weight");
+    L.w_down = bind_matrix(file_, b + "ffn_down.weight");
+  }
+}
+
+uint64_t model::weight_bytes() const {
+  uint64_t n = 0;
+  for (const auto& t : file_.tensors()) n += t.bytes;
+  return n;
+}
+
+}  // namespace tandem::models

@@ -1,0 +1,71 @@
+// A loaded Llama-family model: the GGUF file, its config, and views of its weights.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/weight_type.h"
+#include "models/gguf_reader.h"
+#include "models/model_config.h"
+
+namespace tandem::models {
+
+// A weight matrix as the kernels see it: `rows` rows of `cols` elements of `type`, contiguous
+// (GGUF ne = {cols, rows}). data points into the mapped file.
+struct weight_view {
+  const void* data = nullptr;
+  kernels::weight_type type = kernels::weight_type::f32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+struct layer_weights {
+  const float* attn_norm = nullptr;  // [n_embd]
+  weight_view wq;                    // [q_dim][n_embd]
+  weight_view wk;                    // [kv_dim][n_embd]
+  weight_view wv;                    // [kv_dim][n_embd]
+  weight_view wo;                    // [n_embd][q_dim]
+  const float* bq = nullptr;         // [q_dim]  qwen2 only
+  const float* bk = nullptr;         // [kv_dim] qwen2 only
+  const float* bv = nullptr;         // [kv_dim] qwen2 only
+  const float* q_norm = nullptr;     // [head_dim] qwen3 only
+  const float* k_norm = nullptr;     // [head_dim] qwen3 only
+  const float* ffn_norm = nullptr;   // [n_embd]
+  weight_view w_gate;                // [n_ff][n_embd]
+  weight_view w_up;                  // [n_ff][n_embd]
+  weight_view w_down;                // [n_embd][n_ff]
+};
+
+struct model_weights {
+  weight_view token_embd;            // [n_vocab][n_embd]
+  const float* output_norm = nullptr;  // [n_embd]
+  weight_view output;                // [n_vocab][n_embd]; token_embd when tied
+  const float* rope_freqs = nullptr; // [n_rot/2] llama3 frequency divisors, or null
+  std::vector<layer_weights> layers;
+  // 1-D tensors (norms, biases, rope_freqs) converted to F32 at load; the pointers above
+  // point into these buffers. Matrices stay in the file mapping.
+  std::vector<std::vector<float>> owned;
+};
+
+class model {
+ public:
+  // Opens, validates and binds the file. Throws gguf_error / runtime_error naming the file,
+  // key or tensor; a matrix of a type tandem cannot compute is an error naming the tensor.
+  explicit model(const std::string& path);
+  model(const model&) = delete;
+  model& operator=(const model&) = delete;
+
+  const gguf_file& file() const { return file_; }
+  const model_config& config() const { return config_; }
+  const model_weights& weights() const { return weights_; }
+  // Bytes of all tensor data (what the weights occupy in memory).
+  uint64_t weight_bytes() const;
+
+ private:
+  gguf_file file_;
+  model_config config_;
+  model_weights weights_;
+};
+
+}  // namespace tandem::models

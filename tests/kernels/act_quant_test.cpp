@@ -1,0 +1,144 @@
+#include "kernels/cpu/act_quant.h"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include "kernels/cpu/blocks.h"
+#include "kernels/cpu/quants.h"
+#include "tests/kernels/kernel_test_util.h"
+
+using namespace tandem::kernels;
+using namespace tandem::kernels::cpu;
+
+TEST_SUITE("act_quant") {
+  TEST_CASE("activation type per weight type (ggml's vec_dot_type)") {
+    CHECK(activation_type(weight_type::q4_0) == weight_type::q8_0);
+    CHECK(activation_type(weight_type::q5_0) == weight_type::q8_0);
+    CHECK(activation_type(weight_type::q8_0) == weight_type::q8_0);
+    CHECK(activation_type(weight_type::q4_1) == weight_type::q8_1);
+    CHECK(activation_type(weight_type::q5_1) == weight_type::q8_1);
+    CHECK(activation_type(weight_type::q4_k) == weight_type::q8_k);
+    CHECK(activation_type(weight_type::q5_k) == weight_type::q8_k);
+    CHECK(activation_type(weight_type::q6_k) == weight_type::q8_k);
+    CHECK(activation_type(weight_type::f16) == weight_type::f16);
+    CHECK(activation_type(weight_type::bf16) == weight_type::bf16);
+    CHECK(activation_type(weight_type::f32) == weight_type::f32);
+    CHECK_THROWS_WITH_AS(activation_type(weight_type::q3_k), doctest::Contains("Q3_K"), std::invalid_argument);
+  }
+
+  TEST_CASE("Q8_0: d = amax / 127, codes round half away from zero") {
+    std::vector<float> x(32, 0.0f);
+    x[0] = -254.0f;  // d = 2
+    x[1] = 5.0f;     // 2.5 -> 3
+    x[2] = -5.0f;    // -2.5 -> -3
+    x[3] = 1.0f;     // 0.5 -> 1
+    block_q8_0 b;
+    quantize_activation_row(weight_type::q8_0, x.data(), &b, 32);
+    CHECK(load_half(b.d) == 0x4000);
+    CHECK(b.qs[0] == -127);
+    CHECK(b.qs[1] == 3);
+    CHECK(b.qs[2] == -3);
+    CHECK(b.qs[3] == 1);
+    CHECK(b.qs[4] == 0);
+  }
+
+  TEST_CASE("Q8_1: s = d * sum of codes") {
+    const auto x = tandem::test::gaussian(64, 3);
+    block_q8_1 b[2];
+    quantize_activation_row(weight_type::q8_1, x.data(), b, 64);
+    for (int i = 0; i < 2; ++i) {
+      const float* xb = x.data() + 32 * i;
+      float amax = 0;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+      const float d = amax / 127;
+      int sum = 0;
+      for (int j = 0; j < 32; ++j) {
+        CHECK(b[i].qs[j] == static_cast<int>(std::round(xb[j] * (1.0f / d))));
+        sum += b[i].qs[j];
+      }
+      CHECK(load_half(b[i].d) == fp32_to_fp16(d));
+      CHECK(load_half(b[i].s) == fp32_to_fp16(static_cast<float>(sum) * d));
+    }
+    // Same codes and d as Q8_0 for the same data.
+    block_q8_0 c[2];
+    quantize_activation_row(weight_type::q8_0, x.data(), c, 64);
+    for (int i = 0; i < 2; ++i) {
+      CHECK(load_half(c[i].d) == load_half(b[i].d));
+      for (int j = 0; j < 32; ++j) CHECK(c[i].qs[j] == b[i].qs[j]);
+    }
+  }
+
+  TEST_CASE("Q8_K: signed maximum maps to -127, codes round half to even, bsums") {
+    std::vector<float> x(256, 0.0f);
+    x[0] = -127.0f;  // iscale = 1
+    x[1] = 0.5f;     // -> 0
+    x[2] = 1.5f;     // -> 2
+    x[3] = 2.5f;     // -> 2
+    x[4] = -3.5f;    // -> -4
+    x[20] = 100.0f;
+    block_q8_k b;
+    quantize_activation_row(weight_type::q8_k, x.data(), &b, 256);
+    CHECK(b.d == 1.0f);
+    CHECK(b.qs[0] == -127);
+    CHECK(b.qs[1] == 0);
+    CHECK(b.qs[2] == 2);
+    CHECK(b.qs[3] == 2);
+    CHECK(b.qs[4] == -4);
+    CHECK(b.qs[20] == 100);
+    CHECK(b.bsums[0] == -127 + 2 + 2 - 4);
+    CHECK(b.bsums[1] == 100);
+    for (int g = 2; g < 16; ++g) CHECK(b.bsums[g] == 0);
+
+    // Negated data: the extreme is now positive, so iscale and d flip sign and the codes
+    // come out the same as before.
+    for (auto& v : x) v = -v;
+    block_q8_k neg;
+    quantize_activation_row(weight_type::q8_k, x.data(), &neg, 256);
+    CHECK(neg.d == -1.0f);
+    for (int j = 0; j < 256; ++j) REQUIRE(neg.qs[j] == b.qs[j]);
+
+    std::fill(x.begin(), x.end(), 0.0f);
+    quantize_activation_row(weight_type::q8_k, x.data(), &b, 256);
+    CHECK(b.d == 0.0f);
+    for (int g = 0; g < 16; ++g) CHECK(b.bsums[g] == 0);
+  }
+
+  TEST_CASE("round trip through every activation type") {
+    const auto x = tandem::test::gaussian(512, 9);
+    for (const auto act : {weight_type::q8_0, weight_type::q8_1, weight_type::q8_k, weight_type::f16, weight_type::bf16,
+                           weight_type::f32}) {
+      CAPTURE(display_name(act));
+      std::vector<uint8_t> q(static_cast<size_t>(row_bytes(act, 512)));
+      quantize_activation_row(act, x.data(), q.data(), 512);
+      std::vector<float> y(512);
+      dequantize_activation_row(act, q.data(), y.data(), 512);
+      const int64_t block = info(act).block_elems;
+      for (int64_t b0 = 0; b0 < 512; b0 += std::max<int64_t>(block, 32)) {
+        const int64_t len = std::max<int64_t>(block, 32);
+        float amax = 0;
+        for (int64_t i = b0; i < b0 + len; ++i) amax = std::max(amax, std::fabs(x[static_cast<size_t>(i)]));
+        for (int64_t i = b0; i < b0 + len; ++i) {
+          const float xi = x[static_cast<size_t>(i)], yi = y[static_cast<size_t>(i)];
+          // Half a step of the block's 8-bit grid (plus the fp16 rounding of d), or the
+          // element's own relative rounding for the float formats.
+          float tol = 0;
+          if (act == weight_type::f16) tol = std::fabs(xi) * 4.9e-4f;
+          else if (act == weight_type::bf16) tol = std::fabs(xi) * 3.91e-3f;
+          else if (act != weight_type::f32) tol = amax * 0.0045f;
+          REQUIRE(std::fabs(yi - xi) <= tol);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("only activation types are accepted") {
+    std::vector<float> x(256);
+    std::vector<uint8_t> q(1024);
+    CHECK_THROWS_WITH_AS(quantize_activation_row(weight_type::q4_0, x.data(), q.data(), 256),
+                         doctest::Contains("Q4_0"), std::invalid_argument);
+  }
+}

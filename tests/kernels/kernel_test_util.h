@@ -1,0 +1,56 @@
+// Shared helpers for the CPU kernel tests: seeded data and quantized buffers.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/quants.h"
+#include "kernels/weight_type.h"
+
+namespace tandem::test {
+
+// Every weight type the CPU kernels compute with.
+inline const std::vector<kernels::weight_type>& computable_types() {
+  using kernels::weight_type;
+  static const std::vector<weight_type> types{weight_type::f32,  weight_type::f16,  weight_type::bf16,
+                                              weight_type::q4_0, weight_type::q4_1, weight_type::q5_0,
+                                              weight_type::q5_1, weight_type::q8_0, weight_type::q4_k,
+                                              weight_type::q5_k, weight_type::q6_k};
+  return types;
+}
+
+// Gaussian samples (Box-Muller over mt19937, whose output the standard fixes), so the data
+// is the same on every platform and standard library.
+inline std::vector<float> gaussian(size_t n, uint32_t seed, float sigma = 1.0f, float mean = 0.0f) {
+  std::mt19937 rng(seed);
+  auto uniform = [&] { return (static_cast<double>(rng()) + 0.5) / 4294967296.0; };
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; i += 2) {
+    const double r = std::sqrt(-2.0 * std::log(uniform()));
+    const double t = 6.283185307179586 * uniform();
+    out[i] = mean + sigma * static_cast<float>(r * std::cos(t));
+    if (i + 1 < n) out[i + 1] = mean + sigma * static_cast<float>(r * std::sin(t));
+  }
+  return out;
+}
+
+// `rows` rows of `cols` values quantized to t, laid out as a GGUF tensor.
+inline std::vector<uint8_t> quantize_matrix(kernels::weight_type t, const std::vector<float>& x, int64_t rows,
+                                            int64_t cols) {
+  const auto rb = static_cast<size_t>(kernels::row_bytes(t, cols));
+  std::vector<uint8_t> out(rb * static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) kernels::cpu::quantize_row(t, x.data() + r * cols, out.data() + r * rb, cols);
+  return out;
+}
+
+inline std::vector<float> dequantize_matrix(kernels::weight_type t, const std::vector<uint8_t>& q, int64_t rows,
+                                            int64_t cols) {
+  const auto rb = static_cast<size_t>(kernels::row_bytes(t, cols));
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) kernels::cpu::dequantize_row(t, q.data() + r * rb, out.data() + r * cols, cols);
+  return out;
+}
+
+}  // namespace tandem::test

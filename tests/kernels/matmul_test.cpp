@@ -1,0 +1,257 @@
+#include "kernels/cpu/matmul.h"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/act_quant.h"
+#include "kernels/cpu/thread_pool.h"
+#include "tests/kernels/kernel_test_util.h"
+
+using namespace tandem::kernels;
+using namespace tandem::kernels::cpu;
+
+namespace {
+
+// Weights plus k_max_x activation rows; a test runs it with the first n_x <= k_max_x rows,
+// so the (slow to quantize) weights are shared across n_x.
+constexpr int64_t k_max_x = 8;
+
+struct problem {
+  weight_type wt;
+  int64_t rows, cols;
+  std::vector<float> x;    // k_max_x * cols activations
+  std::vector<uint8_t> w;  // quantized weights
+  std::vector<float> wd;   // dequantized weights, rows * cols
+};
+
+problem make_problem(weight_type wt, int64_t rows, int64_t cols, uint32_t seed) {
+  problem p{wt, rows, cols, {}, {}, {}};
+  p.x = tandem::test::gaussian(static_cast<size_t>(k_max_x * cols), seed, 1.0f);
+  const auto wf = tandem::test::gaussian(static_cast<size_t>(rows * cols), seed + 7777, 0.05f, 0.005f);
+  p.w = tandem::test::quantize_matrix(wt, wf, rows, cols);
+  p.wd = tandem::test::dequantize_matrix(wt, p.w, rows, cols);
+  return p;
+}
+
+std::vector<float> run(const problem& p, int64_t n_x, thread_pool* pool) {
+  std::vector<float> y(static_cast<size_t>(p.rows * n_x), -7.0f);
+  matmul(p.wt, p.w.data(), p.rows, p.cols, p.x.data(), n_x, y.data(), pool);
+  return y;
+}
+
+// Restores automatic ISA choice when a test ends, whatever it forced.
+struct isa_guard {
+  ~isa_guard() { set_isa(isa::best); }
+};
+
+bool has_offset(weight_type t) { return t == weight_type::q4_1 || t == weight_type::q5_1; }
+
+std::vector<int64_t> cols_for(weight_type t) {
+  if (info(t).block_elems == 256) return {256, 512, 2816};
+  return {64, 256, 512, 2816};
+}
+
+// Worst-case error of one activation element after conversion to `act` (see act_quant.h):
+// half a step of the 8-bit grid (with the fp16 rounding of d for Q8_0/Q8_1), or the float
+// format's relative rounding.
+double activation_error(weight_type act, const float* block, int64_t block_len, float xi) {
+  float amax = 0;
+  for (int64_t i = 0; i < block_len; ++i) amax = std::max(amax, std::fabs(block[i]));
+  switch (act) {
+    case weight_type::q8_0:
+    case weight_type::q8_1: return amax * 0.0045;
+    case weight_type::q8_k: return amax * 0.004;
+    case weight_type::f16: return std::fabs(xi) * 4.9e-4 + 3e-8;
+    case weight_type::bf16: return std::fabs(xi) * 3.91e-3;
+    default: return 0.0;
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("matmul") {
+  TEST_CASE("isa selection") {
+    isa_guard guard;
+    CHECK(std::string(isa_name(isa::scalar)) == "scalar");
+    CHECK(std::string(isa_name(isa::avx2)) == "avx2");
+    CHECK(std::string(isa_name(isa::best)) == "best");
+    set_isa(isa::best);
+    CHECK(active_isa() == (isa_supported(isa::avx2) ? isa::avx2 : isa::scalar));
+    set_isa(isa::scalar);
+    CHECK(active_isa() == isa::scalar);
+    if (isa_supported(isa::avx2)) {
+      set_isa(isa::avx2);
+      CHECK(active_isa() == isa::avx2);
+    } else {
+      CHECK_THROWS_AS(set_isa(isa::avx2), std::invalid_argument);
+    }
+  }
+
+  TEST_CASE("avx2 matmul equals scalar matmul") {
+    if (!isa_supported(isa::avx2)) {
+      MESSAGE("skipped: this CPU lacks AVX2/FMA/F16C");
+      return;
+    }
+    isa_guard guard;
+    // Both paths sum the same integers per block and differ only in float accumulation
+    // order: |avx2 - scalar| <= 1e-5 * sum_i |w_i * a_i| over the converted activations a
+    // (for Q4_1/Q5_1 the offset terms |m| * |s| are added to that sum).
+    uint32_t seed = 1;
+    for (const auto t : tandem::test::computable_types()) {
+      const weight_type act = activation_type(t);
+      for (const int64_t rows : {1, 5, 67}) {
+        for (const int64_t cols : cols_for(t)) {
+          const auto p = make_problem(t, rows, cols, ++seed);
+          for (const int64_t n_x : {1, 3, 8}) {
+            CAPTURE(display_name(t));
+            CAPTURE(rows);
+            CAPTURE(cols);
+            CAPTURE(n_x);
+            set_isa(isa::scalar);
+            const auto ys = run(p, n_x, nullptr);
+            set_isa(isa::avx2);
+            const auto yv = run(p, n_x, nullptr);
+            std::vector<uint8_t> aq(static_cast<size_t>(row_bytes(act, cols)));
+            std::vector<float> ad(static_cast<size_t>(cols));
+            for (int64_t r = 0; r < n_x; ++r) {
+              quantize_activation_row(act, p.x.data() + r * cols, aq.data(), cols);
+              dequantize_activation_row(act, aq.data(), ad.data(), cols);
+              for (int64_t o = 0; o < rows; ++o) {
+                double mag = 0;
+                for (int64_t i = 0; i < cols; ++i)
+                  mag += std::fabs(static_cast<double>(p.wd[static_cast<size_t>(o * cols + i)]) * ad[static_cast<size_t>(i)]);
+                if (has_offset(t)) {
+                  // |m| <= the block's largest |w| (the minimum element decodes to m exactly).
+                  for (int64_t b = 0; b < cols; b += 32) {
+                    double wmax = 0, asum = 0;
+                    for (int64_t i = b; i < b + 32; ++i) {
+                      wmax = std::max(wmax, std::fabs(static_cast<double>(p.wd[static_cast<size_t>(o * cols + i)])));
+                      asum += std::fabs(static_cast<double>(ad[static_cast<size_t>(i)]));
+                    }
+                    mag += wmax * asum * 1.001;
+                  }
+                }
+                const size_t k = static_cast<size_t>(r * rows + o);
+                REQUIRE(std::fabs(static_cast<double>(yv[k]) - ys[k]) <= 1e-5 * mag);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  TEST_CASE("matmul matches a double-precision reference") {
+    // Reference: sum_i W[o, i] * x[r, i] in double over the dequantized weights and the
+    // original (unconverted) activations. The only approximation matmul adds is converting x
+    // to the activation type, so the bound is sum_i |W[o, i]| * (worst-case conversion error
+    // of x[r, i]) + 1e-5 * sum_i |W x| for float accumulation; Q4_1/Q5_1 also carry the fp16
+    // rounding of each block's s (<= 2^-9 of |m| * sum |x| over the block).
+    isa_guard guard;
+    uint32_t seed = 500;
+    for (const auto t : tandem::test::computable_types()) {
+      const weight_type act = activation_type(t);
+      const int64_t act_block = std::max<int64_t>(info(act).block_elems, 32);
+      for (const int64_t cols : cols_for(t)) {
+        const int64_t rows = 67;
+        const auto p = make_problem(t, rows, cols, ++seed);
+        for (const isa path : {isa::scalar, isa::best}) {
+          set_isa(path);
+          for (const int64_t n_x : {1, 3, 8}) {
+            CAPTURE(isa_name(active_isa()));
+            CAPTURE(display_name(t));
+            CAPTURE(cols);
+            CAPTURE(n_x);
+            const auto y = run(p, n_x, nullptr);
+            double worst_ratio = 0;
+            for (int64_t r = 0; r < n_x; ++r) {
+              const float* xr = p.x.data() + r * cols;
+              std::vector<double> err(static_cast<size_t>(cols));
+              for (int64_t i = 0; i < cols; ++i) {
+                const int64_t b0 = i / act_block * act_block;
+                err[static_cast<size_t>(i)] = activation_error(act, xr + b0, act_block, xr[i]);
+              }
+              for (int64_t o = 0; o < rows; ++o) {
+                const float* wr = p.wd.data() + o * cols;
+                double ref = 0, bound = 1e-6, mag = 0;
+                for (int64_t i = 0; i < cols; ++i) {
+                  ref += static_cast<double>(wr[i]) * xr[i];
+                  mag += std::fabs(static_cast<double>(wr[i]) * xr[i]);
+                  bound += std::fabs(static_cast<double>(wr[i])) * err[static_cast<size_t>(i)];
+                }
+                bound += 1e-5 * mag;
+                if (has_offset(t)) {
+                  for (int64_t b = 0; b < cols; b += 32) {
+                    double wmax = 0, xsum = 0;
+                    for (int64_t i = b; i < b + 32; ++i) {
+                      wmax = std::max(wmax, std::fabs(static_cast<double>(wr[i])));
+                      xsum += std::fabs(static_cast<double>(xr[i]));
+                    }
+                    bound += wmax * xsum * std::ldexp(1.0, -9);
+                  }
+                }
+                const double got = y[static_cast<size_t>(r * rows + o)];
+                REQUIRE(std::fabs(got - ref) <= bound);
+                worst_ratio = std::max(worst_ratio, std::fabs(got - ref) / bound);
+              }
+            }
+            // The bound is a worst case; typical errors are far inside it.
+            CHECK(worst_ratio < 0.5);
+          }
+        }
+      }
+    }
+  }
+
+  TEST_CASE("thread count does not change results") {
+    thread_pool one(1), two(2), four(4);
+    uint32_t seed = 900;
+    for (const auto t : tandem::test::computable_types()) {
+      // Large enough that the pool really splits the rows (see k_min_chunk_work).
+      const auto p = make_problem(t, 67, 2816, ++seed);
+      for (const int64_t n_x : {1, 8}) {
+        CAPTURE(display_name(t));
+        CAPTURE(n_x);
+        const auto y0 = run(p, n_x, nullptr);
+        const auto y1 = run(p, n_x, &one);
+        const auto y2 = run(p, n_x, &two);
+        const auto y4 = run(p, n_x, &four);
+        CHECK(y1 == y0);
+        CHECK(y2 == y1);
+        CHECK(y4 == y1);
+      }
+    }
+  }
+
+  TEST_CASE("a prefill row equals the decode of that row") {
+    thread_pool pool(2);
+    uint32_t seed = 1200;
+    for (const auto t : tandem::test::computable_types()) {
+      CAPTURE(display_name(t));
+      const auto p = make_problem(t, 19, 512, ++seed);
+      const auto all = run(p, 7, &pool);
+      for (int64_t r = 0; r < 7; ++r) {
+        std::vector<float> one(static_cast<size_t>(p.rows));
+        matmul(t, p.w.data(), p.rows, p.cols, p.x.data() + r * p.cols, 1, one.data(), &pool);
+        for (int64_t o = 0; o < p.rows; ++o) REQUIRE(one[static_cast<size_t>(o)] == all[static_cast<size_t>(r * p.rows + o)]);
+      }
+    }
+  }
+
+  TEST_CASE("shapes and errors") {
+    std::vector<uint8_t> w(4096);
+    std::vector<float> x(512), y(64, 3.0f);
+    CHECK_THROWS_WITH_AS(matmul(weight_type::q4_k, w.data(), 2, 100, x.data(), 1, y.data(), nullptr),
+                         doctest::Contains("Q4_K"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(matmul(weight_type::q2_k, w.data(), 2, 256, x.data(), 1, y.data(), nullptr),
+                         doctest::Contains("Q2_K"), std::invalid_argument);
+    matmul(weight_type::q8_0, w.data(), 0, 256, x.data(), 1, y.data(), nullptr);
+    matmul(weight_type::q8_0, w.data(), 2, 256, x.data(), 0, y.data(), nullptr);
+    CHECK(y[0] == 3.0f);
+  }
+}

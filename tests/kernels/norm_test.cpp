@@ -1,0 +1,69 @@
+#include "kernels/cpu/ops.h"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "tests/test_support.h"
+
+using namespace tandem::kernels::cpu;
+
+namespace {
+
+std::vector<float> random_vector(std::mt19937& rng, int64_t n, float sd) {
+  std::normal_distribution<float> dist(0.0f, sd);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<double> reference_rms_norm(const std::vector<float>& x, const float* w, float eps) {
+  double ss = 0;
+  for (float v : x) ss += static_cast<double>(v) * v;
+  const double inv = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + eps);
+  std::vector<double> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = x[i] * inv * (w ? w[i] : 1.0);
+  return out;
+}
+
+}  // namespace
+
+TEST_SUITE("norm") {
+  TEST_CASE("rms_norm matches a double-precision reference") {
+    std::mt19937 rng(1234);
+    for (int64_t n : {1, 7, 64, 576, 4096}) {
+      CAPTURE(n);
+      const auto x = random_vector(rng, n, 3.0f);
+      const auto w = random_vector(rng, n, 1.0f);
+      const float eps = 1e-5f;
+      SUBCASE("with weight") {
+        std::vector<float> out(x.size());
+        rms_norm(x.data(), w.data(), out.data(), n, eps);
+        const auto ref = reference_rms_norm(x, w.data(), eps);
+        for (int64_t i = 0; i < n; ++i) CHECK(out[i] == doctest::Approx(ref[i]).epsilon(1e-5));
+      }
+      SUBCASE("without weight, in place") {
+        auto y = x;
+        rms_norm(y.data(), nullptr, y.data(), n, eps);
+        const auto ref = reference_rms_norm(x, nullptr, eps);
+        for (int64_t i = 0; i < n; ++i) CHECK(y[i] == doctest::Approx(ref[i]).epsilon(1e-5));
+      }
+    }
+  }
+
+  TEST_CASE("unweighted output has unit mean square and eps guards zero input") {
+    std::mt19937 rng(99);
+    const auto x = random_vector(rng, 1000, 50.0f);
+    std::vector<float> out(x.size());
+    rms_norm(x.data(), nullptr, out.data(), 1000, 1e-6f);
+    double ms = 0;
+    for (float v : out) ms += static_cast<double>(v) * v;
+    CHECK(ms / 1000.0 == doctest::Approx(1.0).epsilon(1e-5));
+
+    std::vector<float> zeros(16, 0.0f), z_out(16, 1.0f);
+    rms_norm(zeros.data(), nullptr, z_out.data(), 16, 1e-6f);
+    for (float v : z_out) CHECK(v == 0.0f);
+  }
+}

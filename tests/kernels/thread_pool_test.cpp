@@ -1,0 +1,134 @@
+#include "kernels/cpu/thread_pool.h"
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <utility>
+#include <vector>
+
+using tandem::kernels::cpu::default_thread_count;
+using tandem::kernels::cpu::thread_pool;
+
+TEST_SUITE("thread_pool") {
+  TEST_CASE("every index runs exactly once, in chunks of at least grain") {
+    for (int threads : {1, 2, 3, 8}) {
+      thread_pool pool(threads);
+      CHECK(pool.size() == threads);
+      for (int64_t n : {1, 2, 7, 64, 1000}) {
+        for (int64_t grain : {1, 3, 16, 5000}) {
+          CAPTURE(threads);
+          CAPTURE(n);
+          CAPTURE(grain);
+          std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+          std::mutex m;
+          std::vector<std::pair<int64_t, int64_t>> chunks;
+          pool.parallel_for(n, grain, [&](int64_t b, int64_t e) {
+            for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)].fetch_add(1);
+            std::lock_guard lock(m);
+            chunks.emplace_back(b, e);
+          });
+          for (const auto& h : hits) REQUIRE(h.load() == 1);
+          REQUIRE(!chunks.empty());
+          CHECK(static_cast<int>(chunks.size()) <= threads);
+          if (chunks.size() > 1)
+            for (const auto& [b, e] : chunks) CHECK(e - b >= grain);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("chunks spread over distinct threads, small jobs stay on the caller") {
+    thread_pool pool(4);
+    std::mutex m;
+    std::set<std::thread::id> ids;
+    pool.parallel_for(4, 1, [&](int64_t, int64_t) {
+      std::lock_guard lock(m);
+      ids.insert(std::this_thread::get_id());
+    });
+    CHECK(ids.size() == 4);
+    CHECK(ids.count(std::this_thread::get_id()) == 1);  // the caller takes a chunk
+
+    ids.clear();
+    pool.parallel_for(100, 1000, [&](int64_t b, int64_t e) {
+      CHECK(b == 0);
+      CHECK(e == 100);
+      ids.insert(std::this_thread::get_id());
+    });
+    CHECK(ids == std::set<std::thread::id>{std::this_thread::get_id()});
+  }
+
+  TEST_CASE("a pool of one runs inline") {
+    thread_pool pool(1);
+    int calls = 0;
+    pool.parallel_for(1000, 1, [&](int64_t b, int64_t e) {
+      ++calls;
+      CHECK(b == 0);
+      CHECK(e == 1000);
+      CHECK(std::this_thread::get_id() == std::this_thread::get_id());
+    });
+    CHECK(calls == 1);
+  }
+
+  TEST_CASE("empty ranges call nothing") {
+    thread_pool pool(2);
+    int calls = 0;
+    pool.parallel_for(0, 1, [&](int64_t, int64_t) { ++calls; });
+    CHECK(calls == 0);
+  }
+
+  TEST_CASE("many back-to-back jobs") {
+    // Exercises the hand-off between jobs: a late worker must never run a stale chunk.
+    thread_pool pool(3);
+    for (int iter = 0; iter < 2000; ++iter) {
+      const int64_t n = 1 + iter % 7;
+      std::atomic<int64_t> sum{0};
+      pool.parallel_for(n, 1, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) sum.fetch_add(i + 1);
+      });
+      REQUIRE(sum.load() == n * (n + 1) / 2);
+    }
+  }
+
+  TEST_CASE("nested calls on the same pool run inline") {
+    thread_pool pool(2);
+    std::atomic<int> inner{0};
+    pool.parallel_for(2, 1, [&](int64_t, int64_t) {
+      pool.parallel_for(10, 1, [&](int64_t b, int64_t e) { inner.fetch_add(static_cast<int>(e - b)); });
+    });
+    CHECK(inner.load() == 20);
+  }
+
+  TEST_CASE("exceptions reach the caller and the pool stays usable") {
+    thread_pool pool(2);
+    CHECK_THROWS_WITH_AS(pool.parallel_for(2, 1,
+                                           [&](int64_t b, int64_t) {
+                                             if (b == 1) throw std::runtime_error("chunk 1 failed");
+                                           }),
+                         "chunk 1 failed", std::runtime_error);
+    std::atomic<int> count{0};
+    pool.parallel_for(2, 1, [&](int64_t b, int64_t e) { count.fetch_add(static_cast<int>(e - b)); });
+    CHECK(count.load() == 2);
+  }
+
+  TEST_CASE("concurrent submitters are serialized") {
+    thread_pool pool(2);
+    std::atomic<int64_t> total{0};
+    auto submit = [&] {
+      for (int i = 0; i < 200; ++i)
+        pool.parallel_for(16, 1, [&](int64_t b, int64_t e) { total.fetch_add(e - b); });
+    };
+    std::thread other(submit);
+    submit();
+    other.join();
+    CHECK(total.load() == 2 * 200 * 16);
+  }
+
+  TEST_CASE("thread counts") {
+    CHECK(default_thread_count() >= 1);
+    CHECK_THROWS_AS(thread_pool(0), std::invalid_argument);
+  }
+}

@@ -1,0 +1,209 @@
+#include "runtime/sampler.h"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "tests/test_support.h"
+
+using namespace tandem::runtime;
+
+namespace {
+
+sampling_params greedy_params() {
+  sampling_params p;
+  p.temperature = 0.0f;
+  return p;
+}
+
+// Plain sampling: temperature only, every filter off.
+sampling_params plain_params(float temperature, uint64_t seed) {
+  sampling_params p;
+  p.temperature = temperature;
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.min_p = 0.0f;
+  p.seed = seed;
+  return p;
+}
+
+std::vector<float> random_logits(std::mt19937& rng, int n, float sd) {
+  std::normal_distribution<float> dist(0.0f, sd);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+int32_t draw(sampler& s, std::vector<float> logits, const std::vector<int32_t>& history = {}) {
+  return s.sample(logits, history);  // by value: sample may modify the logits
+}
+
+}  // namespace
+
+TEST_SUITE("sampler") {
+  TEST_CASE("greedy picks the argmax, ties to the lowest id") {
+    sampler s(greedy_params());
+    CHECK(draw(s, {0.1f, 2.5f, -1.0f, 2.4f}) == 1);
+    CHECK(draw(s, {1.0f, 3.0f, 3.0f, 3.0f}) == 1);
+    CHECK(draw(s, {-5.0f, -5.0f}) == 0);
+    std::mt19937 rng(1);
+    for (int i = 0; i < 20; ++i) {
+      const auto l = random_logits(rng, 500, 3.0f);
+      const auto best = int32_t(std::max_element(l.begin(), l.end()) - l.begin());
+      CHECK(draw(s, l) == best);
+    }
+  }
+
+  TEST_CASE("the same seed gives the same sequence, another seed a different one") {
+    std::mt19937 rng(2);
+    std::vector<std::vector<float>> steps;
+    for (int i = 0; i < 64; ++i) steps.push_back(random_logits(rng, 200, 1.0f));
+    auto run = [&](uint64_t seed) {
+      sampling_params p;  // the defaults: top-k 40, top-p 0.95, min-p 0.05, temp 0.8
+      p.seed = seed;
+      p.temperature = 1.5f;
+      sampler s(p);
+      std::vector<int32_t> out;
+      for (const auto& l : steps) out.push_back(draw(s, l, out));
+      return out;
+    };
+    const auto a = run(42), b = run(42), c = run(43);
+    CHECK(a == b);
+    CHECK(a != c);
+  }
+
+  TEST_CASE("top-k 1 equals greedy at any temperature") {
+    std::mt19937 rng(3);
+    for (float temp : {0.1f, 1.0f, 5.0f, 100.0f}) {
+      CAPTURE(temp);
+      sampling_params p = plain_params(temp, 9);
+      p.top_k = 1;
+      sampler s(p);
+      sampler g(greedy_params());
+      for (int i = 0; i < 50; ++i) {
+        const auto l = random_logits(rng, 300, 0.5f);
+        CHECK(draw(s, l) == draw(g, l));
+      }
+    }
+  }
+
+  TEST_CASE("top-k never picks a token outside the k best") {
+    std::vector<float> l(100);
+    for (int i = 0; i < 100; ++i) l[size_t(i)] = float(i % 10) * 0.01f + (i >= 95 ? 1.0f : 0.0f);  // ids 95..99 best
+    sampling_params p = plain_params(50.0f, 4);
+    p.top_k = 5;
+    sampler s(p);
+    std::set<int32_t> seen;
+    for (int i = 0; i < 2000; ++i) {
+      const int32_t t = draw(s, l);
+      CHECK(t >= 95);
+      seen.insert(t);
+    }
+    CHECK(seen.size() == 5);  // and at this temperature all five show up
+  }
+
+  TEST_CASE("top-p keeps the smallest prefix reaching p") {
+    // Probabilities at temperature 1: 0.5, 0.3, 0.15, 0.05 (by construction).
+    const std::vector<float> l = {std::log(0.15f), std::log(0.5f), std::log(0.05f), std::log(0.3f)};
+    SUBCASE("p = 0.7 keeps ids 1 and 3") {
+      sampling_params p = plain_params(1.0f, 5);
+      p.top_p = 0.7f;
+      sampler s(p);
+      std::set<int32_t> seen;
+      for (int i = 0; i < 3000; ++i) seen.insert(draw(s, l));
+      CHECK(seen == std::set<int32_t>{1, 3});
+    }
+    SUBCASE("p = 0.9 keeps ids 1, 3, 0; temperature does not change the set") {
+      for (float temp : {1.0f, 10.0f}) {
+        sampling_params p = plain_params(temp, 6);
+        p.top_p = 0.9f;
+        sampler s(p);
+        std::set<int32_t> seen;
+        for (int i = 0; i < 3000; ++i) seen.insert(draw(s, l));
+        CHECK(seen == std::set<int32_t>{0, 1, 3});
+      }
+    }
+    SUBCASE("tiny p keeps only the best") {
+      sampling_params p = plain_params(3.0f, 7);
+      p.top_p = 0.01f;
+      sampler s(p);
+      for (int i = 0; i < 200; ++i) CHECK(draw(s, l) == 1);
+    }
+  }
+
+  TEST_CASE("min-p drops tokens below min_p times the best") {
+    // Relative to the best token (id 2): ids 0 and 4 at 0.5x, ids 1 and 3 at 0.02x.
+    const float base = 2.0f;
+    const std::vector<float> l = {base + std::log(0.5f), base + std::log(0.02f), base, base + std::log(0.02f),
+                                  base + std::log(0.5f)};
+    for (float temp : {1.0f, 20.0f}) {
+      CAPTURE(temp);
+      sampling_params p = plain_params(temp, 8);
+      p.min_p = 0.1f;
+      sampler s(p);
+      std::set<int32_t> seen;
+      for (int i = 0; i < 3000; ++i) seen.insert(draw(s, l));
+      CHECK(seen == std::set<int32_t>{0, 2, 4});
+    }
+  }
+
+  TEST_CASE("repetition penalty changes the pick as expected") {
+    sampling_params p = greedy_params();
+    p.repeat_penalty = 1.5f;
+    p.repeat_last_n = 3;
+    sampler s(p);
+    // Positive logit divided: 3.0 / 1.5 = 2.0 < 2.5, so id 0 loses to id 1.
+    CHECK(draw(s, {3.0f, 2.5f, 0.0f}, {0}) == 1);
+    CHECK(draw(s, {3.0f, 2.5f, 0.0f}, {}) == 0);
+    // Negative logit multiplied: -1 * 1.5 = -1.5 < -1.2, so id 0 loses to id 2.
+    CHECK(draw(s, {-1.0f, -2.0f, -1.2f}, {0}) == 2);
+    // Applied once per distinct token, however often it repeats: 3 / 1.5 = 2 > 1.9.
+    CHECK(draw(s, {3.0f, 1.9f}, {0, 0, 0}) == 0);
+    // Only the last repeat_last_n tokens count: id 0 is 4 tokens back.
+    CHECK(draw(s, {3.0f, 2.5f, 0.0f}, {0, 2, 2, 2}) == 0);
+    // Penalty 1 is a no-op.
+    sampler plain(greedy_params());
+    CHECK(draw(plain, {3.0f, 2.5f, 0.0f}, {0}) == 0);
+  }
+
+  TEST_CASE("at temperature 1 without filters the draws follow softmax") {
+    std::mt19937 rng(10);
+    const int n = 12;
+    const auto l = random_logits(rng, n, 1.0f);
+    double mx = -1e300, sum = 0;
+    for (float v : l) mx = std::max<double>(mx, v);
+    std::vector<double> prob(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) sum += prob[size_t(i)] = std::exp(double(l[size_t(i)]) - mx);
+    for (auto& x : prob) x /= sum;
+
+    sampler s(plain_params(1.0f, 12345));
+    const int draws = 20000;
+    std::vector<int> count(size_t(n), 0);
+    for (int i = 0; i < draws; ++i) ++count[size_t(draw(s, l))];
+    for (int i = 0; i < n; ++i) {
+      CAPTURE(i);
+      // 5 standard deviations of a binomial proportion (plus a floor for tiny p).
+      const double p = prob[size_t(i)];
+      const double sd = std::sqrt(p * (1 - p) / draws);
+      CHECK(std::fabs(double(count[size_t(i)]) / draws - p) <= 5 * sd + 1e-3);
+    }
+
+    // Temperature 2 follows softmax(l / 2) instead.
+    std::vector<double> prob2(static_cast<size_t>(n));
+    double sum2 = 0;
+    for (int i = 0; i < n; ++i) sum2 += prob2[size_t(i)] = std::exp((double(l[size_t(i)]) - mx) / 2);
+    sampler s2(plain_params(2.0f, 54321));
+    std::vector<int> count2(size_t(n), 0);
+    for (int i = 0; i < draws; ++i) ++count2[size_t(draw(s2, l))];
+    for (int i = 0; i < n; ++i) {
+      const double p = prob2[size_t(i)] / sum2;
+      const double sd = std::sqrt(p * (1 - p) / draws);
+      CHECK(std::fabs(double(count2[size_t(i)]) / draws - p) <= 5 * sd + 1e-3);
+    }
+  }
+}
