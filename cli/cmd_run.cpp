@@ -38,20 +38,20 @@ struct run_args {
 // The prompt token ids for a plain prompt or a chat message rendered with the model's template.
 std::vector<int32_t> build_prompt(const run_args& a, const models::model& m, const models::tokenizer& tok) {
   if (a.chat.empty()) return tok.encode(a.prompt, tok.add_bos(), /*parse_special=*/true);
-  models::chat_template_kind kind;
+  // The model's own template (with the default system prompt it injects), unless a family
+  // is named on the command line.
+  auto tmpl = models::chat_template_from_jinja(m.file().get_string("tokenizer.chat_template").value_or(""));
   if (!a.chat_template.empty()) {
     const auto k = models::parse_chat_template_name(a.chat_template);
     if (!k) throw std::runtime_error("unknown chat template '" + a.chat_template + "'");
-    kind = *k;
-  } else {
-    kind = models::detect_chat_template(m.file().get_string("tokenizer.chat_template").value_or(""));
+    if (*k != tmpl.kind) tmpl = {*k, std::string(models::family_default_system_prompt(*k))};
   }
-  spdlog::info("chat template: {}", models::chat_template_name(kind));
+  spdlog::info("chat template: {}", models::chat_template_name(tmpl.kind));
   std::vector<models::chat_message> msgs;
   if (!a.system.empty()) msgs.push_back({"system", a.system});
   msgs.push_back({"user", a.chat});
-  const std::string text = models::apply_chat_template(kind, msgs, /*add_generation_prompt=*/true);
-  return tok.encode(text, tok.add_bos() && !models::renders_bos(kind), /*parse_special=*/true);
+  const std::string text = models::apply_chat_template(tmpl, msgs, /*add_generation_prompt=*/true);
+  return tok.encode(text, tok.add_bos() && !models::renders_bos(tmpl.kind), /*parse_special=*/true);
 }
 
 void run(const run_args& a) {

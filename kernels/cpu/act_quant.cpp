@@ -13,20 +13,39 @@
 namespace tandem::kernels::cpu {
 namespace {
 
+// Q8_0 and Q8_1 activations are quantized the way llama.cpp's x86 build does at run time
+// (its SIMD quantizers, not the scalar reference): the inverse scale is 127/amax rather than
+// 1/(amax/127), and x * id is rounded to nearest with ties to even. Both choices move codes at
+// rounding boundaries, and deep small models amplify such differences into visibly different
+// logits, so matching them keeps our outputs comparable with llama.cpp's.
+template <typename Block>
+int quantize_block_q8(const float* x, Block& y, float& d_out) {
+  constexpr int qk = k_qk_legacy;
+  float amax = 0.0f;
+  for (int j = 0; j < qk; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const float d = amax / 127.0f;
+  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  int sum = 0;
+  for (int j = 0; j < qk; ++j) {
+    y.qs[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));  // default FP mode: ties to even
+    sum += y.qs[j];
+  }
+  store_half(y.d, fp32_to_fp16(d));
+  d_out = d;
+  return sum;
+}
+
+void quantize_q8_0_act(const float* x, void* dst, int64_t n) {
+  auto* y = static_cast<block_q8_0*>(dst);
+  float d;
+  for (int64_t i = 0; i < n / k_qk_legacy; ++i, x += k_qk_legacy) quantize_block_q8(x, y[i], d);
+}
+
 void quantize_q8_1(const float* x, void* dst, int64_t n) {
   auto* y = static_cast<block_q8_1*>(dst);
-  constexpr int qk = k_qk_legacy;
-  for (int64_t i = 0; i < n / qk; ++i, x += qk) {
-    float amax = 0.0f;
-    for (int j = 0; j < qk; ++j) amax = std::max(amax, std::fabs(x[j]));
-    const float d = amax / 127;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int sum = 0;
-    for (int j = 0; j < qk; ++j) {
-      y[i].qs[j] = static_cast<int8_t>(std::round(x[j] * id));
-      sum += y[i].qs[j];
-    }
-    store_half(y[i].d, fp32_to_fp16(d));
+  for (int64_t i = 0; i < n / k_qk_legacy; ++i, x += k_qk_legacy) {
+    float d;
+    const int sum = quantize_block_q8(x, y[i], d);
     // s uses the unrounded d, as ggml does: it multiplies the fp16 weight offset m.
     store_half(y[i].s, fp32_to_fp16(static_cast<float>(sum) * d));
   }
@@ -84,7 +103,7 @@ weight_type activation_type(weight_type weights) {
 
 void quantize_activation_row(weight_type act, const float* src, void* dst, int64_t n) {
   switch (act) {
-    case weight_type::q8_0: quantize_q8_0(src, dst, n); return;  // same formula as the weight type
+    case weight_type::q8_0: quantize_q8_0_act(src, dst, n); return;
     case weight_type::q8_1: quantize_q8_1(src, dst, n); return;
     case weight_type::q8_k: quantize_q8_k(src, dst, n); return;
     case weight_type::f16:

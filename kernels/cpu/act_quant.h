@@ -13,13 +13,10 @@ namespace tandem::kernels::cpu {
 weight_type activation_type(weight_type weights);
 
 // Converts n floats (a multiple of the block size of `act`) into dst, row_bytes(act, n) bytes.
-// act is one of Q8_0, Q8_1, Q8_K, F16, BF16, F32. Formulas are ggml's reference quantizers:
-// Q8_0/Q8_1: d = amax/127, q = roundf(x/d) (half away from zero), Q8_1 s = d * sum(q);
+// act is one of Q8_0, Q8_1, Q8_K, F16, BF16, F32. Formulas are those llama.cpp's x86 build
+// runs: Q8_0/Q8_1: d = amax/127, q = nearest-even(x * (127/amax)), Q8_1 s = d * sum(q);
 // Q8_K: d = max/-127 with the signed absolute maximum, q = nearest-even, bsums per 16.
 // dst needs no particular alignment except for Q8_K (4 bytes, for its float d).
-// (llama.cpp's x86 build quantizes Q8_0/Q8_1 with SIMD code that rounds exact .5 ties to
-// even and uses 127/amax for 1/d; on real data the codes differ from these only in
-// vanishingly rare ties.)
 void quantize_activation_row(weight_type act, const float* src, void* dst, int64_t n);
 
 // Inverse of quantize_activation_row (for tests and diagnostics).

@@ -30,20 +30,22 @@ TEST_SUITE("act_quant") {
     CHECK_THROWS_WITH_AS(activation_type(weight_type::q3_k), doctest::Contains("Q3_K"), std::invalid_argument);
   }
 
-  TEST_CASE("Q8_0: d = amax / 127, codes round half away from zero") {
+  TEST_CASE("Q8_0: d = amax / 127, x * (127 / amax) rounds half to even (llama.cpp's x86 path)") {
     std::vector<float> x(32, 0.0f);
-    x[0] = -254.0f;  // d = 2
-    x[1] = 5.0f;     // 2.5 -> 3
-    x[2] = -5.0f;    // -2.5 -> -3
-    x[3] = 1.0f;     // 0.5 -> 1
+    x[0] = -254.0f;  // d = 2, id = 0.5
+    x[1] = 5.0f;     // 2.5 -> 2
+    x[2] = -5.0f;    // -2.5 -> -2
+    x[3] = 1.0f;     // 0.5 -> 0
+    x[5] = 7.0f;     // 3.5 -> 4
     block_q8_0 b;
     quantize_activation_row(weight_type::q8_0, x.data(), &b, 32);
     CHECK(load_half(b.d) == 0x4000);
     CHECK(b.qs[0] == -127);
-    CHECK(b.qs[1] == 3);
-    CHECK(b.qs[2] == -3);
-    CHECK(b.qs[3] == 1);
+    CHECK(b.qs[1] == 2);
+    CHECK(b.qs[2] == -2);
+    CHECK(b.qs[3] == 0);
     CHECK(b.qs[4] == 0);
+    CHECK(b.qs[5] == 4);
   }
 
   TEST_CASE("Q8_1: s = d * sum of codes") {
@@ -57,7 +59,7 @@ TEST_SUITE("act_quant") {
       const float d = amax / 127;
       int sum = 0;
       for (int j = 0; j < 32; ++j) {
-        CHECK(b[i].qs[j] == static_cast<int>(std::round(xb[j] * (1.0f / d))));
+        CHECK(b[i].qs[j] == static_cast<int>(std::nearbyint(xb[j] * (127.0f / amax))));
         sum += b[i].qs[j];
       }
       CHECK(load_half(b[i].d) == fp32_to_fp16(d));

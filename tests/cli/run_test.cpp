@@ -1,0 +1,73 @@
+// `tandem run` end to end: the real binary on the committed test model and on SmolLM2.
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/test_support.h"
+
+using namespace tandem;
+
+namespace {
+nlohmann::json fixture(const std::string& name) {
+  return nlohmann::json::parse(test::read_file(test::data_path("reference/" + name)));
+}
+}  // namespace
+
+TEST_SUITE("run") {
+  TEST_CASE("stories260K greedy writes exactly llama.cpp's text to stdout and timings to stderr") {
+    const auto ref = fixture("stories260K-greedy.json");
+    const auto r = test::run_tandem("run -m '" + test::data_path("stories260K.gguf").string() + "' -p 'Once upon a time' -n 48 --temp 0");
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.out == ref["generated_text"].get<std::string>() + "\n");
+    CHECK(r.err.find("prompt: 5 tokens") != std::string::npos);
+    CHECK(r.err.find("generated: 48 tokens") != std::string::npos);
+  }
+
+  TEST_CASE("a seed makes sampling repeatable; different seeds differ") {
+    const std::string base = "run -m '" + test::data_path("stories260K.gguf").string() + "' -p 'Once upon a time' -n 40 --temp 1.2 --top-k 0 --top-p 1 --min-p 0 --seed ";
+    const auto a = test::run_tandem(base + "7");
+    const auto b = test::run_tandem(base + "7");
+    const auto c = test::run_tandem(base + "8");
+    REQUIRE(a.exit_code == 0);
+    CHECK(a.out == b.out);
+    CHECK(a.out != c.out);
+  }
+
+  TEST_CASE("bad arguments and bad files give a clear error and exit code") {
+    const auto model = test::data_path("stories260K.gguf").string();
+    auto r = test::run_tandem("run -m '" + model + "' -n 4");
+    CHECK(r.exit_code == 1);
+    CHECK(r.err.find("exactly one of -p/--prompt and --chat") != std::string::npos);
+    r = test::run_tandem("run -m /nonexistent.gguf -p hi");
+    CHECK(r.exit_code != 0);
+    r = test::run_tandem("run -m '" + model + "' -p hi --temp -1");
+    CHECK(r.exit_code != 0);
+    r = test::run_tandem("run -m '" + test::data_path("vocab/ggml-vocab-llama-spm.gguf").string() + "' -p hi");
+    CHECK(r.exit_code == 1);
+    CHECK(r.err.find("token_embd.weight") != std::string::npos);
+    r = test::run_tandem("run -m '" + model + "' -p 'Once upon a time' -n 500 --ctx-size 16 --temp 0");
+    CHECK(r.exit_code == 0);  // stops when the context is full instead of failing
+    // 5 prompt + 11 generated tokens fill the 16 positions; the 12th is sampled from the
+    // last position's logits and needs no cache slot.
+    CHECK(r.err.find("generated: 12 tokens") != std::string::npos);
+  }
+}
+
+TEST_SUITE("smollm_run") {
+  TEST_CASE("SmolLM2 continues a prompt exactly as llama.cpp does") {
+    test::require_smollm();
+    const auto ref = fixture("smollm2-greedy.json");
+    const auto& run = ref["runs"][0];
+    const auto r = test::run_tandem("run -m '" + test::smollm_path().string() + "' -p '" + run["prompt"].get<std::string>() + "' -n 32 --temp 0");
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.out == run["generated_text"].get<std::string>() + "\n");
+  }
+
+  TEST_CASE("--chat renders the model's template, answers, and stops at end of turn") {
+    test::require_smollm();
+    const auto r = test::run_tandem("run -m '" + test::smollm_path().string() +
+                                    "' --chat 'What is the capital of France?' --system 'You are a helpful assistant.' -n 64 --temp 0");
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.out == "The capital of France is Paris.\n");
+    CHECK(r.err.find("generated: 7 tokens") != std::string::npos);  // <|im_end|> ended the turn
+  }
+}
