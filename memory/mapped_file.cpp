@@ -16,10 +16,14 @@ mapped_file::mapped_file(const std::string& path) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw std::runtime_error(path + ": cannot open: " + std::strerror(errno));
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (::fstat(fd, &st) != 0) {
     const int err = errno;
     ::close(fd);
-    throw std::runtime_error(path + ": not a regular file" + (err ? std::string(": ") + std::strerror(err) : ""));
+    throw std::runtime_error(path + ": cannot stat: " + std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw std::runtime_error(path + ": not a regular file");
   }
   size_ = static_cast<size_t>(st.st_size);
   if (size_ > 0) {

@@ -24,8 +24,9 @@ weight_view bind_matrix(const gguf_file& f, const std::string& name) {
 // Converts a 1-D tensor to F32 into storage owned by the weights.
 const float* bind_vector(const gguf_file& f, const std::string& name, model_weights& w) {
   const auto& t = f.tensor(name);
-  if (!kernels::info(t.type).computable)
-    throw gguf_error(f.path() + ": tensor '" + name + "' has type " + kernels::display_name(t.type) + ", expected F32");
+  using kernels::weight_type;
+  if (t.type != weight_type::f32 && t.type != weight_type::f16 && t.type != weight_type::bf16)
+    throw gguf_error(f.path() + ": tensor '" + name + "' has type " + kernels::display_name(t.type) + ", expected a float type (F32, F16 or BF16)");
   auto& buf = w.owned.emplace_back(static_cast<size_t>(t.elements()));
   kernels::cpu::dequantize_row(t.type, t.data.data(), buf.data(), t.elements());
   return buf.data();

@@ -48,7 +48,9 @@ generate_stats generate(models::forward_context& ctx, const models::tokenizer& t
     ctx.eval(next);
     logits.assign(ctx.logits().begin(), ctx.logits().end());
   }
-  if (const auto rest = detok.flush(); !rest.empty()) sink(-1, rest);
+  // A sink that asked to stop gets nothing more.
+  if (st.stop_reason != "callback")
+    if (const auto rest = detok.flush(); !rest.empty()) sink(-1, rest);
   st.generate_seconds = seconds_since(t0);
   return st;
 }
