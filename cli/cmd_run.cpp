@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <memory>
 #include <random>
+#include <algorithm>
 
 #include "cli/command_registry.h"
 #include "kernels/cpu/matmul.h"
@@ -68,13 +69,15 @@ void run(const run_args& a) {
                m.config().n_layer, m.weight_bytes() / 1048576.0,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count());
 
+  const auto prompt = build_prompt(a, m, tok);
   kernels::cpu::thread_pool pool(a.threads > 0 ? a.threads : kernels::cpu::default_thread_count());
   models::context_params cp;
-  cp.n_ctx = a.n_ctx;
+  // Without --ctx-size the cache holds exactly what this run needs (prompt + tokens to
+  // generate, or 4096 when generating until the end), never more than the training context.
+  const int64_t need = static_cast<int64_t>(prompt.size()) + 1 + (a.n_predict >= 0 ? a.n_predict : 4096);
+  cp.n_ctx = a.n_ctx > 0 ? a.n_ctx : std::min(m.config().n_ctx_train, need);
   cp.kv = a.kv_type == "f32" ? kernels::cpu::kv_type::f32 : kernels::cpu::kv_type::f16;
   models::forward_context ctx(m, cp, &pool);
-
-  const auto prompt = build_prompt(a, m, tok);
   runtime::generate_options opt;
   opt.max_tokens = a.n_predict;
   opt.sampling = a.sampling;
@@ -102,7 +105,7 @@ void add_run_command(CLI::App& root) {
                   "template family instead of the detected one: chatml, llama2, llama3, mistral, gemma, phi3, deepseek, zephyr, plain");
   cmd->add_option("-n,--n-predict", a->n_predict, "tokens to generate (-1: until end of generation or context full)")
       ->check(CLI::Range(int64_t{-1}, int64_t{1} << 24));
-  cmd->add_option("-c,--ctx-size", a->n_ctx, "context size (0: the model's training context)")->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
+  cmd->add_option("-c,--ctx-size", a->n_ctx, "context size (default: prompt + tokens to generate, at most the training context)")->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   cmd->add_option("-t,--threads", a->threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
   cmd->add_option("--kv-type", a->kv_type, "KV cache type: f16 (default, as llama.cpp) or f32")->check(CLI::IsMember({"f16", "f32"}));
   cmd->add_option("--temp", a->sampling.temperature, "temperature (0: greedy)")->check(CLI::Range(0.0f, 100.0f));

@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include <unistd.h>
+
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quants.h"
 
@@ -42,7 +44,19 @@ kernels::cpu::rope_params make_rope(const model_config& c, const model_weights& 
 
 size_t kv_elem_bytes(kernels::cpu::kv_type t) { return t == kernels::cpu::kv_type::f16 ? 2 : 4; }
 
+uint64_t physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
+
 }  // namespace
+
+uint64_t kv_cache_bytes(const model_config& c, int64_t n_ctx, kernels::cpu::kv_type kv) {
+  // K and V, every layer; n_ctx <= 2^24, kv_dim <= 2^22 and n_layer <= 1024 keep this in range.
+  return 2ull * static_cast<uint64_t>(c.n_layer) * static_cast<uint64_t>(n_ctx) * static_cast<uint64_t>(c.kv_dim()) *
+         kv_elem_bytes(kv);
+}
 
 forward_context::forward_context(const model& m, const context_params& p, kernels::cpu::thread_pool* pool)
     : model_(m),
@@ -53,6 +67,15 @@ forward_context::forward_context(const model& m, const context_params& p, kernel
       max_batch_(std::max<int64_t>(1, p.max_batch)),
       n_vocab_(m.config().n_vocab) {
   const auto& c = m.config();
+  if (n_ctx_ < 1 || n_ctx_ > k_max_context)
+    throw std::invalid_argument("context size " + std::to_string(n_ctx_) + " is outside [1, " + std::to_string(k_max_context) + "]");
+  // The context size may come from file metadata (the training context), so a file could ask
+  // for far more cache than the machine has: refuse that with a message instead of bad_alloc.
+  const uint64_t cache_bytes = kv_cache_bytes(c, n_ctx_, kv_type_);
+  if (const uint64_t ram = physical_memory_bytes(); ram > 0 && cache_bytes > ram)
+    throw std::runtime_error("a KV cache for " + std::to_string(n_ctx_) + " tokens needs " +
+                             std::to_string(cache_bytes >> 20) + " MiB, more than this machine's " + std::to_string(ram >> 20) +
+                             " MiB of memory; use a smaller context size");
   const size_t layer_bytes = static_cast<size_t>(n_ctx_ * c.kv_dim()) * kv_elem_bytes(kv_type_);
   k_cache_.assign(c.n_layer, std::vector<std::byte>(layer_bytes));
   v_cache_.assign(c.n_layer, std::vector<std::byte>(layer_bytes));

@@ -12,6 +12,12 @@
 
 namespace tandem::models {
 
+// Largest context a forward_context accepts (as llama.cpp's largest trained contexts).
+inline constexpr int64_t k_max_context = int64_t{1} << 24;
+
+// Bytes of K and V cache for n_ctx positions of every layer.
+uint64_t kv_cache_bytes(const model_config& c, int64_t n_ctx, kernels::cpu::kv_type kv);
+
 struct context_params {
   int64_t n_ctx = 0;                               // 0: the model's training context
   kernels::cpu::kv_type kv = kernels::cpu::kv_type::f16;  // llama.cpp's default cache type
@@ -19,7 +25,9 @@ struct context_params {
 };
 
 // Owns the KV cache and scratch of one sequence, sized once at construction; eval() allocates
-// nothing. The model must outlive the context.
+// nothing. The model must outlive the context. The constructor throws std::invalid_argument
+// for a context size outside [1, k_max_context] and std::runtime_error when the cache would
+// not fit in the machine's memory.
 class forward_context {
  public:
   forward_context(const model& m, const context_params& p, kernels::cpu::thread_pool* pool);

@@ -109,4 +109,14 @@ TEST_SUITE("forward") {
     CHECK(ctx.pos() == 7);
     CHECK_THROWS_AS(ctx.truncate(8), std::invalid_argument);
   }
+
+  TEST_CASE("the KV cache is sized from the context and bounded") {
+    models::model m(test::data_path("stories260K.gguf").string());
+    // 5 layers x (K + V) x 128 positions x 4 KV heads x 8 dims x 2 bytes.
+    CHECK(models::kv_cache_bytes(m.config(), 128, kernels::cpu::kv_type::f16) == 5 * 2 * 128 * 32 * 2);
+    CHECK(models::kv_cache_bytes(m.config(), 128, kernels::cpu::kv_type::f32) == 5 * 2 * 128 * 32 * 4);
+    CHECK_THROWS_AS(models::forward_context(m, {.n_ctx = models::k_max_context + 1}, nullptr), std::invalid_argument);
+    models::forward_context ctx(m, {}, nullptr);  // default: the training context
+    CHECK(ctx.n_ctx() == 128);
+  }
 }

@@ -3,87 +3,20 @@
 #include <doctest/doctest.h>
 
 #include <limits>
-#include <map>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "models/gguf_writer.h"
+#include "tests/models/tiny_model.h"
 #include "tests/test_support.h"
 
 using namespace tandem;
 using models::gguf_out_value;
 using models::gguf_writer;
 using kernels::weight_type;
+using test::tiny_model;  // llama, n_embd 16, 4 heads (2 kv), n_ff 24, vocab 32, context 64
 
 namespace {
-
-// A minimal, valid Llama-family GGUF with F32 tensors (all zero: config reading looks only at
-// metadata and shapes). Tests change one field, then build variants of the file.
-struct tiny_model {
-  std::string arch = "llama";
-  int64_t n_embd = 16, n_layer = 2, n_head = 4, n_head_kv = 2, n_ff = 24, n_vocab = 32, n_ctx = 64;
-  int64_t key_length = 0;  // > 0: written as attention.key_length (head_dim != n_embd / n_head)
-  bool tied = false;       // no output.weight
-  bool qkv_bias = false;   // attn_{q,k,v}.bias in every layer (qwen2)
-  bool qk_norm = false;    // attn_{q,k}_norm.weight in every layer (qwen3)
-  std::set<std::string> omit;                           // keys or tensors left out
-  std::map<std::string, std::vector<int64_t>> reshape;  // tensor name -> ne written instead
-
-  int64_t head_dim() const { return key_length > 0 ? key_length : n_embd / n_head; }
-
-  gguf_writer writer() const {
-    gguf_writer w;
-    const std::string p = arch + ".";
-    auto key = [&](const std::string& k, gguf_out_value v) {
-      if (!omit.count(k)) w.set(k, std::move(v));
-    };
-    key("general.architecture", gguf_out_value::string(arch));
-    key("general.name", gguf_out_value::string("tiny"));
-    key(p + "context_length", gguf_out_value::u32(static_cast<uint32_t>(n_ctx)));
-    key(p + "embedding_length", gguf_out_value::u32(static_cast<uint32_t>(n_embd)));
-    key(p + "feed_forward_length", gguf_out_value::u32(static_cast<uint32_t>(n_ff)));
-    key(p + "attention.head_count", gguf_out_value::u32(static_cast<uint32_t>(n_head)));
-    key(p + "attention.head_count_kv", gguf_out_value::u32(static_cast<uint32_t>(n_head_kv)));
-    key(p + "block_count", gguf_out_value::u32(static_cast<uint32_t>(n_layer)));
-    key(p + "attention.layer_norm_rms_epsilon", gguf_out_value::f32(1e-6f));
-    if (key_length > 0) key(p + "attention.key_length", gguf_out_value::u32(static_cast<uint32_t>(key_length)));
-
-    auto tensor = [&](const std::string& name, std::vector<int64_t> ne) {
-      if (omit.count(name)) return;
-      if (auto it = reshape.find(name); it != reshape.end()) ne = it->second;
-      int64_t n = 1;
-      for (auto d : ne) n *= d;
-      w.add_tensor(name, ne, weight_type::f32, std::vector<std::byte>(static_cast<size_t>(n) * 4));
-    };
-    const int64_t q_dim = n_head * head_dim(), kv_dim = n_head_kv * head_dim();
-    tensor("token_embd.weight", {n_embd, n_vocab});
-    tensor("output_norm.weight", {n_embd});
-    if (!tied) tensor("output.weight", {n_embd, n_vocab});
-    for (int64_t l = 0; l < n_layer; ++l) {
-      const std::string b = "blk." + std::to_string(l) + ".";
-      tensor(b + "attn_norm.weight", {n_embd});
-      tensor(b + "attn_q.weight", {n_embd, q_dim});
-      tensor(b + "attn_k.weight", {n_embd, kv_dim});
-      tensor(b + "attn_v.weight", {n_embd, kv_dim});
-      tensor(b + "attn_output.weight", {q_dim, n_embd});
-      if (qkv_bias) {
-        tensor(b + "attn_q.bias", {q_dim});
-        tensor(b + "attn_k.bias", {kv_dim});
-        tensor(b + "attn_v.bias", {kv_dim});
-      }
-      if (qk_norm) {
-        tensor(b + "attn_q_norm.weight", {head_dim()});
-        tensor(b + "attn_k_norm.weight", {head_dim()});
-      }
-      tensor(b + "ffn_norm.weight", {n_embd});
-      tensor(b + "ffn_gate.weight", {n_embd, n_ff});
-      tensor(b + "ffn_up.weight", {n_embd, n_ff});
-      tensor(b + "ffn_down.weight", {n_ff, n_embd});
-    }
-    return w;
-  }
-};
 
 models::model_config config_of(const gguf_writer& w) {
   test::scratch_dir dir;

@@ -3,103 +3,27 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
-#include <map>
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/quants.h"
-#include "models/gguf_writer.h"
+#include "kernels/weight_type.h"
+#include "tests/models/tiny_model.h"
 #include "tests/test_support.h"
 
 using namespace tandem;
 using kernels::weight_type;
-using models::gguf_out_value;
-using models::gguf_writer;
 
 namespace {
 
-// Deterministic element values, exactly representable in F16 and BF16 (multiples of 1/8 in
-// [-1, 1)), different per tensor so a view bound to the wrong tensor shows.
-float value_of(size_t tensor_index, int64_t i) {
-  return static_cast<float>((i + static_cast<int64_t>(tensor_index) * 5) % 16 - 8) * 0.125f;
+// Wider than the shared default (head_dim 8) and with a vocabulary unlike the width, so a
+// view with rows and cols swapped shows.
+test::tiny_model tiny() {
+  test::tiny_model t;
+  t.n_embd = 32;
+  t.n_ff = 64;
+  t.n_vocab = 40;
+  return t;
 }
-
-// A small valid llama GGUF. Tensors are F32 unless `types` says otherwise; types that
-// quantize_row cannot write (e.g. Q2_K) get zero bytes of the right size.
-struct tiny_model {
-  std::string arch = "llama";
-  int64_t n_embd = 32, n_layer = 2, n_head = 4, n_head_kv = 2, n_ff = 64, n_vocab = 40;
-  bool tied = false;
-  bool qkv_bias = false;
-  bool qk_norm = false;
-  bool rope_freqs = false;
-  std::map<std::string, weight_type> types;
-  std::vector<std::string> names;  // in the order written; index = value_of's tensor_index
-
-  void write(const std::string& path) {
-    gguf_writer w;
-    const std::string p = arch + ".";
-    w.set("general.architecture", gguf_out_value::string(arch));
-    w.set(p + "context_length", gguf_out_value::u32(64));
-    w.set(p + "embedding_length", gguf_out_value::u32(static_cast<uint32_t>(n_embd)));
-    w.set(p + "feed_forward_length", gguf_out_value::u32(static_cast<uint32_t>(n_ff)));
-    w.set(p + "attention.head_count", gguf_out_value::u32(static_cast<uint32_t>(n_head)));
-    w.set(p + "attention.head_count_kv", gguf_out_value::u32(static_cast<uint32_t>(n_head_kv)));
-    w.set(p + "block_count", gguf_out_value::u32(static_cast<uint32_t>(n_layer)));
-    names.clear();
-    auto tensor = [&](const std::string& name, std::vector<int64_t> ne) {
-      const auto it = types.find(name);
-      const weight_type t = it == types.end() ? weight_type::f32 : it->second;
-      int64_t n = 1;
-      for (auto d : ne) n *= d;
-      std::vector<std::byte> data(static_cast<size_t>(n / ne[0] * kernels::row_bytes(t, ne[0])));
-      if (t == weight_type::f32 || t == weight_type::f16 || t == weight_type::bf16 || t == weight_type::q8_0) {
-        std::vector<float> v(static_cast<size_t>(n));
-        for (int64_t i = 0; i < n; ++i) v[i] = value_of(names.size(), i);
-        kernels::cpu::quantize_row(t, v.data(), data.data(), n);
-      }
-      names.push_back(name);
-      w.add_tensor(name, std::move(ne), t, std::move(data));
-    };
-    const int64_t hd = n_embd / n_head, q_dim = n_head * hd, kv_dim = n_head_kv * hd;
-    tensor("token_embd.weight", {n_embd, n_vocab});
-    tensor("output_norm.weight", {n_embd});
-    if (!tied) tensor("output.weight", {n_embd, n_vocab});
-    if (rope_freqs) tensor("rope_freqs.weight", {hd / 2});
-    for (int64_t l = 0; l < n_layer; ++l) {
-      const std::string b = "blk." + std::to_string(l) + ".";
-      tensor(b + "attn_norm.weight", {n_embd});
-      tensor(b + "attn_q.weight", {n_embd, q_dim});
-      tensor(b + "attn_k.weight", {n_embd, kv_dim});
-      tensor(b + "attn_v.weight", {n_embd, kv_dim});
-      tensor(b + "attn_output.weight", {q_dim, n_embd});
-      if (qkv_bias) {
-        tensor(b + "attn_q.bias", {q_dim});
-        tensor(b + "attn_k.bias", {kv_dim});
-        tensor(b + "attn_v.bias", {kv_dim});
-      }
-      if (qk_norm) {
-        tensor(b + "attn_q_norm.weight", {hd});
-        tensor(b + "attn_k_norm.weight", {hd});
-      }
-      tensor(b + "ffn_norm.weight", {n_embd});
-      tensor(b + "ffn_gate.weight", {n_embd, n_ff});
-      tensor(b + "ffn_up.weight", {n_embd, n_ff});
-      tensor(b + "ffn_down.weight", {n_ff, n_embd});
-    }
-    w.write(path);
-  }
-
-  // The values written for `name` (n of them).
-  std::vector<float> values(const std::string& name, int64_t n) const {
-    size_t index = 0;
-    while (index < names.size() && names[index] != name) ++index;
-    REQUIRE(index < names.size());
-    std::vector<float> v(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) v[i] = value_of(index, i);
-    return v;
-  }
-};
 
 std::vector<float> floats(const float* p, int64_t n) { return p ? std::vector<float>(p, p + n) : std::vector<float>{}; }
 
@@ -197,13 +121,13 @@ TEST_SUITE("model") {
 
   TEST_CASE("a tiny F32 model: views, values and tied embeddings") {
     test::scratch_dir dir;
-    tiny_model t;
+    auto t = tiny();
     SUBCASE("untied") {
       t.write((dir / "m.gguf").string());
       const models::model m((dir / "m.gguf").string());
       check_view(m, m.weights().output, "output.weight", 40, 32);
       check_view(m, m.weights().layers[1].wk, "blk.1.attn_k.weight", 16, 32);
-      CHECK(floats(m.weights().layers[1].ffn_norm, 32) == t.values("blk.1.ffn_norm.weight", 32));
+      CHECK(floats(m.weights().layers[1].ffn_norm, 32) == t.values("blk.1.ffn_norm.weight"));
     }
     SUBCASE("tied: the output is the token embedding") {
       t.tied = true;
@@ -220,14 +144,14 @@ TEST_SUITE("model") {
       t.write((dir / "m.gguf").string());
       const models::model m((dir / "m.gguf").string());
       REQUIRE(m.weights().rope_freqs != nullptr);
-      CHECK(floats(m.weights().rope_freqs, 4) == t.values("rope_freqs.weight", 4));
+      CHECK(floats(m.weights().rope_freqs, 4) == t.values("rope_freqs.weight"));
     }
   }
 
   TEST_CASE("a matrix of a type tandem cannot compute names the tensor and the supported types") {
     // Q2_K blocks span 256 elements, so the width is 256; the bytes are zero, never read.
     test::scratch_dir dir;
-    tiny_model t;
+    auto t = tiny();
     t.n_embd = 256;
     t.n_head = 4;
     t.types["blk.0.attn_q.weight"] = weight_type::q2_k;
@@ -246,7 +170,7 @@ TEST_SUITE("model") {
 
   TEST_CASE("matrices in computable types stay in the mapping") {
     test::scratch_dir dir;
-    tiny_model t;
+    auto t = tiny();
     t.types["blk.0.attn_q.weight"] = weight_type::f16;
     t.types["blk.1.ffn_up.weight"] = weight_type::q8_0;
     t.types["token_embd.weight"] = weight_type::bf16;
@@ -262,7 +186,7 @@ TEST_SUITE("model") {
 
   TEST_CASE("1-D tensors are converted to F32") {
     test::scratch_dir dir;
-    tiny_model t;
+    auto t = tiny();
     SUBCASE("llama norms in F16 and BF16") {
       t.types["output_norm.weight"] = weight_type::f16;
       t.types["blk.0.attn_norm.weight"] = weight_type::f16;
@@ -271,10 +195,10 @@ TEST_SUITE("model") {
       t.write((dir / "m.gguf").string());
       const models::model m((dir / "m.gguf").string());
       const auto& w = m.weights();
-      CHECK(floats(w.output_norm, 32) == t.values("output_norm.weight", 32));
-      CHECK(floats(w.layers[0].attn_norm, 32) == t.values("blk.0.attn_norm.weight", 32));
-      CHECK(floats(w.layers[1].ffn_norm, 32) == t.values("blk.1.ffn_norm.weight", 32));
-      CHECK(floats(w.layers[0].ffn_norm, 32) == t.values("blk.0.ffn_norm.weight", 32));  // F32 as is
+      CHECK(floats(w.output_norm, 32) == t.values("output_norm.weight"));
+      CHECK(floats(w.layers[0].attn_norm, 32) == t.values("blk.0.attn_norm.weight"));
+      CHECK(floats(w.layers[1].ffn_norm, 32) == t.values("blk.1.ffn_norm.weight"));
+      CHECK(floats(w.layers[0].ffn_norm, 32) == t.values("blk.0.ffn_norm.weight"));  // F32 as is
     }
     SUBCASE("qwen2 biases in F16") {
       t.arch = "qwen2";
@@ -284,9 +208,9 @@ TEST_SUITE("model") {
       t.write((dir / "m.gguf").string());
       const models::model m((dir / "m.gguf").string());
       const auto& L = m.weights().layers[1];
-      CHECK(floats(L.bq, 32) == t.values("blk.1.attn_q.bias", 32));
-      CHECK(floats(L.bk, 16) == t.values("blk.1.attn_k.bias", 16));
-      CHECK(floats(L.bv, 16) == t.values("blk.1.attn_v.bias", 16));
+      CHECK(floats(L.bq, 32) == t.values("blk.1.attn_q.bias"));
+      CHECK(floats(L.bk, 16) == t.values("blk.1.attn_k.bias"));
+      CHECK(floats(L.bv, 16) == t.values("blk.1.attn_v.bias"));
       CHECK(L.q_norm == nullptr);
     }
     SUBCASE("qwen3 q/k norms in F16") {
@@ -296,8 +220,8 @@ TEST_SUITE("model") {
       t.write((dir / "m.gguf").string());
       const models::model m((dir / "m.gguf").string());
       const auto& L = m.weights().layers[0];
-      CHECK(floats(L.q_norm, 8) == t.values("blk.0.attn_q_norm.weight", 8));
-      CHECK(floats(L.k_norm, 8) == t.values("blk.0.attn_k_norm.weight", 8));
+      CHECK(floats(L.q_norm, 8) == t.values("blk.0.attn_q_norm.weight"));
+      CHECK(floats(L.k_norm, 8) == t.values("blk.0.attn_k_norm.weight"));
       CHECK(L.bq == nullptr);
     }
     SUBCASE("a 1-D tensor of a type that cannot be converted is named") {
