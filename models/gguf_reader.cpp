@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <bit>
+#include <cfloat>
+#include <cmath>
 #include <cstring>
 #include <limits>
-#include <unordered_set>
+#include <type_traits>
 
 namespace tandem::models {
 namespace {
@@ -15,6 +17,15 @@ constexpr int k_max_nesting = 8;         // arrays of arrays deeper than this ar
 constexpr uint64_t k_max_name = 65535;   // longest key or tensor name accepted
 
 static_assert(std::endian::native == std::endian::little, "tandem reads GGUF on little-endian hosts");
+
+// Names of the things being read are passed as callables (or plain strings) and turned into
+// text only when an error is thrown: building "key 'k'[i]" for every element of a
+// million-element array would cost an allocation each.
+template <typename Name>
+std::string describe(const Name& what) {
+  if constexpr (std::is_convertible_v<const Name&, std::string_view>) return std::string(std::string_view(what));
+  else return what();
+}
 
 // Bounds-checked reader over the mapping; every failure names the file and offset.
 class cursor {
@@ -29,14 +40,15 @@ class cursor {
   }
   [[noreturn]] void fail(const std::string& what) const { fail(what, pos_); }
 
-  void need(uint64_t n, const std::string& what) const {
+  template <typename Name>
+  void need(uint64_t n, const Name& what) const {
     if (n > remaining())
-      fail(what + ": needs " + std::to_string(n) + " bytes but only " + std::to_string(remaining()) +
+      fail(describe(what) + ": needs " + std::to_string(n) + " bytes but only " + std::to_string(remaining()) +
            " remain in the file");
   }
 
-  template <typename T>
-  T read(const std::string& what) {
+  template <typename T, typename Name>
+  T read(const Name& what) {
     need(sizeof(T), what);
     T v;
     std::memcpy(&v, bytes_.data() + pos_, sizeof(T));
@@ -44,17 +56,20 @@ class cursor {
     return v;
   }
 
-  std::string read_string(const std::string& what, uint64_t max_len = std::numeric_limits<uint64_t>::max()) {
+  template <typename Name>
+  std::string read_string(const Name& what, uint64_t max_len = std::numeric_limits<uint64_t>::max()) {
     const uint64_t at = pos_;
-    const auto len = read<uint64_t>(what + " (string length)");
-    if (len > max_len) fail(what + ": string length " + std::to_string(len) + " exceeds the limit of " + std::to_string(max_len), at);
-    need(len, what + " (string of length " + std::to_string(len) + ")");
+    const auto len = read<uint64_t>([&] { return describe(what) + " (string length)"; });
+    if (len > max_len)
+      fail(describe(what) + ": string length " + std::to_string(len) + " exceeds the limit of " + std::to_string(max_len), at);
+    need(len, [&] { return describe(what) + " (string of length " + std::to_string(len) + ")"; });
     std::string s(reinterpret_cast<const char*>(bytes_.data() + pos_), len);
     pos_ += len;
     return s;
   }
 
-  std::span<const std::byte> take(uint64_t n, const std::string& what) {
+  template <typename Name>
+  std::span<const std::byte> take(uint64_t n, const Name& what) {
     need(n, what);
     auto s = bytes_.subspan(pos_, n);
     pos_ += n;
@@ -69,70 +84,127 @@ class cursor {
 
 bool valid_type(uint32_t t) { return t <= static_cast<uint32_t>(gguf_type::f64); }
 
-void read_value(cursor& c, gguf_type type, gguf_value& v, const std::string& what, int depth);
+// Reads metadata values, keeping the array totals of the whole file against gguf_limits and
+// the index path of the element being read (for error messages only).
+class value_reader {
+ public:
+  value_reader(cursor& c, const gguf_limits& limits) : c_(c), limits_(limits) {}
 
-void read_array(cursor& c, gguf_value& v, const std::string& what, int depth) {
-  if (depth >= k_max_nesting) c.fail(what + ": arrays nested deeper than " + std::to_string(k_max_nesting));
-  const uint64_t at = c.pos();
-  const auto et = c.read<uint32_t>(what + " (array element type)");
-  if (!valid_type(et)) c.fail(what + ": unknown array element type " + std::to_string(et), at);
-  v.elem_type = static_cast<gguf_type>(et);
-  v.count = c.read<uint64_t>(what + " (array length)");
-  // Every element takes at least this many bytes, so a count the file cannot hold is refused
-  // before anything is allocated for it.
-  const uint64_t min_elem = v.elem_type == gguf_type::string  ? 8
-                            : v.elem_type == gguf_type::array ? 12
-                                                              : gguf_scalar_size(v.elem_type);
-  if (v.count > c.remaining() / min_elem)
-    c.fail(what + ": array of " + std::to_string(v.count) + " elements cannot fit in the " +
-               std::to_string(c.remaining()) + " bytes left in the file",
-           at);
-  if (v.elem_type == gguf_type::string) {
-    v.strings.reserve(v.count);
-    for (uint64_t k = 0; k < v.count; ++k) v.strings.push_back(c.read_string(what + "[" + std::to_string(k) + "]"));
-  } else if (v.elem_type == gguf_type::array) {
-    // Grown element by element (no resize to the declared count): each level of nesting
-    // could otherwise reserve ~150 bytes per 12 bytes of file before anything is read.
-    for (uint64_t k = 0; k < v.count; ++k) {
-      auto& e = v.arrays.emplace_back();
-      e.type = gguf_type::array;
-      read_array(c, e, what + "[" + std::to_string(k) + "]", depth + 1);
-    }
-  } else {
-    const uint64_t data_at = c.pos();
-    v.raw = c.take(v.count * min_elem, what + " (array data)");
-    if (v.elem_type == gguf_type::boolean)
-      for (uint64_t k = 0; k < v.count; ++k)
-        if (const auto b = static_cast<uint8_t>(v.raw[k]); b > 1)
-          c.fail(what + "[" + std::to_string(k) + "]: bool array element " + std::to_string(b) + " is neither 0 nor 1",
-                 data_at + k);
+  void read(const std::string& key, gguf_type type, gguf_value& v) {
+    key_ = &key;
+    depth_ = 0;
+    read_value(type, v);
   }
-}
 
-void read_value(cursor& c, gguf_type type, gguf_value& v, const std::string& what, int depth) {
-  v.type = type;
-  switch (type) {
-    case gguf_type::u8: v.u = c.read<uint8_t>(what); break;
-    case gguf_type::u16: v.u = c.read<uint16_t>(what); break;
-    case gguf_type::u32: v.u = c.read<uint32_t>(what); break;
-    case gguf_type::u64: v.u = c.read<uint64_t>(what); break;
-    case gguf_type::i8: v.i = c.read<int8_t>(what); break;
-    case gguf_type::i16: v.i = c.read<int16_t>(what); break;
-    case gguf_type::i32: v.i = c.read<int32_t>(what); break;
-    case gguf_type::i64: v.i = c.read<int64_t>(what); break;
-    case gguf_type::f32: v.f = c.read<float>(what); break;
-    case gguf_type::f64: v.f = c.read<double>(what); break;
-    case gguf_type::boolean: {
-      const uint64_t at = c.pos();
-      const auto b = c.read<uint8_t>(what);
-      if (b > 1) c.fail(what + ": bool value " + std::to_string(b) + " is neither 0 nor 1", at);
-      v.b = b != 0;
-      break;
+ private:
+  // "key 'K'" followed by "[i]" for the first `levels` indices of the current path.
+  std::string name(int levels) const {
+    // Appended piece by piece: g++ 12 warns falsely (-Wrestrict) on "literal" + string&&.
+    std::string s = "key '";
+    s += *key_;
+    s += '\'';
+    for (int d = 0; d < levels; ++d) {
+      s += '[';
+      s += std::to_string(path_[d]);
+      s += ']';
     }
-    case gguf_type::string: v.str = c.read_string(what); break;
-    case gguf_type::array: read_array(c, v, what, depth); break;
+    return s;
   }
-}
+  std::string name() const { return name(depth_); }
+
+  void read_value(gguf_type type, gguf_value& v) {
+    auto what = [this] { return name(); };
+    v.type = type;
+    switch (type) {
+      case gguf_type::u8: v.u = c_.read<uint8_t>(what); break;
+      case gguf_type::u16: v.u = c_.read<uint16_t>(what); break;
+      case gguf_type::u32: v.u = c_.read<uint32_t>(what); break;
+      case gguf_type::u64: v.u = c_.read<uint64_t>(what); break;
+      case gguf_type::i8: v.i = c_.read<int8_t>(what); break;
+      case gguf_type::i16: v.i = c_.read<int16_t>(what); break;
+      case gguf_type::i32: v.i = c_.read<int32_t>(what); break;
+      case gguf_type::i64: v.i = c_.read<int64_t>(what); break;
+      case gguf_type::f32: v.f = c_.read<float>(what); break;
+      case gguf_type::f64: v.f = c_.read<double>(what); break;
+      case gguf_type::boolean: {
+        const uint64_t at = c_.pos();
+        const auto b = c_.read<uint8_t>(what);
+        if (b > 1) c_.fail(name() + ": bool value " + std::to_string(b) + " is neither 0 nor 1", at);
+        v.b = b != 0;
+        break;
+      }
+      case gguf_type::string: v.str = c_.read_string(what); break;
+      case gguf_type::array: read_array(v); break;
+    }
+  }
+
+  // Adds `count` to one running total; the error names the array and its header offset.
+  void charge(uint64_t& total, uint64_t count, uint64_t limit, const char* kind, uint64_t at) {
+    total += count;  // counts are bounded by the file size, so this cannot wrap
+    if (total > limit)
+      c_.fail(name() + ": array of " + std::to_string(count) + " elements brings the file's " + kind + " to " +
+                  std::to_string(total) + ", past the limit of " + std::to_string(limit),
+              at);
+  }
+
+  void read_array(gguf_value& v) {
+    if (depth_ >= k_max_nesting) c_.fail(name() + ": arrays nested deeper than " + std::to_string(k_max_nesting));
+    const uint64_t at = c_.pos();
+    const auto et = c_.read<uint32_t>([this] { return name() + " (array element type)"; });
+    if (!valid_type(et)) c_.fail(name() + ": unknown array element type " + std::to_string(et), at);
+    v.elem_type = static_cast<gguf_type>(et);
+    v.count = c_.read<uint64_t>([this] { return name() + " (array length)"; });
+    // Every element takes at least this many bytes, so a count the file cannot hold is refused
+    // before anything is allocated for it.
+    const uint64_t min_elem = v.elem_type == gguf_type::string  ? 8
+                              : v.elem_type == gguf_type::array ? 12
+                                                                : gguf_scalar_size(v.elem_type);
+    if (v.count > c_.remaining() / min_elem)
+      c_.fail(name() + ": array of " + std::to_string(v.count) + " elements cannot fit in the " +
+                  std::to_string(c_.remaining()) + " bytes left in the file",
+              at);
+    // Even counts the file can hold may cost far more memory than file bytes (a 12-byte empty
+    // array becomes a ~150-byte gguf_value), so the totals are charged before anything is
+    // reserved, and the reservations below are then bounded by the limits.
+    charge(elements_, v.count, limits_.array_elements, "total of array elements", at);
+    if (v.elem_type == gguf_type::string) {
+      charge(strings_, v.count, limits_.string_elements, "total of string array elements", at);
+      v.strings.reserve(v.count);
+      for (uint64_t k = 0; k < v.count; ++k) {
+        path_[depth_] = k;
+        v.strings.push_back(c_.read_string([this] { return name(depth_ + 1); }));
+      }
+    } else if (v.elem_type == gguf_type::array) {
+      charge(nested_, v.count, limits_.nested_arrays, "total of nested arrays", at);
+      v.arrays.reserve(v.count);
+      for (uint64_t k = 0; k < v.count; ++k) {
+        auto& e = v.arrays.emplace_back();
+        e.type = gguf_type::array;
+        path_[depth_++] = k;
+        read_array(e);
+        --depth_;
+      }
+    } else {
+      const uint64_t data_at = c_.pos();
+      v.raw = c_.take(v.count * min_elem, [this] { return name() + " (array data)"; });
+      if (v.elem_type == gguf_type::boolean)
+        for (uint64_t k = 0; k < v.count; ++k)
+          if (const auto b = static_cast<uint8_t>(v.raw[k]); b > 1) {
+            path_[depth_] = k;
+            c_.fail(name(depth_ + 1) + ": bool array element " + std::to_string(b) + " is neither 0 nor 1", data_at + k);
+          }
+    }
+  }
+
+  cursor& c_;
+  const gguf_limits& limits_;
+  const std::string* key_ = nullptr;
+  uint64_t path_[k_max_nesting] = {};  // index at each level of nesting, outermost first
+  int depth_ = 0;                      // levels of path_ in use
+  uint64_t elements_ = 0;              // running totals over the whole file
+  uint64_t strings_ = 0;
+  uint64_t nested_ = 0;
+};
 
 }  // namespace
 
@@ -181,6 +253,15 @@ T load_at(std::span<const std::byte> raw, uint64_t k) {
   std::memcpy(&v, raw.data() + k * sizeof(T), sizeof(T));
   return v;
 }
+
+// Casting a double outside the int64 range (or NaN) to int64 is undefined; clamp instead.
+int64_t saturate_to_int64(double v) {
+  constexpr double two_63 = 9223372036854775808.0;  // 2^63, exact in a double
+  if (std::isnan(v)) return 0;
+  if (v >= two_63) return std::numeric_limits<int64_t>::max();
+  if (v < -two_63) return std::numeric_limits<int64_t>::min();
+  return static_cast<int64_t>(v);
+}
 }  // namespace
 
 double gguf_value::array_number(uint64_t k) const {
@@ -201,10 +282,14 @@ int64_t gguf_value::array_integer(uint64_t k) const {
     case gguf_type::i16: return load_at<int16_t>(raw, k);
     case gguf_type::u32: return load_at<uint32_t>(raw, k);
     case gguf_type::i32: return load_at<int32_t>(raw, k);
-    case gguf_type::u64: return static_cast<int64_t>(load_at<uint64_t>(raw, k));
+    case gguf_type::u64: {
+      const auto u = load_at<uint64_t>(raw, k);
+      return u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ? std::numeric_limits<int64_t>::max()
+                                                                               : static_cast<int64_t>(u);
+    }
     case gguf_type::i64: return load_at<int64_t>(raw, k);
-    case gguf_type::f32: return static_cast<int64_t>(load_at<float>(raw, k));
-    case gguf_type::f64: return static_cast<int64_t>(load_at<double>(raw, k));
+    case gguf_type::f32: return saturate_to_int64(load_at<float>(raw, k));
+    case gguf_type::f64: return saturate_to_int64(load_at<double>(raw, k));
     default: return 0;
   }
 }
@@ -215,7 +300,7 @@ int64_t gguf_tensor::elements() const {
   return n;
 }
 
-gguf_file::gguf_file(const std::string& path) : map_(path) {
+gguf_file::gguf_file(const std::string& path, const gguf_limits& limits) : map_(path) {
   cursor c(map_.bytes(), map_.path());
   const auto magic = c.read<uint32_t>("magic");
   if (magic != k_magic) c.fail("not a GGUF file (bad magic)", 0);
@@ -228,20 +313,25 @@ gguf_file::gguf_file(const std::string& path) : map_(path) {
   // least 8 + 4 + 4 + 8 bytes. Counts beyond what the file can hold are refused up front.
   if (n_kv > c.remaining() / 13) c.fail("metadata count " + std::to_string(n_kv) + " cannot fit in the file", 16);
   if (n_tensors > c.remaining() / 24) c.fail("tensor count " + std::to_string(n_tensors) + " cannot fit in the file", 8);
+  if (n_kv > limits.metadata_keys)
+    c.fail("metadata count " + std::to_string(n_kv) + " exceeds the limit of " + std::to_string(limits.metadata_keys), 16);
 
+  // Reserved in full so that the names the indexes view never move (see the header).
   kvs_.reserve(n_kv);
-  std::unordered_set<std::string> keys;
+  kv_index_.reserve(n_kv);
+  value_reader values(c, limits);
   for (uint64_t k = 0; k < n_kv; ++k) {
-    gguf_kv kv;
-    kv.offset = c.pos();
-    kv.key = c.read_string("metadata key #" + std::to_string(k), k_max_name);
-    if (kv.key.empty()) c.fail("metadata key #" + std::to_string(k) + " is empty", kv.offset);
-    if (!keys.insert(kv.key).second) c.fail("duplicate metadata key '" + kv.key + "'", kv.offset);
+    const uint64_t at = c.pos();
+    auto key_name = [k] { return "metadata key #" + std::to_string(k); };
+    auto& kv = kvs_.emplace_back();
+    kv.offset = at;
+    kv.key = c.read_string(key_name, k_max_name);
+    if (kv.key.empty()) c.fail(key_name() + " is empty", at);
+    if (!kv_index_.try_emplace(kv.key, kvs_.size() - 1).second) c.fail("duplicate metadata key '" + kv.key + "'", at);
     const uint64_t type_at = c.pos();
-    const auto t = c.read<uint32_t>("key '" + kv.key + "' (value type)");
+    const auto t = c.read<uint32_t>([&] { return "key '" + kv.key + "' (value type)"; });
     if (!valid_type(t)) c.fail("key '" + kv.key + "': unknown value type " + std::to_string(t), type_at);
-    read_value(c, static_cast<gguf_type>(t), kv.value, "key '" + kv.key + "'", 0);
-    kvs_.push_back(std::move(kv));
+    values.read(kv.key, static_cast<gguf_type>(t), kv.value);
   }
 
   if (const auto* a = find("general.alignment")) {
@@ -251,46 +341,46 @@ gguf_file::gguf_file(const std::string& path) : map_(path) {
   }
 
   tensors_.reserve(n_tensors);
-  std::unordered_set<std::string> names;
+  tensor_index_.reserve(n_tensors);
   for (uint64_t k = 0; k < n_tensors; ++k) {
-    gguf_tensor t;
     const uint64_t at = c.pos();
-    t.name = c.read_string("tensor info #" + std::to_string(k) + " (name)", k_max_name);
-    const std::string what = "tensor '" + t.name + "'";
-    if (!names.insert(t.name).second) c.fail("duplicate " + what, at);
+    auto& t = tensors_.emplace_back();
+    t.name = c.read_string([k] { return "tensor info #" + std::to_string(k) + " (name)"; }, k_max_name);
+    auto what = [&t] { return "tensor '" + t.name + "'"; };
+    if (!tensor_index_.try_emplace(t.name, tensors_.size() - 1).second) c.fail("duplicate " + what(), at);
     const uint64_t dims_at = c.pos();
-    const auto n_dims = c.read<uint32_t>(what + " (dimension count)");
+    const auto n_dims = c.read<uint32_t>([&] { return what() + " (dimension count)"; });
     if (n_dims == 0 || n_dims > k_max_dims)
-      c.fail(what + ": " + std::to_string(n_dims) + " dimensions (must be 1.." + std::to_string(k_max_dims) + ")", dims_at);
+      c.fail(what() + ": " + std::to_string(n_dims) + " dimensions (must be 1.." + std::to_string(k_max_dims) + ")", dims_at);
+    t.ne.reserve(n_dims);
     uint64_t elems = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       const uint64_t dim_at = c.pos();
-      const auto ne = c.read<uint64_t>(what + " (dimension)");
+      const auto ne = c.read<uint64_t>([&] { return what() + " (dimension)"; });
       if (ne == 0 || ne > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-        c.fail(what + ": dimension " + std::to_string(d) + " is " + std::to_string(ne), dim_at);
+        c.fail(what() + ": dimension " + std::to_string(d) + " is " + std::to_string(ne), dim_at);
       if (elems > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / ne)
-        c.fail(what + ": element count overflows (dimensions multiply past 2^63)", dim_at);
+        c.fail(what() + ": element count overflows (dimensions multiply past 2^63)", dim_at);
       elems *= ne;
       t.ne.push_back(static_cast<int64_t>(ne));
     }
     const uint64_t type_at = c.pos();
-    const auto type_id = c.read<uint32_t>(what + " (type)");
+    const auto type_id = c.read<uint32_t>([&] { return what() + " (type)"; });
     const auto ti = kernels::find_weight_type(type_id);
-    if (!ti) c.fail(what + ": unknown tensor type " + std::to_string(type_id), type_at);
+    if (!ti) c.fail(what() + ": unknown tensor type " + std::to_string(type_id), type_at);
     t.type = ti->type;
     if (t.ne[0] % ti->block_elems != 0)
-      c.fail(what + ": first dimension " + std::to_string(t.ne[0]) + " is not a multiple of the " +
+      c.fail(what() + ": first dimension " + std::to_string(t.ne[0]) + " is not a multiple of the " +
                  kernels::display_name(t.type) + " block size " + std::to_string(ti->block_elems),
              dims_at);
     // elems < 2^63 and block_bytes <= 292, so this product is bounded by checking in two steps.
     const uint64_t blocks = elems / ti->block_elems;
-    if (blocks > std::numeric_limits<uint64_t>::max() / ti->block_bytes) c.fail(what + ": byte size overflows", dims_at);
+    if (blocks > std::numeric_limits<uint64_t>::max() / ti->block_bytes) c.fail(what() + ": byte size overflows", dims_at);
     t.bytes = blocks * ti->block_bytes;
     const uint64_t off_at = c.pos();
-    t.offset = c.read<uint64_t>(what + " (offset)");
+    t.offset = c.read<uint64_t>([&] { return what() + " (offset)"; });
     if (t.offset % alignment_ != 0)
-      c.fail(what + ": data offset " + std::to_string(t.offset) + " is not a multiple of the alignment " + std::to_string(alignment_), off_at);
-    tensors_.push_back(std::move(t));
+      c.fail(what() + ": data offset " + std::to_string(t.offset) + " is not a multiple of the alignment " + std::to_string(alignment_), off_at);
   }
 
   const uint64_t header_end = c.pos();
@@ -324,15 +414,13 @@ gguf_file::gguf_file(const std::string& path) : map_(path) {
 }
 
 const gguf_value* gguf_file::find(std::string_view key) const {
-  for (const auto& kv : kvs_)
-    if (kv.key == key) return &kv.value;
-  return nullptr;
+  const auto it = kv_index_.find(key);
+  return it == kv_index_.end() ? nullptr : &kvs_[it->second].value;
 }
 
 const gguf_tensor* gguf_file::find_tensor(std::string_view name) const {
-  for (const auto& t : tensors_)
-    if (t.name == name) return &t;
-  return nullptr;
+  const auto it = tensor_index_.find(name);
+  return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
 }
 
 const gguf_tensor& gguf_file::tensor(std::string_view name) const {
@@ -342,8 +430,8 @@ const gguf_tensor& gguf_file::tensor(std::string_view name) const {
 
 void gguf_file::fail_key(std::string_view key, const std::string& what) const {
   std::string where;
-  for (const auto& kv : kvs_)
-    if (kv.key == key) where = "offset " + std::to_string(kv.offset) + ": ";
+  if (const auto it = kv_index_.find(key); it != kv_index_.end())
+    where = "offset " + std::to_string(kvs_[it->second].offset) + ": ";
   throw gguf_error(path() + ": " + where + "key '" + std::string(key) + "': " + what);
 }
 
@@ -394,7 +482,14 @@ std::optional<std::vector<float>> gguf_file::get_floats(std::string_view key) co
   if (v->type != gguf_type::array || gguf_scalar_size(v->elem_type) == 0 || v->elem_type == gguf_type::boolean)
     fail_key(key, "expected an array of numbers");
   std::vector<float> out(v->count);
-  for (uint64_t k = 0; k < v->count; ++k) out[k] = static_cast<float>(v->array_number(k));
+  for (uint64_t k = 0; k < v->count; ++k) {
+    const double x = v->array_number(k);
+    // A double beyond the float range does not convert (undefined behaviour); infinities
+    // and NaN do.
+    if (std::isfinite(x) && std::fabs(x) > FLT_MAX)
+      fail_key(key, "element " + std::to_string(k) + " (" + std::to_string(x) + ") is out of the float range");
+    out[k] = static_cast<float>(x);
+  }
   return out;
 }
 
@@ -405,7 +500,11 @@ std::optional<std::vector<int64_t>> gguf_file::get_ints(std::string_view key) co
       v->elem_type == gguf_type::f64)
     fail_key(key, "expected an array of integers");
   std::vector<int64_t> out(v->count);
-  for (uint64_t k = 0; k < v->count; ++k) out[k] = v->array_integer(k);
+  for (uint64_t k = 0; k < v->count; ++k) {
+    if (v->elem_type == gguf_type::u64 && load_at<uint64_t>(v->raw, k) > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      fail_key(key, "element " + std::to_string(k) + " (" + std::to_string(load_at<uint64_t>(v->raw, k)) + ") is out of range");
+    out[k] = v->array_integer(k);
+  }
   return out;
 }
 

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/weight_type.h"
@@ -27,6 +28,20 @@ size_t gguf_scalar_size(gguf_type t);
 // Thrown for malformed files; what() names the file, the byte offset and the key or tensor.
 struct gguf_error : std::runtime_error {
   using std::runtime_error::runtime_error;
+};
+
+// Limits on metadata, the array ones totalled over the whole file. Each is checked against a
+// declared count before anything is read or reserved for it, so with the defaults no file can
+// make the reader hold more than ~16 MiB of keys, ~10 MiB of nested-array nodes or 128 MiB of
+// string headers, whatever its size (memory that would otherwise grow 4 to 15 times faster
+// than the file). Real models stay far below: a few hundred keys, vocabularies of at most
+// 2^18 tokens plus as many merges, nested arrays rarely if ever. Tests lower them to exercise
+// the checks cheaply.
+struct gguf_limits {
+  uint64_t metadata_keys = 1ull << 16;    // key-value pairs (~250 bytes each in memory)
+  uint64_t array_elements = 1ull << 26;   // every element of every array (numbers included)
+  uint64_t string_elements = 1ull << 22;  // elements of string arrays (32 bytes each)
+  uint64_t nested_arrays = 1ull << 16;    // elements of arrays of arrays (~150 bytes each)
 };
 
 // One metadata value. Scalars fill exactly one of u/i/f/b/str (by `type`). Arrays keep
@@ -49,6 +64,8 @@ struct gguf_value {
   bool is_integer() const;
   bool is_float() const { return type == gguf_type::f32 || type == gguf_type::f64; }
   // Element k of a numeric array converted to double / int64 (caller checks k < count).
+  // array_integer saturates: floats are truncated and clamped to the int64 range (NaN gives
+  // 0), u64 values past int64 give INT64_MAX.
   double array_number(uint64_t k) const;
   int64_t array_integer(uint64_t k) const;
 };
@@ -72,11 +89,13 @@ struct gguf_tensor {
 
 // A parsed GGUF file. Everything is validated when the file is opened: every count, length,
 // offset and size is checked against the file before it is used. Views (tensor data, raw
-// arrays) stay valid as long as the gguf_file lives.
+// arrays) stay valid as long as the gguf_file lives. Move-only (the mapping is); lookups by
+// key or tensor name are hashed.
 class gguf_file {
  public:
-  // Maps and parses the file. Throws gguf_error (malformed) or std::runtime_error (I/O).
-  explicit gguf_file(const std::string& path);
+  // Maps and parses the file. Throws gguf_error (malformed, or past `limits`) or
+  // std::runtime_error (I/O).
+  explicit gguf_file(const std::string& path, const gguf_limits& limits = {});
 
   const std::string& path() const { return map_.path(); }
   uint32_t version() const { return version_; }
@@ -93,6 +112,8 @@ class gguf_file {
 
   // Typed getters: nullopt / empty when the key is absent; gguf_error when it has the wrong
   // type (integers of any width are accepted where an integer is asked for, in range).
+  // get_floats refuses f64 elements beyond the float range (non-finite values pass through);
+  // get_ints refuses float arrays and u64 elements beyond int64.
   std::optional<std::string> get_string(std::string_view key) const;
   std::optional<int64_t> get_int(std::string_view key) const;
   std::optional<double> get_float(std::string_view key) const;  // also accepts integers
@@ -111,6 +132,11 @@ class gguf_file {
   uint64_t data_offset_ = 0;
   std::vector<gguf_kv> kvs_;
   std::vector<gguf_tensor> tensors_;
+  // Name → index. The keys view the names stored in kvs_ / tensors_: both vectors are filled
+  // within their reserved capacity and never change afterwards, and a move carries their
+  // buffers (and so the viewed strings) along unchanged.
+  std::unordered_map<std::string_view, size_t> kv_index_;
+  std::unordered_map<std::string_view, size_t> tensor_index_;
 };
 
 }  // namespace tandem::models

@@ -72,11 +72,12 @@ struct fixture {
 
   // The file must be refused with a gguf_error whose message names the file, "offset N" and
   // every one of `parts` (the key or tensor, and what is wrong).
-  void refused(const std::vector<std::byte>& bytes, uint64_t offset, std::initializer_list<std::string> parts) {
+  void refused(const std::vector<std::byte>& bytes, uint64_t offset, std::initializer_list<std::string> parts,
+               const models::gguf_limits& limits = {}) {
     const auto path = save(bytes);
     std::string msg;
     try {
-      models::gguf_file f(path);
+      models::gguf_file f(path, limits);
       FAIL("parsed a malformed file; expected an error at offset ", offset);
       return;
     } catch (const gguf_error& e) {
@@ -201,6 +202,10 @@ TEST_SUITE("gguf_malformed") {
     SUBCASE("tensor count 2^63") {
       fx.refused(fx.patched<uint64_t>(l.tensor_count_offset, k_2_63), 8, {"tensor count " + std::to_string(k_2_63)});
     }
+    SUBCASE("more keys than the limit, though the file holds them") {
+      CHECK_NOTHROW(models::gguf_file(fx.save(fx.base), {.metadata_keys = 10}));
+      fx.refused(fx.base, 16, {"metadata count 10 exceeds the limit of 9"}, {.metadata_keys = 9});
+    }
     SUBCASE("tensor count just past what the file holds") {
       fx.refused(fx.patched<uint64_t>(l.tensor_count_offset, fx.base.size() / 24 + 1), 8, {"tensor count"});
     }
@@ -298,6 +303,54 @@ TEST_SUITE("gguf_malformed") {
       const auto layout = w.layout();
       const auto& kv = layout.kv("deep");
       fx.refused(w.to_bytes(), kv.value_offset + 8 * 12, {"key 'deep'[0][0][0][0][0][0][0][0]", "nested deeper than 8"});
+    }
+  }
+
+  TEST_CASE("array totals over the whole file are capped before anything is reserved") {
+    fixture fx;
+    const auto& nested = fx.l.kv("test.nested");
+    // test.nested is [[1, 2] (i32), ["a", "b"]]; its second element's header follows the
+    // 12-byte outer header and the 20-byte first element.
+    const uint64_t nested1 = nested.value_offset + 12 + 20;
+    // The base file holds 5 + 4 + 2 + 2 + 2 + 2 = 17 array elements, 7 of them strings and 2
+    // nested arrays: each limit passes at exactly that total and fails one below, at the
+    // array that crosses it.
+    SUBCASE("all elements") {
+      CHECK_NOTHROW(models::gguf_file(fx.save(fx.base), {.array_elements = 17}));
+      fx.refused(fx.base, nested1, {"key 'test.nested'[1]", "total of array elements", "limit of 16"},
+                 {.array_elements = 16});
+    }
+    SUBCASE("string elements, counted across keys") {
+      CHECK_NOTHROW(models::gguf_file(fx.save(fx.base), {.string_elements = 7}));
+      fx.refused(fx.base, nested1, {"key 'test.nested'[1]", "total of string array elements", "limit of 6"},
+                 {.string_elements = 6});
+      fx.refused(fx.base, fx.l.kv("test.tokens").value_offset, {"key 'test.tokens'", "limit of 4"}, {.string_elements = 4});
+    }
+    SUBCASE("nested arrays") {
+      CHECK_NOTHROW(models::gguf_file(fx.save(fx.base), {.nested_arrays = 2}));
+      fx.refused(fx.base, nested.value_offset, {"key 'test.nested'", "total of nested arrays", "limit of 1"},
+                 {.nested_arrays = 1});
+    }
+    SUBCASE("nested arrays spread over levels and keys, at the default limit") {
+      // Key "a": 2^15 empty arrays; key "b": an array of 2 arrays of 2^14 empty arrays each,
+      // which reaches 2^15 + 2 + 2^14 + 2^14 = 2^16 + 2 nested arrays inside its second element.
+      const uint64_t n = models::gguf_limits{}.nested_arrays;
+      auto empties = [](uint64_t count) {
+        return models::gguf_out_value::arrays(std::vector<gguf_out_value>(count, gguf_out_value::array(std::vector<uint8_t>{})));
+      };
+      gguf_writer w;
+      w.set("a", empties(n / 2));
+      w.set("b", gguf_out_value::arrays({empties(n / 4), empties(n / 4)}));
+      const auto layout = w.layout();
+      const auto& b = layout.kv("b");
+      const uint64_t b1 = b.value_offset + 12 + (12 + n / 4 * 12);
+      fx.refused(w.to_bytes(), b1, {"key 'b'[1]", "total of nested arrays", std::to_string(n + 2)});
+      // Two fewer in "a" brings the total to exactly the limit, which parses.
+      gguf_writer ok;
+      ok.set("a", empties(n / 2 - 2));
+      ok.set("b", gguf_out_value::arrays({empties(n / 4), empties(n / 4)}));
+      models::gguf_file f(fx.save(ok.to_bytes()));
+      CHECK(f.find("b")->arrays[1].arrays.size() == n / 4);
     }
   }
 

@@ -2,10 +2,54 @@
 
 #include <doctest/doctest.h>
 
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+
 #include "models/gguf_writer.h"
 #include "tests/test_support.h"
 
 using namespace tandem;
+
+namespace {
+
+// A GGUF v3 file with `n_keys` u32 keys "k.<i>" = i and `n_tensors` F32 tensors "t.<i>" of
+// 8 elements, tensor i at data offset 32 i. Built by hand: the writer checks names for
+// duplicates one by one, which is too slow for hundreds of thousands.
+void write_many_names(const std::string& path, uint32_t n_keys, uint32_t n_tensors) {
+  std::vector<char> b;
+  auto put = [&b](const auto& v) {
+    const auto at = b.size();
+    b.resize(at + sizeof(v));
+    std::memcpy(b.data() + at, &v, sizeof(v));
+  };
+  auto put_string = [&](const std::string& s) {
+    put(static_cast<uint64_t>(s.size()));
+    b.insert(b.end(), s.begin(), s.end());
+  };
+  put(uint32_t{0x46554747});
+  put(uint32_t{3});
+  put(static_cast<uint64_t>(n_tensors));
+  put(static_cast<uint64_t>(n_keys));
+  for (uint32_t k = 0; k < n_keys; ++k) {
+    put_string("k." + std::to_string(k));
+    put(static_cast<uint32_t>(models::gguf_type::u32));
+    put(k);
+  }
+  for (uint32_t k = 0; k < n_tensors; ++k) {
+    put_string("t." + std::to_string(k));
+    put(uint32_t{1});   // dimensions
+    put(uint64_t{8});   // ne[0]
+    put(uint32_t{0});   // F32
+    put(uint64_t{32} * k);
+  }
+  b.resize((b.size() + 31) / 32 * 32 + uint64_t{32} * n_tensors);
+  std::ofstream(path, std::ios::binary).write(b.data(), static_cast<std::streamsize>(b.size()));
+}
+
+}  // namespace
 
 TEST_SUITE("gguf_reader") {
   TEST_CASE("reads the stories260K test model") {
@@ -115,5 +159,90 @@ TEST_SUITE("gguf_reader") {
     test::scratch_dir dir;
     const auto path = (dir / "absent.gguf").string();
     CHECK_THROWS_WITH_AS(models::gguf_file{path}, doctest::Contains(path.c_str()), std::runtime_error);
+  }
+}
+
+TEST_SUITE("gguf_reader") {
+  TEST_CASE("hundreds of thousands of tensors and keys are looked up by hash") {
+    // With a linear scan, looking every name up would take ~10^10 string compares.
+    constexpr uint32_t n_keys = 50000, n_tensors = 200000;
+    test::scratch_dir dir;
+    const auto path = (dir / "many.gguf").string();
+    write_many_names(path, n_keys, n_tensors);
+    models::gguf_file f(path);
+    REQUIRE(f.tensors().size() == n_tensors);
+    REQUIRE(f.metadata().size() == n_keys);
+    uint32_t found = 0;
+    for (uint32_t k = 0; k < n_tensors; ++k) {
+      const auto* t = f.find_tensor("t." + std::to_string(k));
+      found += t && t->offset == uint64_t{32} * k && t->name == "t." + std::to_string(k);
+    }
+    CHECK(found == n_tensors);
+    found = 0;
+    for (uint32_t k = 0; k < n_keys; ++k) found += f.get_int("k." + std::to_string(k)) == int64_t{k};
+    CHECK(found == n_keys);
+    CHECK(f.find_tensor("t.200000") == nullptr);
+    CHECK(f.find_tensor("t.") == nullptr);
+    CHECK(f.find("k.50000") == nullptr);
+
+    // The indexes view names stored inside the file object, so they must survive a move.
+    models::gguf_file moved(std::move(f));
+    CHECK(moved.tensor("t.123456").offset == 32 * 123456);
+    CHECK(moved.get_int("k.49999") == 49999);
+    CHECK_THROWS_WITH_AS(moved.get_string("k.7"), doctest::Contains("offset "), models::gguf_error);
+  }
+
+  TEST_CASE("float conversions out of range are refused or clamped, never undefined") {
+    models::gguf_writer w;
+    const double inf = std::numeric_limits<double>::infinity();
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    const double two_63 = 9223372036854775808.0;
+    w.set("f64.big", models::gguf_out_value::array(std::vector<double>{1.0, -1e300}));
+    w.set("f64.edge", models::gguf_out_value::array(std::vector<double>{FLT_MAX, -FLT_MAX, inf, -inf, nan, 1e-300}));
+    w.set("f64.ints", models::gguf_out_value::array(std::vector<double>{1e30, -1e30, nan, 2.9, -2.9, two_63, -two_63, inf}));
+    w.set("f32.ints", models::gguf_out_value::array(std::vector<float>{3e38f, -3e38f, -7.5f}));
+    w.set("u64.big", models::gguf_out_value::array(std::vector<uint64_t>{1, 1ull << 63, ~0ull}));
+    test::scratch_dir dir;
+    const auto path = (dir / "ranges.gguf").string();
+    w.write(path);
+    models::gguf_file f(path);
+
+    SUBCASE("get_floats refuses finite doubles beyond FLT_MAX, naming the key and element") {
+      CHECK_THROWS_WITH_AS(f.get_floats("f64.big"), doctest::Contains("key 'f64.big': element 1 ("), models::gguf_error);
+      CHECK_THROWS_WITH_AS(f.get_floats("f64.big"), doctest::Contains("out of the float range"), models::gguf_error);
+      const auto edge = f.get_floats("f64.edge");
+      REQUIRE(edge);
+      REQUIRE(edge->size() == 6);
+      CHECK((*edge)[0] == FLT_MAX);
+      CHECK((*edge)[1] == -FLT_MAX);
+      CHECK((*edge)[2] == std::numeric_limits<float>::infinity());
+      CHECK((*edge)[3] == -std::numeric_limits<float>::infinity());
+      CHECK(std::isnan((*edge)[4]));
+      CHECK((*edge)[5] == 0.0f);
+    }
+    SUBCASE("array_integer truncates and saturates floats") {
+      const auto* d = f.find("f64.ints");
+      REQUIRE(d);
+      constexpr auto max = std::numeric_limits<int64_t>::max();
+      constexpr auto min = std::numeric_limits<int64_t>::min();
+      const std::vector<int64_t> want = {max, min, 0, 2, -2, max, min, max};
+      for (uint64_t k = 0; k < want.size(); ++k) {
+        CAPTURE(k);
+        CHECK(d->array_integer(k) == want[k]);
+      }
+      const auto* s = f.find("f32.ints");
+      CHECK(s->array_integer(0) == max);
+      CHECK(s->array_integer(1) == min);
+      CHECK(s->array_integer(2) == -7);
+      // get_ints still refuses float arrays outright.
+      CHECK_THROWS_WITH_AS(f.get_ints("f64.ints"), doctest::Contains("key 'f64.ints': expected an array of integers"),
+                           models::gguf_error);
+    }
+    SUBCASE("u64 elements beyond int64") {
+      CHECK_THROWS_WITH_AS(f.get_ints("u64.big"), doctest::Contains("key 'u64.big': element 1 (9223372036854775808) is out of range"),
+                           models::gguf_error);
+      CHECK(f.find("u64.big")->array_integer(2) == std::numeric_limits<int64_t>::max());
+      CHECK(f.get_floats("u64.big")->at(2) == static_cast<float>(~0ull));
+    }
   }
 }
