@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <algorithm>
@@ -65,6 +66,7 @@ void run(const run_args& a) {
   const auto t_load = std::chrono::steady_clock::now();
   models::model m(a.model);
   const auto tok = models::tokenizer::from_gguf(m.file());
+  models::check_tokenizer_matches(tok, m.config(), a.model);
   spdlog::info("loaded {} ({}, {} layers, {:.1f} MiB) in {:.2f} s", a.model, models::architecture_name(m.config().arch),
                m.config().n_layer, m.weight_bytes() / 1048576.0,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count());
@@ -104,15 +106,26 @@ void add_run_command(CLI::App& root) {
   cmd->add_option("--chat-template", a->chat_template,
                   "template family instead of the detected one: chatml, llama2, llama3, mistral, gemma, phi3, deepseek, zephyr, plain");
   cmd->add_option("-n,--n-predict", a->n_predict, "tokens to generate (-1: until end of generation or context full)")
-      ->check(CLI::Range(int64_t{-1}, int64_t{1} << 24));
-  cmd->add_option("-c,--ctx-size", a->n_ctx, "context size (default: prompt + tokens to generate, at most the training context)")->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
+      ->check(CLI::Range(int64_t{-1}, models::k_max_context));
+  cmd->add_option("-c,--ctx-size", a->n_ctx, "context size (default: prompt + tokens to generate, at most the training context)")->check(CLI::Range(int64_t{0}, models::k_max_context));
   cmd->add_option("-t,--threads", a->threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
   cmd->add_option("--kv-type", a->kv_type, "KV cache type: f16 (default, as llama.cpp) or f32")->check(CLI::IsMember({"f16", "f32"}));
   cmd->add_option("--temp", a->sampling.temperature, "temperature (0: greedy)")->check(CLI::Range(0.0f, 100.0f));
   cmd->add_option("--top-k", a->sampling.top_k, "top-k (0: off)")->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--top-p", a->sampling.top_p, "top-p (1: off)")->check(CLI::Range(0.0f, 1.0f));
   cmd->add_option("--min-p", a->sampling.min_p, "min-p (0: off)")->check(CLI::Range(0.0f, 1.0f));
-  cmd->add_option("--repeat-penalty", a->sampling.repeat_penalty, "repetition penalty (1: off)")->check(CLI::Range(0.0f, 10.0f));
+  // Must be > 0: 0 divides positive logits by zero (a repeated token becomes certain) and a
+  // negative value flips signs. Checked here (the sampler checks too) to name the flag.
+  cmd->add_option("--repeat-penalty", a->sampling.repeat_penalty, "repetition penalty, > 0 and <= 10 (1: off)")
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            char* end = nullptr;
+            const float v = std::strtof(s.c_str(), &end);
+            if (end == s.c_str() || *end != '\0' || !(v > 0.0f && v <= 10.0f))
+              return "repetition penalty must be a number > 0 and <= 10 (1: off), got '" + s + "'";
+            return {};
+          },
+          "(0, 10]"));
   cmd->add_option("--repeat-last-n", a->sampling.repeat_last_n, "tokens the penalty looks back (-1: all)")->check(CLI::Range(-1, 1 << 24));
   cmd->add_option("--seed", a->seed, "random seed (default: random)")->each([a](const std::string&) { a->has_seed = true; });
   cmd->callback([a] { run(*a); });

@@ -1,11 +1,17 @@
 #include "models/forward.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <string>
-
-#include <unistd.h>
 
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quants.h"
@@ -50,44 +56,218 @@ uint64_t physical_memory_bytes() {
   return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
 }
 
+// Whole contents of a small (pseudo-)file, or nullopt when it cannot be read.
+std::optional<std::string> read_text(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  if (!in) return std::nullopt;
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::optional<uint64_t> parse_u64(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end == s.data()) return std::nullopt;
+  return v;
+}
+
+// The number after "key" at the start of a line of a "key value" file (meminfo, memory.stat).
+std::optional<uint64_t> line_value(std::string_view text, std::string_view key) {
+  for (size_t at = 0; at < text.size();) {
+    const size_t eol = std::min(text.find('\n', at), text.size());
+    const auto line = text.substr(at, eol - at);
+    if (line.substr(0, key.size()) == key) return parse_u64(line.substr(key.size()));
+    at = eol + 1;
+  }
+  return std::nullopt;
+}
+
+// One cgroup hierarchy's memory files: v2 (unified) or v1 (the memory controller's own).
+struct cgroup_files {
+  bool v2;
+  const char* root;           // mount point
+  const char* limit;          // limit file; v2 writes "max" for none, v1 a huge number
+  const char* usage;          // usage, page cache included
+  const char* inactive_file;  // memory.stat key of the inactive page cache (hierarchical)
+};
+constexpr cgroup_files k_cgroup_v2{true, "/sys/fs/cgroup", "memory.max", "memory.current", "inactive_file "};
+constexpr cgroup_files k_cgroup_v1{false, "/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file "};
+
+// The process's path in a hierarchy from /proc/self/cgroup ("0::/a/b" for v2,
+// "4:memory:/a/b" for v1), relative; empty when absent or the root.
+std::filesystem::path cgroup_path(std::string_view self, bool v2) {
+  for (size_t at = 0; at < self.size();) {
+    const size_t eol = std::min(self.find('\n', at), self.size());
+    const auto line = self.substr(at, eol - at);
+    at = eol + 1;
+    const size_t c1 = line.find(':'), c2 = c1 == std::string_view::npos ? c1 : line.find(':', c1 + 1);
+    if (c2 == std::string_view::npos) continue;
+    const auto controllers = line.substr(c1 + 1, c2 - c1 - 1);  // comma-separated; empty for v2
+    bool match = v2 && line.substr(0, c1) == "0" && controllers.empty();
+    for (size_t c = 0; !v2 && !match && c <= controllers.size();) {
+      const size_t comma = std::min(controllers.find(',', c), controllers.size());
+      match = controllers.substr(c, comma - c) == "memory";
+      c = comma + 1;
+    }
+    if (match) return std::filesystem::path(std::string(line.substr(c2 + 1))).lexically_normal().relative_path();
+  }
+  return {};
+}
+
+// The least free memory over the process's cgroup and its ancestors (a child's limit does not
+// lift a parent's). Free = limit - (usage - inactive_file): the working set as container
+// runtimes count it, since inactive page cache is reclaimed before anything is killed.
+std::optional<uint64_t> cgroup_free_bytes(std::string_view self, const cgroup_files& files) {
+  namespace fs = std::filesystem;
+  const fs::path root = files.root;
+  const auto rel = cgroup_path(self, files.v2);
+  fs::path dir = rel.empty() ? root : root / rel;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) dir = root;  // a cgroup namespace can hide the path
+  std::optional<uint64_t> best;
+  for (;; dir = dir.parent_path()) {
+    if (const auto limit = parse_cgroup_memory_max(read_text(dir / files.limit).value_or(""))) {
+      const uint64_t usage = parse_u64(read_text(dir / files.usage).value_or("")).value_or(0);
+      const uint64_t inactive = line_value(read_text(dir / "memory.stat").value_or(""), files.inactive_file).value_or(0);
+      const uint64_t working = usage - std::min(usage, inactive);
+      const uint64_t free = *limit > working ? *limit - working : 0;
+      best = best ? std::min(*best, free) : free;
+    }
+    if (dir.string().size() <= root.string().size()) break;  // root done (or a path that escaped it)
+  }
+  return best;
+}
+
+std::optional<uint64_t> cgroup_free_bytes() {
+  const auto self = read_text("/proc/self/cgroup");
+  if (!self) return std::nullopt;
+  std::optional<uint64_t> best;
+  for (const auto* files : {&k_cgroup_v2, &k_cgroup_v1})
+    if (const auto v = cgroup_free_bytes(*self, *files)) best = best ? std::min(*best, *v) : *v;
+  return best;
+}
+
+// RLIMIT_AS counts address space, not memory: what is left is the limit minus what the
+// process has mapped already (first field of /proc/self/statm, in pages).
+std::optional<uint64_t> address_space_free_bytes() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return std::nullopt;
+  const auto limit = static_cast<uint64_t>(rl.rlim_cur);
+  const long page = ::sysconf(_SC_PAGE_SIZE);
+  const auto pages = parse_u64(read_text("/proc/self/statm").value_or(""));
+  if (!pages || page <= 0) return limit;
+  const uint64_t used = *pages * static_cast<uint64_t>(page);
+  return limit > used ? limit - used : 0;
+}
+
+// Every allocation a context makes at construction, computed before any of it is made.
+struct context_sizes {
+  int64_t n_ctx = 0;
+  int64_t rows = 0;  // scratch rows: max_batch clamped to [1, n_ctx]
+  uint64_t kv = 0, scratch = 0, logits = 0;
+  uint64_t total() const { return kv + scratch + logits; }
+};
+
+int64_t resolve_n_ctx(const model_config& c, const context_params& p) {
+  return p.n_ctx != 0 ? p.n_ctx : std::min(c.n_ctx_train, k_default_context);  // negative: refused by the caller
+}
+
+context_sizes size_context(const model_config& c, const context_params& p) {
+  context_sizes s;
+  s.n_ctx = resolve_n_ctx(c, p);
+  if (s.n_ctx < 1 || s.n_ctx > k_max_context)
+    throw std::invalid_argument("context size " + std::to_string(s.n_ctx) + " is outside [1, " + std::to_string(k_max_context) + "]");
+  s.rows = std::clamp<int64_t>(p.max_batch, 1, s.n_ctx);
+  s.kv = kv_cache_bytes(c, s.n_ctx, p.kv);
+  // Per row: x and xb [n_embd], q and attn [q_dim], k and v [kv_dim], ff_gate and ff_up [n_ff].
+  // The config caps (q_dim <= 2^17, n_ff <= 2^18) and rows <= 2^24 keep this far from overflow.
+  const auto per_row = static_cast<uint64_t>(2 * (c.n_embd + c.q_dim() + c.kv_dim() + c.n_ff));
+  s.scratch = static_cast<uint64_t>(s.rows) * per_row * sizeof(float);
+  s.logits = static_cast<uint64_t>(c.n_vocab) * sizeof(float);
+  return s;
+}
+
+std::string mib(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+
 }  // namespace
 
+std::optional<uint64_t> parse_meminfo_available(std::string_view meminfo) {
+  const auto kib = line_value(meminfo, "MemAvailable:");
+  if (!kib || *kib > UINT64_MAX / 1024) return std::nullopt;
+  return *kib * 1024;
+}
+
+std::optional<uint64_t> parse_cgroup_memory_max(std::string_view memory_max) {
+  // "max" (no limit) and anything malformed both mean "no number to go by".
+  return parse_u64(memory_max);
+}
+
+memory_limits read_memory_limits() {
+  memory_limits l;
+  if (const auto text = read_text("/proc/meminfo")) l.mem_available = parse_meminfo_available(*text);
+  l.cgroup_free = cgroup_free_bytes();
+  l.address_space_free = address_space_free_bytes();
+  l.physical = physical_memory_bytes();
+  return l;
+}
+
+uint64_t usable_memory_bytes(const memory_limits& l) {
+  std::optional<uint64_t> least;
+  for (const auto& v : {l.mem_available, l.cgroup_free, l.address_space_free})
+    if (v) least = least ? std::min(*least, *v) : *v;
+  return least.value_or(l.physical);
+}
+
 uint64_t kv_cache_bytes(const model_config& c, int64_t n_ctx, kernels::cpu::kv_type kv) {
-  // K and V, every layer; n_ctx <= 2^24, kv_dim <= 2^22 and n_layer <= 1024 keep this in range.
+  // K and V, every layer; n_ctx <= 2^24, kv_dim <= q_dim <= 2^17 and n_layer <= 1024 keep this
+  // below 2^56.
   return 2ull * static_cast<uint64_t>(c.n_layer) * static_cast<uint64_t>(n_ctx) * static_cast<uint64_t>(c.kv_dim()) *
          kv_elem_bytes(kv);
 }
 
+uint64_t forward_context::memory_bytes(const model_config& c, const context_params& p) { return size_context(c, p).total(); }
+
 forward_context::forward_context(const model& m, const context_params& p, kernels::cpu::thread_pool* pool)
-    : model_(m),
-      pool_(pool),
-      kv_type_(p.kv),
-      rope_(make_rope(m.config(), m.weights())),
-      n_ctx_(p.n_ctx > 0 ? p.n_ctx : m.config().n_ctx_train),
-      max_batch_(std::max<int64_t>(1, p.max_batch)),
-      n_vocab_(m.config().n_vocab) {
+    : model_(m), pool_(pool), kv_type_(p.kv), rope_(make_rope(m.config(), m.weights())), n_vocab_(m.config().n_vocab) {
   const auto& c = m.config();
-  if (n_ctx_ < 1 || n_ctx_ > k_max_context)
-    throw std::invalid_argument("context size " + std::to_string(n_ctx_) + " is outside [1, " + std::to_string(k_max_context) + "]");
-  // The context size may come from file metadata (the training context), so a file could ask
-  // for far more cache than the machine has: refuse that with a message instead of bad_alloc.
-  const uint64_t cache_bytes = kv_cache_bytes(c, n_ctx_, kv_type_);
-  if (const uint64_t ram = physical_memory_bytes(); ram > 0 && cache_bytes > ram)
-    throw std::runtime_error("a KV cache for " + std::to_string(n_ctx_) + " tokens needs " +
-                             std::to_string(cache_bytes >> 20) + " MiB, more than this machine's " + std::to_string(ram >> 20) +
-                             " MiB of memory; use a smaller context size");
-  const size_t layer_bytes = static_cast<size_t>(n_ctx_ * c.kv_dim()) * kv_elem_bytes(kv_type_);
-  k_cache_.assign(c.n_layer, std::vector<std::byte>(layer_bytes));
-  v_cache_.assign(c.n_layer, std::vector<std::byte>(layer_bytes));
-  const auto rows = static_cast<size_t>(max_batch_);
-  x_.resize(rows * c.n_embd);
-  xb_.resize(rows * std::max(c.n_embd, c.q_dim()));
-  q_.resize(rows * c.q_dim());
-  k_.resize(rows * c.kv_dim());
-  v_.resize(rows * c.kv_dim());
-  attn_.resize(rows * c.q_dim());
-  ff_gate_.resize(rows * c.n_ff);
-  ff_up_.resize(rows * c.n_ff);
+  const auto sizes = size_context(c, p);
+  n_ctx_ = sizes.n_ctx;
+  max_batch_ = sizes.rows;
+  // The sizes follow file metadata (widths, the training context), so a file could ask for
+  // far more than the process can get: refuse that with a message instead of bad_alloc or the
+  // OOM killer.
+  if (const uint64_t usable = usable_memory_bytes(read_memory_limits()); usable > 0 && sizes.total() > usable)
+    throw std::runtime_error("a context of " + std::to_string(n_ctx_) + " tokens needs " + mib(sizes.total()) + " (KV cache " + mib(sizes.kv) +
+                             ", scratch for " + std::to_string(sizes.rows) + " rows " + mib(sizes.scratch) + ", logits " + mib(sizes.logits) +
+                             "), more than the " + mib(usable) + " of memory this process can get; use a smaller context size");
+  kv_layer_bytes_ = static_cast<size_t>(n_ctx_ * c.kv_dim()) * kv_elem_bytes(kv_type_);
+  // new T[n] without () leaves the bytes uninitialised: the OS commits pages as they are written.
+  kv_.reset(new std::byte[sizes.kv]);
+  // Scratch: one uninitialised block carved up like the cache, so a context sized for long
+  // prompts commits only the rows its prompts use. Every row is written before it is read.
+  scratch_.reset(new float[sizes.scratch / sizeof(float)]);
+  float* next = scratch_.get();
+  auto carve = [&](int64_t per_row) {
+    float* p = next;
+    next += static_cast<size_t>(max_batch_ * per_row);
+    return p;
+  };
+  x_ = carve(c.n_embd);
+  // xb_ holds normed inputs and the outputs of wo, w_down and the norm before the output head:
+  // n_embd per row in every case (wo maps q_dim back to n_embd).
+  xb_ = carve(c.n_embd);
+  q_ = carve(c.q_dim());
+  k_ = carve(c.kv_dim());
+  v_ = carve(c.kv_dim());
+  attn_ = carve(c.q_dim());
+  ff_gate_ = carve(c.n_ff);
+  ff_up_ = carve(c.n_ff);
   logits_.resize(static_cast<size_t>(n_vocab_));
 }
 
@@ -107,11 +287,15 @@ void forward_context::eval(std::span<const int32_t> tokens, bool all_logits) {
   n_logit_rows_ = all_logits ? n : 1;
   for (int64_t done = 0; done < n; done += max_batch_) {
     const int64_t chunk = std::min(max_batch_, n - done);
-    eval_chunk(tokens.data() + done, chunk, all_logits ? logits_.data() + done * n_vocab_ : nullptr);
+    // Without all_logits only the very last token's logits are kept, so earlier chunks skip
+    // the output head (an n_vocab x n_embd matmul per chunk).
+    const bool last = done + chunk == n;
+    float* out = all_logits ? logits_.data() + done * n_vocab_ : last ? logits_.data() : nullptr;
+    eval_chunk(tokens.data() + done, chunk, out, all_logits);
   }
 }
 
-void forward_context::eval_chunk(const int32_t* tokens, int64_t n, float* all_logits) {
+void forward_context::eval_chunk(const int32_t* tokens, int64_t n, float* logits, bool all_rows) {
   const auto& c = model_.config();
   const auto& w = model_.weights();
   const int64_t D = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), F = c.n_ff, hd = c.head_dim;
@@ -119,23 +303,23 @@ void forward_context::eval_chunk(const int32_t* tokens, int64_t n, float* all_lo
 
   for (int64_t r = 0; r < n; ++r) {
     const auto* row = static_cast<const std::byte*>(w.token_embd.data) + tokens[r] * kernels::row_bytes(w.token_embd.type, D);
-    kernels::cpu::dequantize_row(w.token_embd.type, row, x_.data() + r * D, D);
+    kernels::cpu::dequantize_row(w.token_embd.type, row, x_ + r * D, D);
   }
 
   const float attn_scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const auto& L = w.layers[l];
     // Attention block.
-    for (int64_t r = 0; r < n; ++r) kernels::cpu::rms_norm(x_.data() + r * D, L.attn_norm, xb_.data() + r * D, D, c.rms_eps);
-    project(L.wq, xb_.data(), n, q_.data(), pool_);
-    project(L.wk, xb_.data(), n, k_.data(), pool_);
-    project(L.wv, xb_.data(), n, v_.data(), pool_);
-    add_bias(q_.data(), L.bq, n, Q);
-    add_bias(k_.data(), L.bk, n, KV);
-    add_bias(v_.data(), L.bv, n, KV);
+    for (int64_t r = 0; r < n; ++r) kernels::cpu::rms_norm(x_ + r * D, L.attn_norm, xb_ + r * D, D, c.rms_eps);
+    project(L.wq, xb_, n, q_, pool_);
+    project(L.wk, xb_, n, k_, pool_);
+    project(L.wv, xb_, n, v_, pool_);
+    add_bias(q_, L.bq, n, Q);
+    add_bias(k_, L.bk, n, KV);
+    add_bias(v_, L.bv, n, KV);
     for (int64_t r = 0; r < n; ++r) {
-      float* q = q_.data() + r * Q;
-      float* k = k_.data() + r * KV;
+      float* q = q_ + r * Q;
+      float* k = k_ + r * KV;
       if (L.q_norm) {
         for (int64_t h = 0; h < c.n_head; ++h) kernels::cpu::rms_norm(q + h * hd, L.q_norm, q + h * hd, hd, c.rms_eps);
         for (int64_t h = 0; h < c.n_head_kv; ++h) kernels::cpu::rms_norm(k + h * hd, L.k_norm, k + h * hd, hd, c.rms_eps);
@@ -143,28 +327,29 @@ void forward_context::eval_chunk(const int32_t* tokens, int64_t n, float* all_lo
       kernels::cpu::rope(q, static_cast<int>(c.n_head), static_cast<int>(hd), pos0 + r, rope_);
       kernels::cpu::rope(k, static_cast<int>(c.n_head_kv), static_cast<int>(hd), pos0 + r, rope_);
     }
-    kernels::cpu::kv_store(k_cache_[l].data(), kv_type_, pos0, k_.data(), n, KV);
-    kernels::cpu::kv_store(v_cache_[l].data(), kv_type_, pos0, v_.data(), n, KV);
-    kernels::cpu::attention(q_.data(), n, pos0, k_cache_[l].data(), v_cache_[l].data(), kv_type_, static_cast<int>(c.n_head),
-                            static_cast<int>(c.n_head_kv), static_cast<int>(hd), attn_scale, attn_.data(), pool_);
-    project(L.wo, attn_.data(), n, xb_.data(), pool_);
+    kernels::cpu::kv_store(k_cache(l), kv_type_, pos0, k_, n, KV);
+    kernels::cpu::kv_store(v_cache(l), kv_type_, pos0, v_, n, KV);
+    kernels::cpu::attention(q_, n, pos0, k_cache(l), v_cache(l), kv_type_, static_cast<int>(c.n_head),
+                            static_cast<int>(c.n_head_kv), static_cast<int>(hd), attn_scale, attn_, pool_);
+    project(L.wo, attn_, n, xb_, pool_);
     for (int64_t i = 0; i < n * D; ++i) x_[i] += xb_[i];
 
     // Feed-forward block (SwiGLU).
-    for (int64_t r = 0; r < n; ++r) kernels::cpu::rms_norm(x_.data() + r * D, L.ffn_norm, xb_.data() + r * D, D, c.rms_eps);
-    project(L.w_gate, xb_.data(), n, ff_gate_.data(), pool_);
-    project(L.w_up, xb_.data(), n, ff_up_.data(), pool_);
-    kernels::cpu::swiglu(ff_gate_.data(), ff_up_.data(), n * F);
-    project(L.w_down, ff_gate_.data(), n, xb_.data(), pool_);
+    for (int64_t r = 0; r < n; ++r) kernels::cpu::rms_norm(x_ + r * D, L.ffn_norm, xb_ + r * D, D, c.rms_eps);
+    project(L.w_gate, xb_, n, ff_gate_, pool_);
+    project(L.w_up, xb_, n, ff_up_, pool_);
+    kernels::cpu::swiglu(ff_gate_, ff_up_, n * F);
+    project(L.w_down, ff_gate_, n, xb_, pool_);
     for (int64_t i = 0; i < n * D; ++i) x_[i] += xb_[i];
   }
 
-  // Output head: only the rows whose logits are wanted.
-  const int64_t first = all_logits ? 0 : n - 1;
-  const int64_t rows = n - first;
-  for (int64_t r = first; r < n; ++r) kernels::cpu::rms_norm(x_.data() + r * D, w.output_norm, xb_.data() + (r - first) * D, D, c.rms_eps);
-  project(w.output, xb_.data(), rows, all_logits ? all_logits : logits_.data(), pool_);
   pos_ += n;
+  if (!logits) return;
+  // Output head: only the rows whose logits are wanted.
+  const int64_t first = all_rows ? 0 : n - 1;
+  const int64_t rows = n - first;
+  for (int64_t r = first; r < n; ++r) kernels::cpu::rms_norm(x_ + r * D, w.output_norm, xb_ + (r - first) * D, D, c.rms_eps);
+  project(w.output, xb_, rows, logits, pool_);
 }
 
 }  // namespace tandem::models

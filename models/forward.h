@@ -2,8 +2,12 @@
 // pass (llama, qwen2, qwen3 differ only in data-driven details: biases, q/k norms, RoPE pairing).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
@@ -12,44 +16,76 @@
 
 namespace tandem::models {
 
-// Largest context a forward_context accepts (as llama.cpp's largest trained contexts).
-inline constexpr int64_t k_max_context = int64_t{1} << 24;
+// Context size used when none is asked for: the training context, at most this (as
+// llama.cpp, whose default n_ctx is 4096), so a file declaring a huge training context does
+// not size a huge cache by default.
+inline constexpr int64_t k_default_context = 4096;
 
 // Bytes of K and V cache for n_ctx positions of every layer.
 uint64_t kv_cache_bytes(const model_config& c, int64_t n_ctx, kernels::cpu::kv_type kv);
 
 struct context_params {
-  int64_t n_ctx = 0;                               // 0: the model's training context
+  int64_t n_ctx = 0;                               // 0: min(training context, k_default_context)
   kernels::cpu::kv_type kv = kernels::cpu::kv_type::f16;  // llama.cpp's default cache type
-  int64_t max_batch = 512;                         // prompt tokens per forward pass (scratch rows)
+  int64_t max_batch = 512;                         // prompt tokens per forward pass (scratch rows,
+                                                   // at most n_ctx; below 1 means 1)
 };
 
+// What bounds this process's memory right now, each in bytes; nullopt where that bound is
+// absent or could not be read.
+struct memory_limits {
+  std::optional<uint64_t> mem_available;  // MemAvailable in /proc/meminfo
+  std::optional<uint64_t> cgroup_free;    // least over the process's cgroups (v2, and v1's memory
+                                          // controller) and their ancestors of the limit minus
+                                          // the working set (usage - inactive page cache)
+  std::optional<uint64_t> address_space_free;  // RLIMIT_AS minus the address space in use
+  uint64_t physical = 0;                  // installed RAM; 0 when unknown
+};
+// Reads the limits of the running process (Linux /proc and /sys/fs/cgroup, getrlimit).
+memory_limits read_memory_limits();
+// The least of the bounds that are set; physical when none is; 0 when nothing is known.
+uint64_t usable_memory_bytes(const memory_limits& l);
+// Parsers of the files read_memory_limits reads, exposed for tests. "MemAvailable:  N kB" ->
+// N * 1024; a cgroup limit "N" -> N, "max" (v2: no limit) -> nullopt; nullopt for malformed text.
+std::optional<uint64_t> parse_meminfo_available(std::string_view meminfo);
+std::optional<uint64_t> parse_cgroup_memory_max(std::string_view memory_max);
+
 // Owns the KV cache and scratch of one sequence, sized once at construction; eval() allocates
-// nothing. The model must outlive the context. The constructor throws std::invalid_argument
-// for a context size outside [1, k_max_context] and std::runtime_error when the cache would
-// not fit in the machine's memory.
+// nothing, except that eval(..., all_logits = true) grows the logits buffer to one row per
+// token. The model must outlive the context. The constructor throws std::invalid_argument
+// for a context size outside [1, k_max_context] and std::runtime_error when memory_bytes()
+// is more than the process can get (usable_memory_bytes of read_memory_limits).
 class forward_context {
  public:
   forward_context(const model& m, const context_params& p, kernels::cpu::thread_pool* pool);
 
+  // Bytes a context with these parameters allocates at construction: KV cache, scratch
+  // (rows = min(max_batch, n_ctx) of every activation) and one row of logits. Throws
+  // std::invalid_argument for a context size outside [1, k_max_context].
+  static uint64_t memory_bytes(const model_config& c, const context_params& p);
+
   // Runs `tokens` at positions pos() .. pos()+n-1 (in chunks of max_batch) and appends them to
-  // the cache. Afterwards logits() holds the last token's logits; with all_logits, every
-  // token's logits ([n][n_vocab], from all_logits_rows()). Throws std::invalid_argument before
-  // doing any work when a token id is out of range or the context would overflow.
+  // the cache. Afterwards logits() holds the last token's logits (only the last chunk runs the
+  // output head); with all_logits, every token's logits ([n][n_vocab], from
+  // all_logits_rows()). Throws std::invalid_argument before doing any work when a token id is
+  // out of range or the context would overflow.
   void eval(std::span<const int32_t> tokens, bool all_logits = false);
 
   std::span<const float> logits() const { return {logits_.data() + (n_logit_rows_ - 1) * n_vocab_, static_cast<size_t>(n_vocab_)}; }
   std::span<const float> all_logits_rows() const { return {logits_.data(), static_cast<size_t>(n_logit_rows_ * n_vocab_)}; }
   int64_t pos() const { return pos_; }
   int64_t n_ctx() const { return n_ctx_; }
+  // Prompt tokens per forward pass: context_params::max_batch clamped to [1, n_ctx].
+  int64_t max_batch() const { return max_batch_; }
   // Forgets the sequence (the cache is overwritten by the next eval).
   void reset() { pos_ = 0; }
   // Rolls back to an earlier position (e.g. to re-run the last prompt token).
   void truncate(int64_t pos);
 
  private:
-  // all_logits: where to write every row's logits, or null to keep only the last row's.
-  void eval_chunk(const int32_t* tokens, int64_t n, float* all_logits);
+  // logits: where the output head writes, or null to skip it (a chunk that is not the last);
+  // all_rows: one row per token there, else only the last token's row.
+  void eval_chunk(const int32_t* tokens, int64_t n, float* logits, bool all_rows);
 
   const model& model_;
   kernels::cpu::thread_pool* pool_;
@@ -61,11 +97,19 @@ class forward_context {
   int64_t pos_ = 0;
   int64_t n_logit_rows_ = 1;
 
-  // KV cache per layer, [n_ctx][n_head_kv][head_dim] of kv_type_ elements.
-  std::vector<std::vector<std::byte>> k_cache_, v_cache_;
-  // Scratch, max_batch rows each: x residual stream, xb normed input / branch output,
-  // q/k/v projections, attn attention output, ff_gate/ff_up feed-forward hidden.
-  std::vector<float> x_, xb_, q_, k_, v_, attn_, ff_gate_, ff_up_;
+  // KV cache: one allocation, left uninitialised so pages are committed only as positions
+  // are written (attention never reads past pos()). Per layer, [n_ctx][n_head_kv][head_dim]
+  // kv_type_ elements of K, then the same of V.
+  std::unique_ptr<std::byte[]> kv_;
+  size_t kv_layer_bytes_ = 0;  // bytes of K (or V) of one layer
+  std::byte* k_cache(int64_t layer) { return kv_.get() + (2 * static_cast<size_t>(layer)) * kv_layer_bytes_; }
+  std::byte* v_cache(int64_t layer) { return kv_.get() + (2 * static_cast<size_t>(layer) + 1) * kv_layer_bytes_; }
+  // Scratch, max_batch rows each, carved from scratch_ (uninitialised, like kv_): x residual
+  // stream [n_embd], xb normed input / branch output [n_embd], q [q_dim], k and v [kv_dim],
+  // attn attention output [q_dim], ff_gate / ff_up feed-forward hidden [n_ff].
+  std::unique_ptr<float[]> scratch_;
+  float *x_ = nullptr, *xb_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr, *ff_gate_ = nullptr,
+        *ff_up_ = nullptr;
   std::vector<float> logits_;
 };
 

@@ -1,6 +1,9 @@
 #include "models/model.h"
 
+#include <cmath>
+
 #include "kernels/cpu/quants.h"
+#include "models/tokenizer.h"
 
 namespace tandem::models {
 namespace {
@@ -32,6 +35,18 @@ const float* bind_vector(const gguf_file& f, const std::string& name, model_weig
   return buf.data();
 }
 
+// rope_freqs divide each pair's rotation frequency: zero, negative or non-finite divisors
+// would turn every rotated dimension into NaN or nonsense.
+const float* bind_rope_freqs(const gguf_file& f, model_weights& w) {
+  const float* v = bind_vector(f, "rope_freqs.weight", w);
+  const int64_t n = f.tensor("rope_freqs.weight").elements();
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(v[i]) || !(v[i] > 0))
+      throw gguf_error(f.path() + ": tensor 'rope_freqs.weight': element " + std::to_string(i) + " is " + std::to_string(v[i]) +
+                       ", expected a finite positive divisor");
+  return v;
+}
+
 }  // namespace
 
 model::model(const std::string& path) : file_(path), config_(read_model_config(file_)) {
@@ -40,7 +55,7 @@ model::model(const std::string& path) : file_(path), config_(read_model_config(f
   w.token_embd = bind_matrix(file_, "token_embd.weight");
   w.output = c.tied_embeddings ? w.token_embd : bind_matrix(file_, "output.weight");
   w.output_norm = bind_vector(file_, "output_norm.weight", w);
-  if (c.has_rope_freqs) w.rope_freqs = bind_vector(file_, "rope_freqs.weight", w);
+  if (c.has_rope_freqs) w.rope_freqs = bind_rope_freqs(file_, w);
   w.layers.resize(c.n_layer);
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
@@ -70,6 +85,12 @@ uint64_t model::weight_bytes() const {
   uint64_t n = 0;
   for (const auto& t : file_.tensors()) n += t.bytes;
   return n;
+}
+
+void check_tokenizer_matches(const tokenizer& tok, const model_config& c, const std::string& path) {
+  if (tok.n_vocab() != c.n_vocab)
+    throw gguf_error(path + ": the tokenizer has " + std::to_string(tok.n_vocab()) + " tokens but the model's vocabulary (token_embd.weight) has " +
+                     std::to_string(c.n_vocab) + "; they must be equal");
 }
 
 }  // namespace tandem::models

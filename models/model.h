@@ -11,6 +11,8 @@
 
 namespace tandem::models {
 
+class tokenizer;
+
 // A weight matrix as the kernels see it: `rows` rows of `cols` elements of `type`, contiguous
 // (GGUF ne = {cols, rows}). data points into the mapped file.
 struct weight_view {
@@ -51,7 +53,9 @@ struct model_weights {
 class model {
  public:
   // Opens, validates and binds the file. Throws gguf_error / runtime_error naming the file,
-  // key or tensor; a matrix of a type tandem cannot compute is an error naming the tensor.
+  // key or tensor; a matrix of a type tandem cannot compute is an error naming the tensor, so
+  // is a 1-D tensor (norm, bias, rope_freqs) that is not F32, F16 or BF16, and rope_freqs
+  // holding a divisor that is not finite and positive.
   explicit model(const std::string& path);
   model(const model&) = delete;
   model& operator=(const model&) = delete;
@@ -67,5 +71,10 @@ class model {
   model_config config_;
   model_weights weights_;
 };
+
+// Throws gguf_error naming `path` and both sizes unless the tokenizer has exactly the model's
+// n_vocab tokens (llama.cpp requires the same): fewer would let the model emit ids the
+// tokenizer cannot print, more would let a prompt hold ids outside the embedding table.
+void check_tokenizer_matches(const tokenizer& tok, const model_config& c, const std::string& path);
 
 }  // namespace tandem::models

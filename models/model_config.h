@@ -10,6 +10,10 @@
 
 namespace tandem::models {
 
+// Largest context length tandem accepts anywhere (a file's context_length, a context size
+// asked for): as llama.cpp's largest trained contexts. The one definition of this limit.
+inline constexpr int64_t k_max_context = int64_t{1} << 24;
+
 // Architectures tandem runs. mistral, codellama, deepseek-coder v1 and tinyllama are stored
 // as "llama" by llama.cpp's converter and need nothing extra.
 enum class architecture { llama, qwen2, qwen3 };
@@ -54,7 +58,10 @@ struct model_config {
 
 // Reads the architecture's keys and checks them against each other and against the tensor
 // shapes. Throws gguf_error naming the file and the key (or tensor) on any inconsistency; an
-// unknown architecture is an error listing the supported ones.
+// unknown architecture is an error listing the supported ones. Sizes are capped well above
+// real models (head_dim <= 1024, q_dim <= 2^17, n_ff <= 2^18, n_embd <= 2^17) so a hostile
+// header cannot ask for absurd scratch buffers. Tensor types and values are checked when the
+// weights are bound (model.cpp), not here.
 model_config read_model_config(const gguf_file& f);
 
 }  // namespace tandem::models

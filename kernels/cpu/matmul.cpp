@@ -30,7 +30,8 @@ bool cpu_has_avx2() {
 
 std::atomic<isa> g_isa{isa::best};
 
-void run(thread_pool* pool, int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
+// range_fn refers to the caller's lambda without copying it, so no call allocates here.
+void run(thread_pool* pool, int64_t n, int64_t grain, range_fn body) {
   if (pool)
     pool->parallel_for(n, grain, body);
   else if (n > 0)

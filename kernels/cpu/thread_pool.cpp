@@ -15,9 +15,35 @@
 namespace tandem::kernels::cpu {
 namespace {
 
-// Set while a thread runs a chunk of some pool's job, so a nested parallel_for on that pool
-// runs inline instead of deadlocking on itself.
-thread_local const void* t_running_pool = nullptr;
+// The pools whose chunks this thread is running now, innermost first: a linked list of
+// frames on the stack, one per running chunk. A parallel_for on any pool in the list runs
+// inline, since its job cannot finish until this thread's current chunk returns. A list
+// rather than one marker, so that after pool B runs inside a chunk of pool A, A is still
+// known to be running (B's frame restores A's on exit), and so that A inside B inside A
+// is caught as well.
+struct running_frame {
+  const void* pool;
+  const running_frame* outer;
+};
+thread_local const running_frame* t_running = nullptr;
+
+// Pushes a frame for the duration of one chunk; pops it on exit, exception or not.
+class running_scope {
+ public:
+  explicit running_scope(const void* pool) : frame_{pool, t_running} { t_running = &frame_; }
+  ~running_scope() { t_running = frame_.outer; }
+  running_scope(const running_scope&) = delete;
+  running_scope& operator=(const running_scope&) = delete;
+
+ private:
+  running_frame frame_;
+};
+
+bool running_on_this_thread(const void* pool) {
+  for (const running_frame* f = t_running; f; f = f->outer)
+    if (f->pool == pool) return true;
+  return false;
+}
 
 // Spin iterations a worker polls for the next job before sleeping: a decode step issues
 // hundreds of small matmuls back to back, and a condition-variable wakeup each time would
@@ -41,7 +67,7 @@ struct thread_pool::impl {
   // The current job. body and n are written before job_word is published (release) and are
   // only read by the workers that job_word names as participants; the job cannot end, and
   // the next one cannot overwrite them, until each participant has finished its chunk.
-  const std::function<void(int64_t, int64_t)>* body = nullptr;
+  const range_fn* body = nullptr;
   int64_t n = 0;
   // generation << 16 | chunk count, in one word so a worker that wakes late never pairs one
   // job's generation with another job's chunk count.
@@ -93,14 +119,13 @@ struct thread_pool::impl {
       seen = generation_of(word);
       const int chunks = chunks_of(word);
       if (index >= chunks) continue;  // this job has fewer chunks than threads
-      t_running_pool = this;
       try {
+        const running_scope running(this);
         run_chunk(index, chunks);
       } catch (...) {
         std::lock_guard lock(error_mutex);
         if (!error) error = std::current_exception();
       }
-      t_running_pool = nullptr;
       if (pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
         std::lock_guard lock(wake_mutex);
         done.notify_one();
@@ -109,37 +134,33 @@ struct thread_pool::impl {
   }
 };
 
-thread_pool::thread_pool(int threads) : impl_(new impl) {
-  if (threads < 1 || threads > 0xffff) {
-    delete impl_;
+thread_pool::thread_pool(int threads) : impl_(std::make_unique<impl>()) {
+  if (threads < 1 || threads > 0xffff)
     throw std::invalid_argument("thread_pool: thread count must be in 1..65535, got " + std::to_string(threads));
-  }
   impl_->threads = threads;
-  impl_->workers.reserve(static_cast<size_t>(threads - 1));
+  impl* const self = impl_.get();
   try {
-    for (int i = 1; i < threads; ++i) impl_->workers.emplace_back([this, i] { impl_->worker_loop(i); });
+    self->workers.reserve(static_cast<size_t>(threads - 1));
+    for (int i = 1; i < threads; ++i) self->workers.emplace_back([self, i] { self->worker_loop(i); });
   } catch (...) {
-    // Thread creation failed part way: stop the ones already running before reporting it.
-    impl_->shutdown();
-    delete impl_;
+    // Allocation or thread creation failed part way: stop the threads already running (a
+    // joinable std::thread must not be destroyed) before reporting it.
+    self->shutdown();
     throw;
   }
 }
 
-thread_pool::~thread_pool() {
-  impl_->shutdown();
-  delete impl_;
-}
+thread_pool::~thread_pool() { impl_->shutdown(); }
 
 int thread_pool::size() const { return impl_->threads; }
 
-void thread_pool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
+void thread_pool::parallel_for(int64_t n, int64_t grain, range_fn body) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
   // floor(n / grain) chunks at most, so the even split never makes one smaller than grain.
   const int64_t max_chunks = std::max<int64_t>(1, n / grain);
   const int chunks = static_cast<int>(std::min<int64_t>(impl_->threads, max_chunks));
-  if (chunks <= 1 || t_running_pool == impl_) {
+  if (chunks <= 1 || running_on_this_thread(impl_.get())) {
     body(0, n);
     return;
   }
@@ -159,13 +180,12 @@ void thread_pool::parallel_for(int64_t n, int64_t grain, const std::function<voi
 
   // The caller takes chunk 0.
   std::exception_ptr own_error;
-  t_running_pool = impl_;
   try {
+    const running_scope running(impl_.get());
     impl_->run_chunk(0, chunks);
   } catch (...) {
     own_error = std::current_exception();
   }
-  t_running_pool = nullptr;
 
   for (int i = 0; i < k_spin_iterations && impl_->pending.load(std::memory_order_acquire) != 0; ++i) cpu_relax();
   if (impl_->pending.load(std::memory_order_acquire) != 0) {

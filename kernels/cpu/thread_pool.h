@@ -2,9 +2,30 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
+#include <memory>
+#include <type_traits>
 
 namespace tandem::kernels::cpu {
+
+// A non-owning reference to a callable body(begin, end): two pointers, built without
+// allocating whatever the callable captures (std::function would allocate for captures over
+// 16 bytes, on every kernel call). The callable must outlive the call it is passed to, which
+// a lambda written in the argument list does.
+class range_fn {
+ public:
+  template <class F>
+    requires(!std::is_same_v<std::remove_cvref_t<F>, range_fn> && std::is_invocable_v<F&, int64_t, int64_t>)
+  range_fn(F&& f) noexcept  // NOLINT: implicit, so call sites pass lambdas directly
+      : object_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
+        call_([](void* object, int64_t begin, int64_t end) {
+          (*static_cast<std::remove_reference_t<F>*>(object))(begin, end);
+        }) {}
+  void operator()(int64_t begin, int64_t end) const { call_(object_, begin, end); }
+
+ private:
+  void* object_;
+  void (*call_)(void*, int64_t, int64_t);
+};
 
 // Owns n-1 worker threads; the calling thread is the n-th worker, so a pool of 1 runs
 // everything inline. parallel_for blocks until every chunk has run; calls from several
@@ -21,12 +42,16 @@ class thread_pool {
   // caller, when n < 2 * grain), at most one per thread, sizes differing by at most one:
   // body(begin, end). Chunk c always runs on thread c (0 = the caller), so a given (n, grain,
   // size()) splits the same way every time. The first exception a chunk throws is rethrown
-  // here after all chunks end. A nested call on the same pool runs inline on its thread.
-  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t begin, int64_t end)>& body);
+  // here after all chunks end. Does not allocate.
+  // Nesting: a call made from inside a chunk of this pool, directly or through chunks of
+  // other pools on the same thread, runs inline on that thread. A chunk may use another pool
+  // B; B's chunks must not then call back into this pool (B's workers would wait for this
+  // pool, which waits for them).
+  void parallel_for(int64_t n, int64_t grain, range_fn body);
 
  private:
   struct impl;
-  impl* impl_;
+  std::unique_ptr<impl> impl_;
 };
 
 // Threads to use by default: the number of cores this process may run on.

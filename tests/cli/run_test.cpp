@@ -32,6 +32,18 @@ TEST_SUITE("run") {
     CHECK(a.out != c.out);
   }
 
+  TEST_CASE("small and large repetition penalties in range run") {
+    const std::string base = "run -m '" + test::data_path("stories260K.gguf").string() + "' -p 'Once upon a time' -n 8 --temp 0 --repeat-penalty ";
+    for (const char* ok : {"1e-3", "1", "10"}) {
+      CAPTURE(ok);
+      const auto r = test::run_tandem(base + ok);
+      CHECK(r.exit_code == 0);
+      CHECK(r.err.find("generated: 8 tokens") != std::string::npos);
+    }
+    // A strong penalty changes greedy output: repeated tokens are pushed down.
+    CHECK(test::run_tandem(base + "1").out != test::run_tandem(base + "10").out);
+  }
+
   TEST_CASE("bad arguments and bad files give a clear error and exit code") {
     const auto model = test::data_path("stories260K.gguf").string();
     auto r = test::run_tandem("run -m '" + model + "' -n 4");
@@ -41,6 +53,14 @@ TEST_SUITE("run") {
     CHECK(r.exit_code != 0);
     r = test::run_tandem("run -m '" + model + "' -p hi --temp -1");
     CHECK(r.exit_code != 0);
+    // A repetition penalty of 0 (or below) is refused by the flag check, naming the problem.
+    for (const char* bad : {"0", "-0.5", "0.0", "11", "abc"}) {
+      CAPTURE(bad);
+      r = test::run_tandem("run -m '" + model + "' -p hi -n 2 --temp 0 --repeat-penalty " + bad);
+      CHECK(r.exit_code != 0);
+      CHECK(r.err.find("repetition penalty must be a number > 0 and <= 10") != std::string::npos);
+      CHECK(r.out.empty());
+    }
     r = test::run_tandem("run -m '" + test::data_path("vocab/ggml-vocab-llama-spm.gguf").string() + "' -p hi");
     CHECK(r.exit_code == 1);
     CHECK(r.err.find("token_embd.weight") != std::string::npos);

@@ -3,7 +3,10 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -11,6 +14,26 @@
 #include "kernels/cpu/act_quant.h"
 #include "kernels/cpu/thread_pool.h"
 #include "tests/kernels/kernel_test_util.h"
+
+// Counts heap allocations while g_counting is set, to check that warm matmul calls make
+// none. Replacing the global operator new is the only way to see them; libstdc++'s new[],
+// nothrow new and the default deletes all go through this pair and malloc/free. Skipped
+// under AddressSanitizer, which provides its own allocator and checks new/delete pairing.
+#if !defined(__SANITIZE_ADDRESS__)
+#define TANDEM_MATMUL_COUNT_ALLOCATIONS 1
+namespace {
+std::atomic<bool> g_counting{false};
+std::atomic<int64_t> g_allocations{0};
+}  // namespace
+
+void* operator new(std::size_t size) {
+  if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(size ? size : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#endif
 
 using namespace tandem::kernels;
 using namespace tandem::kernels::cpu;
@@ -253,5 +276,31 @@ TEST_SUITE("matmul") {
     matmul(weight_type::q8_0, w.data(), 0, 256, x.data(), 1, y.data(), nullptr);
     matmul(weight_type::q8_0, w.data(), 2, 256, x.data(), 0, y.data(), nullptr);
     CHECK(y[0] == 3.0f);
+  }
+
+  TEST_CASE("warm calls do not allocate") {
+#if defined(TANDEM_MATMUL_COUNT_ALLOCATIONS)
+    thread_pool pool(2);
+    uint32_t seed = 1500;
+    // One type per activation conversion (Q8_0, Q8_K, F16, none), on a shape the pool splits.
+    for (const auto t : {weight_type::q4_0, weight_type::q4_k, weight_type::f16, weight_type::f32}) {
+      CAPTURE(display_name(t));
+      const auto p = make_problem(t, 67, 2816, ++seed);
+      std::vector<float> y(static_cast<size_t>(p.rows * k_max_x));
+      for (thread_pool* with : {static_cast<thread_pool*>(nullptr), &pool}) {
+        for (const int64_t n_x : {k_max_x, int64_t{1}}) {  // largest first: the scratch is then big enough
+          CAPTURE(n_x);
+          matmul(t, p.w.data(), p.rows, p.cols, p.x.data(), n_x, y.data(), with);  // warms the scratch
+          g_allocations.store(0);
+          g_counting.store(true);
+          for (int i = 0; i < 3; ++i) matmul(t, p.w.data(), p.rows, p.cols, p.x.data(), n_x, y.data(), with);
+          g_counting.store(false);
+          CHECK(g_allocations.load() == 0);
+        }
+      }
+    }
+#else
+    MESSAGE("skipped: allocation counting is off under AddressSanitizer");
+#endif
   }
 }

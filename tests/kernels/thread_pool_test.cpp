@@ -3,6 +3,11 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -12,6 +17,41 @@
 
 using tandem::kernels::cpu::default_thread_count;
 using tandem::kernels::cpu::thread_pool;
+
+namespace {
+
+// Runs body; if it has not returned within `seconds`, ends the process with a message, so a
+// deadlock regression fails the suite instead of hanging it.
+template <class F>
+void within_seconds(int seconds, F&& body) {
+  std::mutex m;
+  std::condition_variable cv;
+  bool finished = false;
+  std::thread watchdog([&] {
+    std::unique_lock lock(m);
+    if (!cv.wait_for(lock, std::chrono::seconds(seconds), [&] { return finished; })) {
+      std::fprintf(stderr, "thread_pool test: no return within %d s (deadlock)\n", seconds);
+      std::_Exit(1);
+    }
+  });
+  auto finish = [&] {
+    {
+      std::lock_guard lock(m);
+      finished = true;
+    }
+    cv.notify_one();
+    watchdog.join();
+  };
+  try {
+    body();
+  } catch (...) {
+    finish();
+    throw;
+  }
+  finish();
+}
+
+}  // namespace
 
 TEST_SUITE("thread_pool") {
   TEST_CASE("every index runs exactly once, in chunks of at least grain") {
@@ -130,5 +170,78 @@ TEST_SUITE("thread_pool") {
   TEST_CASE("thread counts") {
     CHECK(default_thread_count() >= 1);
     CHECK_THROWS_AS(thread_pool(0), std::invalid_argument);
+  }
+
+  TEST_CASE("a chunk may use another pool and then nest in its own pool again") {
+    thread_pool a(2), b(2);
+    within_seconds(20, [&] {
+      SUBCASE("B inside A, then A again") {
+        std::atomic<int> in_b{0}, in_a{0};
+        a.parallel_for(2, 1, [&](int64_t, int64_t) {
+          b.parallel_for(4, 1, [&](int64_t lo, int64_t hi) { in_b.fetch_add(static_cast<int>(hi - lo)); });
+          // A's job is still running on this thread: this must run inline, not wait for A.
+          a.parallel_for(10, 1, [&](int64_t lo, int64_t hi) { in_a.fetch_add(static_cast<int>(hi - lo)); });
+        });
+        CHECK(in_b.load() == 2 * 4);
+        CHECK(in_a.load() == 2 * 10);
+      }
+      SUBCASE("A inside B inside A on the same thread") {
+        std::atomic<int> in_a{0};
+        a.parallel_for(2, 1, [&](int64_t, int64_t) {
+          b.parallel_for(2, 1, [&](int64_t lo, int64_t) {
+            // Chunk 0 of B runs on the thread that called B, which is inside a chunk of A.
+            if (lo == 0) a.parallel_for(6, 1, [&](int64_t x, int64_t y) { in_a.fetch_add(static_cast<int>(y - x)); });
+          });
+        });
+        CHECK(in_a.load() == 2 * 6);
+      }
+      SUBCASE("an exception in the inner pool leaves the outer pool nestable") {
+        std::atomic<int> caught{0}, in_a{0};
+        a.parallel_for(2, 1, [&](int64_t, int64_t) {
+          try {
+            b.parallel_for(2, 1, [&](int64_t, int64_t) { throw std::runtime_error("inner"); });
+          } catch (const std::runtime_error&) {
+            caught.fetch_add(1);
+          }
+          a.parallel_for(4, 1, [&](int64_t lo, int64_t hi) { in_a.fetch_add(static_cast<int>(hi - lo)); });
+        });
+        CHECK(caught.load() == 2);
+        CHECK(in_a.load() == 2 * 4);
+      }
+    });
+    // And the pools still split work over their threads afterwards.
+    std::mutex m;
+    std::set<std::thread::id> ids;
+    a.parallel_for(2, 1, [&](int64_t, int64_t) {
+      std::lock_guard lock(m);
+      ids.insert(std::this_thread::get_id());
+    });
+    CHECK(ids.size() == 2);
+  }
+
+  TEST_CASE("the body is taken by reference, whatever callable it is") {
+    thread_pool pool(1);
+    struct counter {
+      int calls = 0;
+      void operator()(int64_t, int64_t) { ++calls; }
+    } c;
+    pool.parallel_for(10, 1, c);
+    pool.parallel_for(10, 1, c);
+    CHECK(c.calls == 2);  // the pool called this object, not a copy
+
+    int64_t covered = 0;
+    const std::function<void(int64_t, int64_t)> f = [&](int64_t b, int64_t e) { covered += e - b; };
+    pool.parallel_for(7, 1, f);
+    const auto g = [&](int64_t b, int64_t e) { covered += e - b; };
+    pool.parallel_for(5, 1, g);
+    CHECK(covered == 12);
+  }
+
+  TEST_CASE("bad thread counts are rejected") {
+    for (int n : {-1, 0, 65536}) {
+      CAPTURE(n);
+      CHECK_THROWS_AS(thread_pool{n}, std::invalid_argument);
+    }
+    CHECK_NOTHROW(thread_pool{1});
   }
 }

@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/thread_pool.h"
 #include "tests/models/reference_forward.h"
+#include "tests/models/tiny_model.h"
 #include "tests/test_support.h"
 
 using namespace tandem;
@@ -116,7 +117,152 @@ TEST_SUITE("forward") {
     CHECK(models::kv_cache_bytes(m.config(), 128, kernels::cpu::kv_type::f16) == 5 * 2 * 128 * 32 * 2);
     CHECK(models::kv_cache_bytes(m.config(), 128, kernels::cpu::kv_type::f32) == 5 * 2 * 128 * 32 * 4);
     CHECK_THROWS_AS(models::forward_context(m, {.n_ctx = models::k_max_context + 1}, nullptr), std::invalid_argument);
-    models::forward_context ctx(m, {}, nullptr);  // default: the training context
+    CHECK_THROWS_AS(models::forward_context::memory_bytes(m.config(), {.n_ctx = models::k_max_context + 1}), std::invalid_argument);
+    CHECK_THROWS_AS(models::forward_context::memory_bytes(m.config(), {.n_ctx = -1}), std::invalid_argument);
+    models::forward_context ctx(m, {}, nullptr);  // default: the training context (128 < 4096)
     CHECK(ctx.n_ctx() == 128);
+  }
+
+  TEST_CASE("memory_bytes: KV cache + scratch of min(max_batch, n_ctx) rows + one row of logits") {
+    models::model m(test::data_path("stories260K.gguf").string());
+    const auto& c = m.config();
+    // Per scratch row: x, xb (64) + q, attn (64) + k, v (32) + ff_gate, ff_up (172) floats.
+    const uint64_t row = 2 * (64 + 64 + 32 + 172) * 4;
+    const uint64_t logits = 512 * 4;
+    using kernels::cpu::kv_type;
+    CHECK(models::forward_context::memory_bytes(c, {.n_ctx = 128, .kv = kv_type::f16}) == 5 * 2 * 128 * 32 * 2 + 128 * row + logits);
+    CHECK(models::forward_context::memory_bytes(c, {.n_ctx = 128, .kv = kv_type::f32, .max_batch = 16}) ==
+          5 * 2 * 128 * 32 * 4 + 16 * row + logits);
+    CHECK(models::forward_context::memory_bytes(c, {.n_ctx = 100, .kv = kv_type::f16, .max_batch = 0}) == 5 * 2 * 100 * 32 * 2 + row + logits);
+    // n_ctx 0 is sized as the context the constructor picks.
+    CHECK(models::forward_context::memory_bytes(c, {}) == models::forward_context::memory_bytes(c, {.n_ctx = 128}));
+  }
+
+  TEST_CASE("scratch rows are max_batch clamped to [1, n_ctx]") {
+    models::model m(test::data_path("stories260K.gguf").string());
+    CHECK(models::forward_context(m, {.n_ctx = 8}, nullptr).max_batch() == 8);
+    CHECK(models::forward_context(m, {.n_ctx = 64, .max_batch = 4}, nullptr).max_batch() == 4);
+    CHECK(models::forward_context(m, {.n_ctx = 64, .max_batch = -3}, nullptr).max_batch() == 1);
+    // A full context still runs in one pass with the clamped scratch.
+    models::forward_context ctx(m, {.n_ctx = 8, .kv = kernels::cpu::kv_type::f32}, nullptr);
+    const std::vector<int32_t> toks = {1, 403, 407, 261, 378, 432, 383, 286};
+    ctx.eval(toks, /*all_logits=*/true);
+    CHECK(ctx.pos() == 8);
+    CHECK(ctx.all_logits_rows().size() == 8 * 512);
+    CHECK(std::all_of(ctx.all_logits_rows().begin(), ctx.all_logits_rows().end(), [](float v) { return std::isfinite(v); }));
+  }
+
+  TEST_CASE("n_ctx 0 means min(training context, 4096), as llama.cpp") {
+    test::scratch_dir dir;
+    test::tiny_model t;
+    t.n_ctx = 8192;
+    t.write((dir / "m.gguf").string());
+    const models::model m((dir / "m.gguf").string());
+    CHECK(models::k_default_context == 4096);
+    CHECK(models::forward_context(m, {}, nullptr).n_ctx() == 4096);
+    CHECK(models::forward_context(m, {.n_ctx = 5000}, nullptr).n_ctx() == 5000);  // asked for: as asked
+    CHECK(models::forward_context::memory_bytes(m.config(), {}) == models::forward_context::memory_bytes(m.config(), {.n_ctx = 4096}));
+  }
+
+  TEST_CASE("a context that cannot fit in memory is refused before allocating, naming the sizes") {
+    // One layer, 8 KV heads of 1024: 64 KiB of f32 K+V per position, so 2^24 positions need
+    // 1 TiB, more than any test machine has, while the file is ~2 MiB.
+    test::scratch_dir dir;
+    test::tiny_model t;
+    t.n_layer = 1;
+    t.n_head = 8;
+    t.n_head_kv = 8;
+    t.key_length = 1024;
+    t.n_ctx = models::k_max_context;
+    t.write((dir / "wide.gguf").string());
+    const models::model m((dir / "wide.gguf").string());
+    const models::context_params p{.n_ctx = models::k_max_context, .kv = kernels::cpu::kv_type::f32};
+    const uint64_t kv = uint64_t{1} << 40;
+    const uint64_t scratch = 512ull * 2 * (16 + 8192 + 8192 + 24) * 4;
+    CHECK(models::forward_context::memory_bytes(m.config(), p) == kv + scratch + 32 * 4);
+    REQUIRE(models::usable_memory_bytes(models::read_memory_limits()) < kv);
+    try {
+      models::forward_context ctx(m, p, nullptr);
+      FAIL("a 1 TiB context was accepted");
+    } catch (const std::runtime_error& e) {
+      const std::string msg = e.what();
+      CHECK(msg.find("16777216 tokens") != std::string::npos);
+      CHECK(msg.find("KV cache 1048576.0 MiB") != std::string::npos);
+      CHECK(msg.find("use a smaller context size") != std::string::npos);
+    }
+  }
+
+  TEST_CASE("usable memory is the least of the limits that are set, else physical RAM") {
+    models::memory_limits l;
+    l.physical = 100;
+    CHECK(models::usable_memory_bytes(l) == 100);
+    l.mem_available = 80;
+    CHECK(models::usable_memory_bytes(l) == 80);
+    l.cgroup_free = 90;
+    CHECK(models::usable_memory_bytes(l) == 80);
+    l.address_space_free = 30;
+    CHECK(models::usable_memory_bytes(l) == 30);
+    l.cgroup_free = 0;  // a cgroup at its limit
+    CHECK(models::usable_memory_bytes(l) == 0);
+    CHECK(models::usable_memory_bytes(models::memory_limits{}) == 0);  // nothing known
+
+    const auto live = models::read_memory_limits();
+    CHECK(live.physical > 0);
+    if (live.mem_available) CHECK(*live.mem_available > 0);
+    CHECK(models::usable_memory_bytes(live) > 0);
+  }
+
+  TEST_CASE("parsing /proc/meminfo and cgroup limits") {
+    const std::string meminfo = "MemTotal:       24000000 kB\nMemFree:         2000000 kB\nMemAvailable:   21000000 kB\nBuffers: 1 kB\n";
+    CHECK(models::parse_meminfo_available(meminfo) == uint64_t{21000000} * 1024);
+    CHECK_FALSE(models::parse_meminfo_available("MemTotal: 5 kB\n").has_value());
+    CHECK_FALSE(models::parse_meminfo_available("MemAvailable: lots\n").has_value());
+    CHECK_FALSE(models::parse_meminfo_available("").has_value());
+    CHECK(models::parse_cgroup_memory_max("1073741824\n") == uint64_t{1} << 30);
+    CHECK_FALSE(models::parse_cgroup_memory_max("max\n").has_value());
+    CHECK_FALSE(models::parse_cgroup_memory_max("").has_value());
+  }
+
+  TEST_CASE("a multi-chunk prompt gives the same last logits as token-by-token evaluation") {
+    models::model m(test::data_path("stories260K.gguf").string());
+    const std::vector<int32_t> toks = {1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298};
+    using kernels::cpu::kv_type;
+    models::forward_context single(m, {.n_ctx = 64, .kv = kv_type::f32}, nullptr);
+    for (const int32_t t : toks) single.eval(std::span<const int32_t>(&t, 1));
+    for (int64_t batch : {1, 3, 4, 5, 11}) {
+      CAPTURE(batch);
+      models::forward_context chunked(m, {.n_ctx = 64, .kv = kv_type::f32, .max_batch = batch}, nullptr);
+      chunked.eval(toks);
+      REQUIRE(chunked.logits().size() == 512);
+      for (int i = 0; i < 512; ++i) REQUIRE(std::abs(chunked.logits()[i] - single.logits()[i]) < 1e-4f);
+      // An all-logits eval followed by a plain one: logits() is the plain one's last token.
+      chunked.reset();
+      chunked.eval(std::span<const int32_t>(toks.data(), 6), /*all_logits=*/true);
+      chunked.eval(std::span<const int32_t>(toks.data() + 6, 5));
+      for (int i = 0; i < 512; ++i) REQUIRE(std::abs(chunked.logits()[i] - single.logits()[i]) < 1e-4f);
+    }
+  }
+
+  TEST_CASE("heads wider than n_embd / n_head fit the scratch (q_dim > n_embd)") {
+    // qwen3-style: n_embd 16, 4 heads of 8, so q_dim 32; wo maps it back to 16 per row.
+    test::scratch_dir dir;
+    test::tiny_model t;
+    t.arch = "qwen3";
+    t.qk_norm = true;
+    t.key_length = 8;
+    t.write((dir / "m.gguf").string());
+    const models::model m((dir / "m.gguf").string());
+    REQUIRE(m.config().q_dim() > m.config().n_embd);
+    const std::vector<int32_t> toks = {1, 5, 9, 30, 2, 7};
+    models::forward_context whole(m, {.n_ctx = 16, .kv = kernels::cpu::kv_type::f32, .max_batch = 4}, nullptr);
+    whole.eval(toks, /*all_logits=*/true);
+    models::forward_context single(m, {.n_ctx = 16, .kv = kernels::cpu::kv_type::f32}, nullptr);
+    for (size_t r = 0; r < toks.size(); ++r) {
+      single.eval(std::span<const int32_t>(&toks[r], 1));
+      for (int i = 0; i < 32; ++i) {
+        REQUIRE(std::isfinite(single.logits()[i]));
+        REQUIRE(std::abs(single.logits()[i] - whole.all_logits_rows()[r * 32 + i]) < 1e-4f);
+      }
+    }
   }
 }

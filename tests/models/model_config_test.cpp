@@ -483,11 +483,164 @@ TEST_SUITE("model_config") {
       w.add_tensor("rope_freqs.weight", {2}, weight_type::f32, std::vector<std::byte>(8));
       CHECK(contains(config_error(w), "'rope_freqs.weight'"));
     }
-    SUBCASE("must be F32") {
+    SUBCASE("any type: the type and values are checked when binding (model_test)") {
       w.add_tensor("rope_freqs.weight", {2}, weight_type::f16, std::vector<std::byte>(4));
-      const auto msg = config_error(w);
-      CHECK(contains(msg, "'rope_freqs.weight'"));
-      CHECK(contains(msg, "F32"));
+      CHECK(config_of(w).has_rope_freqs);
     }
+  }
+
+  TEST_CASE("size caps keep a hostile header from sizing huge buffers, naming the key") {
+    SUBCASE("feed_forward_length above 2^18") {
+      auto w = tiny_model{}.writer();
+      w.set("llama.feed_forward_length", gguf_out_value::u32((1u << 18) + 1));
+      const auto msg = config_error(w);
+      CHECK(contains(msg, "'llama.feed_forward_length'"));
+      CHECK(contains(msg, "outside [1, 262144]"));
+    }
+    SUBCASE("feed_forward_length 2^18 passes the cap (and fails only on the tensor shapes)") {
+      auto w = tiny_model{}.writer();
+      w.set("llama.feed_forward_length", gguf_out_value::u32(1u << 18));
+      const auto msg = config_error(w);
+      CHECK_FALSE(contains(msg, "'llama.feed_forward_length'"));
+      CHECK(contains(msg, "'blk.0.ffn_gate.weight'"));
+    }
+    SUBCASE("key_length above 1024") {
+      auto w = tiny_model{}.writer();
+      w.set("llama.attention.key_length", gguf_out_value::u32(1025));
+      const auto msg = config_error(w);
+      CHECK(contains(msg, "'llama.attention.key_length'"));
+      CHECK(contains(msg, "outside [1, 1024]"));
+    }
+    SUBCASE("a head size above 1024 derived from embedding_length / head_count") {
+      auto w = tiny_model{}.writer();
+      w.set("llama.embedding_length", gguf_out_value::u32(4096));
+      w.set("llama.attention.head_count", gguf_out_value::u32(2));
+      const auto msg = config_error(w);
+      CHECK(contains(msg, "'llama.attention.head_count'"));
+      CHECK(contains(msg, "head size of 2048"));
+      CHECK(contains(msg, "1024"));
+    }
+    SUBCASE("q_dim = head_count x key_length above 2^17") {
+      auto w = tiny_model{}.writer();
+      w.set("llama.attention.head_count", gguf_out_value::u32(256));
+      w.set("llama.attention.head_count_kv", gguf_out_value::u32(256));
+      w.set("llama.attention.key_length", gguf_out_value::u32(1024));
+      const auto msg = config_error(w);
+      CHECK(contains(msg, "'llama.attention.key_length'"));
+      CHECK(contains(msg, "262144"));
+      CHECK(contains(msg, "131072"));
+    }
+    SUBCASE("value_length above 1024") {
+      auto w = tiny_model{}.writer();
+      w.set("llama.attention.value_length", gguf_out_value::u32(2048));
+      const auto msg = config_error(w);
+      CHECK(contains(msg, "'llama.attention.value_length'"));
+      CHECK(contains(msg, "outside [1, 1024]"));
+    }
+    SUBCASE("context_length above k_max_context") {
+      auto w = tiny_model{}.writer();
+      w.set("llama.context_length", gguf_out_value::u64(static_cast<uint64_t>(models::k_max_context) + 1));
+      const auto msg = config_error(w);
+      CHECK(contains(msg, "'llama.context_length'"));
+      CHECK(contains(msg, "outside [1, " + std::to_string(models::k_max_context) + "]"));
+    }
+    SUBCASE("context_length of exactly k_max_context is accepted") {
+      tiny_model m;
+      m.n_ctx = models::k_max_context;
+      CHECK(config_of(m.writer()).n_ctx_train == models::k_max_context);
+    }
+  }
+
+  TEST_CASE("an odd head size without rope.dimension_count blames the head size's key") {
+    SUBCASE("from key_length") {
+      tiny_model m;
+      m.key_length = 5;
+      const auto msg = config_error(m.writer());
+      CHECK(contains(msg, "'llama.attention.key_length'"));
+      CHECK(contains(msg, "head size 5 is odd"));
+      CHECK_FALSE(contains(msg, "'llama.rope.dimension_count'"));
+    }
+    SUBCASE("from embedding_length / head_count") {
+      tiny_model m;
+      m.n_embd = 12;  // 3 per head
+      const auto msg = config_error(m.writer());
+      CHECK(contains(msg, "'llama.attention.head_count'"));
+      CHECK(contains(msg, "head size 3 is odd"));
+    }
+    SUBCASE("an even rope.dimension_count makes an odd head usable") {
+      tiny_model m;
+      m.key_length = 5;
+      auto w = m.writer();
+      w.set("llama.rope.dimension_count", gguf_out_value::u32(4));
+      const auto c = config_of(w);
+      CHECK(c.head_dim == 5);
+      CHECK(c.n_rot == 4);
+    }
+  }
+
+  TEST_CASE("token_embd must have two dimensions") {
+    tiny_model m;
+    SUBCASE("one") { m.reshape["token_embd.weight"] = {16 * 32}; }
+    SUBCASE("three") { m.reshape["token_embd.weight"] = {16, 32, 1}; }
+    const auto msg = config_error(m.writer());
+    CHECK(contains(msg, "'token_embd.weight'"));
+    CHECK(contains(msg, "expected 2"));
+    CHECK_FALSE(contains(msg, "first dimension"));
+  }
+
+  TEST_CASE("float keys outside float range are refused before the cast") {
+    auto w = tiny_model{}.writer();
+    SUBCASE("huge") { w.set("llama.rope.freq_base", gguf_out_value::f64(1e300)); }
+    SUBCASE("huge negative") { w.set("llama.rope.freq_base", gguf_out_value::f64(-1e39)); }
+    const auto msg = config_error(w);
+    CHECK(contains(msg, "'llama.rope.freq_base'"));
+    CHECK(contains(msg, "range of a float"));
+  }
+
+  TEST_CASE("float keys: the largest float itself is still a float") {
+    auto w = tiny_model{}.writer();
+    w.set("llama.rope.freq_base", gguf_out_value::f64(static_cast<double>(std::numeric_limits<float>::max())));
+    CHECK(config_of(w).rope_base == std::numeric_limits<float>::max());
+  }
+
+  TEST_CASE("yarn needs beta_fast > beta_slow > 0") {
+    auto w = tiny_model{}.writer();
+    w.set("llama.rope.scaling.type", gguf_out_value::string("yarn"));
+    w.set("llama.rope.scaling.factor", gguf_out_value::f32(4.0f));
+    SUBCASE("fast below slow") {
+      w.set("llama.rope.scaling.yarn_beta_fast", gguf_out_value::f32(1.0f));
+      w.set("llama.rope.scaling.yarn_beta_slow", gguf_out_value::f32(32.0f));
+      const auto msg = config_error(w);
+      CHECK(contains(msg, "'llama.rope.scaling.yarn_beta_fast'"));
+      CHECK(contains(msg, "greater than yarn_beta_slow"));
+    }
+    SUBCASE("fast equal to slow") {
+      w.set("llama.rope.scaling.yarn_beta_fast", gguf_out_value::f32(2.0f));
+      w.set("llama.rope.scaling.yarn_beta_slow", gguf_out_value::f32(2.0f));
+      CHECK(contains(config_error(w), "'llama.rope.scaling.yarn_beta_fast'"));
+    }
+    SUBCASE("slow zero") {
+      w.set("llama.rope.scaling.yarn_beta_slow", gguf_out_value::f32(0.0f));
+      const auto msg = config_error(w);
+      CHECK(contains(msg, "'llama.rope.scaling.yarn_beta_slow'"));
+      CHECK(contains(msg, "positive"));
+    }
+    SUBCASE("slow negative") {
+      w.set("llama.rope.scaling.yarn_beta_slow", gguf_out_value::f32(-1.0f));
+      CHECK(contains(config_error(w), "'llama.rope.scaling.yarn_beta_slow'"));
+    }
+    SUBCASE("attention factor zero") {
+      w.set("llama.rope.scaling.attn_factor", gguf_out_value::f32(0.0f));
+      CHECK(contains(config_error(w), "'llama.rope.scaling.attn_factor'"));
+    }
+  }
+
+  TEST_CASE("yarn betas are not checked when yarn is not used (they are not read)") {
+    auto w = tiny_model{}.writer();
+    w.set("llama.rope.scaling.type", gguf_out_value::string("linear"));
+    w.set("llama.rope.scaling.factor", gguf_out_value::f32(2.0f));
+    w.set("llama.rope.scaling.yarn_beta_fast", gguf_out_value::f32(1.0f));
+    w.set("llama.rope.scaling.yarn_beta_slow", gguf_out_value::f32(32.0f));
+    CHECK(config_of(w).rope_scaling == models::rope_scaling_type::linear);
   }
 }

@@ -3,10 +3,12 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "kernels/weight_type.h"
+#include "models/tokenizer.h"
 #include "tests/models/tiny_model.h"
 #include "tests/test_support.h"
 
@@ -237,5 +239,67 @@ TEST_SUITE("model") {
     test::scratch_dir dir;
     const auto p = (dir / "absent.gguf").string();
     CHECK(contains(model_error(p), p));
+  }
+
+  TEST_CASE("rope_freqs: one type rule for 1-D tensors, and positive finite divisors") {
+    test::scratch_dir dir;
+    auto t = tiny();  // head_dim 8: 4 divisors
+    t.rope_freqs = true;
+    SUBCASE("F16 and BF16 are converted like any 1-D tensor") {
+      for (auto type : {weight_type::f16, weight_type::bf16}) {
+        t.types["rope_freqs.weight"] = type;
+        t.write((dir / "m.gguf").string());
+        const models::model m((dir / "m.gguf").string());
+        CHECK(floats(m.weights().rope_freqs, 4) == t.values("rope_freqs.weight"));
+      }
+    }
+    SUBCASE("a type that is not a float is named") {
+      t.types["rope_freqs.weight"] = weight_type::i32;
+      t.write((dir / "m.gguf").string());
+      const auto msg = model_error((dir / "m.gguf").string());
+      CHECK(contains(msg, "'rope_freqs.weight'"));
+      CHECK(contains(msg, "I32"));
+      CHECK(contains(msg, "F32, F16 or BF16"));
+    }
+    SUBCASE("bad divisors are refused, naming the tensor and the element") {
+      const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+      for (float bad : {0.0f, -1.0f, nan, inf}) {
+        CAPTURE(bad);
+        t.data["rope_freqs.weight"] = {1.0f, 2.0f, bad, 1.0f};
+        t.write((dir / "m.gguf").string());
+        const auto msg = model_error((dir / "m.gguf").string());
+        CHECK(contains(msg, (dir / "m.gguf").string()));
+        CHECK(contains(msg, "'rope_freqs.weight'"));
+        CHECK(contains(msg, "element 2"));
+      }
+    }
+    SUBCASE("a bad divisor in F16 is found after conversion") {
+      t.types["rope_freqs.weight"] = weight_type::f16;
+      t.data["rope_freqs.weight"] = {1.0f, 1.0f, 1.0f, -0.5f};
+      t.write((dir / "m.gguf").string());
+      CHECK(contains(model_error((dir / "m.gguf").string()), "element 3"));
+    }
+  }
+
+  TEST_CASE("the tokenizer must have exactly the model's vocabulary") {
+    const auto path = test::data_path("stories260K.gguf").string();
+    const models::model m(path);
+    const auto tok = models::tokenizer::from_gguf(m.file());
+    SUBCASE("equal") { CHECK_NOTHROW(models::check_tokenizer_matches(tok, m.config(), path)); }
+    SUBCASE("different: the message names the file and both sizes") {
+      for (int64_t n_vocab : {int64_t{40}, int64_t{513}}) {
+        auto c = m.config();
+        c.n_vocab = n_vocab;
+        try {
+          models::check_tokenizer_matches(tok, c, path);
+          FAIL("no error for a model vocabulary of " << n_vocab);
+        } catch (const models::gguf_error& e) {
+          const std::string msg = e.what();
+          CHECK(contains(msg, path));
+          CHECK(contains(msg, "512 tokens"));
+          CHECK(contains(msg, "has " + std::to_string(n_vocab)));
+        }
+      }
+    }
   }
 }

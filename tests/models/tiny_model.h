@@ -25,8 +25,9 @@ inline float tiny_value(size_t tensor_index, int64_t i) {
 }
 
 // Tensors are F32 unless `types` says otherwise. Types quantize_row can write (F32, F16, BF16,
-// Q8_0) hold tiny_value(index in tensors(), i); the others (e.g. Q2_K, I32) get zero bytes of
-// the right size, for tests that only check such a tensor is refused.
+// Q8_0) hold value(name, index in tensors(), i): tiny_value, except rope_freqs (positive
+// divisors, as a valid file has) and tensors given in `data`; the others (e.g. Q2_K, I32) get
+// zero bytes of the right size, for tests that only check such a tensor is refused.
 struct tiny_model {
   std::string arch = "llama";
   int64_t n_embd = 16, n_layer = 2, n_head = 4, n_head_kv = 2, n_ff = 24, n_vocab = 32, n_ctx = 64;
@@ -38,6 +39,7 @@ struct tiny_model {
   std::set<std::string> omit;                           // keys or tensors left out
   std::map<std::string, std::vector<int64_t>> reshape;  // tensor name -> ne written instead
   std::map<std::string, kernels::weight_type> types;    // tensor name -> type written instead
+  std::map<std::string, std::vector<float>> data;       // tensor name -> all its values instead
 
   struct tensor_spec {
     std::string name;
@@ -46,6 +48,17 @@ struct tiny_model {
   };
 
   int64_t head_dim() const { return key_length > 0 ? key_length : n_embd / n_head; }
+
+  // Element i of tensor `name`, the index-th tensor written.
+  float value(const std::string& name, size_t index, int64_t i) const {
+    if (auto it = data.find(name); it != data.end()) {
+      REQUIRE_MESSAGE(static_cast<size_t>(i) < it->second.size(), "tiny_model::data['" << name << "'] is too short");
+      return it->second[static_cast<size_t>(i)];
+    }
+    // Divisors in [1, 1.875], multiples of 1/8 (exact in F16 and BF16).
+    if (name == "rope_freqs.weight") return 1.0f + static_cast<float>((i + static_cast<int64_t>(index)) % 8) * 0.125f;
+    return tiny_value(index, i);
+  }
 
   // The tensors written, in file order, with omit, reshape and types applied.
   std::vector<tensor_spec> tensors() const {
@@ -114,7 +127,7 @@ struct tiny_model {
       using kernels::weight_type;
       if (t == weight_type::f32 || t == weight_type::f16 || t == weight_type::bf16 || t == weight_type::q8_0) {
         std::vector<float> v(static_cast<size_t>(n));
-        for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = tiny_value(index, i);
+        for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = value(name, index, i);
         kernels::cpu::quantize_row(t, v.data(), data.data(), n);
       }
       w.add_tensor(name, ne, t, std::move(data));
@@ -133,7 +146,7 @@ struct tiny_model {
     int64_t n = 1;
     for (auto d : specs[index].ne) n *= d;
     std::vector<float> v(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = tiny_value(index, i);
+    for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = value(name, index, i);
     return v;
   }
 };

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <stdexcept>
 #include <random>
 #include <set>
 #include <vector>
@@ -41,6 +43,16 @@ std::vector<float> random_logits(std::mt19937& rng, int n, float sd) {
 
 int32_t draw(sampler& s, std::vector<float> logits, const std::vector<int32_t>& history = {}) {
   return s.sample(logits, history);  // by value: sample may modify the logits
+}
+
+constexpr float k_nan = std::numeric_limits<float>::quiet_NaN();
+constexpr float k_inf = std::numeric_limits<float>::infinity();
+
+// The ids drawn over `draws` calls.
+std::set<int32_t> ids_drawn(sampler& s, const std::vector<float>& logits, int draws) {
+  std::set<int32_t> seen;
+  for (int i = 0; i < draws; ++i) seen.insert(draw(s, logits));
+  return seen;
 }
 
 }  // namespace
@@ -205,5 +217,126 @@ TEST_SUITE("sampler") {
       const double sd = std::sqrt(p * (1 - p) / draws);
       CHECK(std::fabs(double(count2[size_t(i)]) / draws - p) <= 5 * sd + 1e-3);
     }
+  }
+
+  TEST_CASE("NaN logits are never picked") {
+    // NaNs spread among finite logits, at every position the sort could put them.
+    std::vector<float> l(64);
+    for (size_t i = 0; i < l.size(); ++i) l[i] = i % 3 == 0 ? k_nan : float(i % 7) * 0.1f;
+    SUBCASE("greedy") {
+      sampler g(greedy_params());
+      CHECK(draw(g, {k_nan, 1.0f, k_nan, 0.5f}) == 1);
+      CHECK(draw(g, {k_nan, -3.0f}) == 1);
+      const int32_t t = draw(g, l);
+      CHECK(t % 3 != 0);
+      CHECK(l[size_t(t)] == doctest::Approx(0.6f));
+    }
+    SUBCASE("sampling, with and without filters") {
+      sampling_params defaults;  // top-k, top-p and min-p on
+      defaults.temperature = 5.0f;
+      for (const sampling_params& p : {plain_params(5.0f, 21), defaults}) {
+        sampler s(p);
+        for (int32_t t : ids_drawn(s, l, 2000)) CHECK(t % 3 != 0);
+      }
+    }
+    SUBCASE("the penalty does not revive a NaN") {
+      sampling_params p = greedy_params();
+      p.repeat_penalty = 2.0f;
+      sampler g(p);
+      CHECK(draw(g, {k_nan, -1.0f}, {0}) == 1);
+    }
+  }
+
+  TEST_CASE("+inf logits win: the first for greedy, uniform among them when sampling") {
+    const std::vector<float> l = {1.0f, k_inf, 3.0f, k_inf, k_nan, k_inf};
+    sampler g(greedy_params());
+    CHECK(draw(g, l) == 1);
+
+    sampler s(plain_params(1.0f, 22));
+    std::vector<int> count(l.size(), 0);
+    const int draws = 3000;
+    for (int i = 0; i < draws; ++i) ++count[size_t(draw(s, l))];
+    CHECK(count[0] + count[2] + count[4] == 0);
+    for (size_t id : {1, 3, 5}) {
+      CAPTURE(id);
+      CHECK(std::abs(count[id] / double(draws) - 1.0 / 3) < 0.05);  // ~6 standard deviations
+    }
+
+    sampling_params k2 = plain_params(1.0f, 23);
+    k2.top_k = 2;  // keeps the two lowest +inf ids, as the tie rule does for equal logits
+    sampler s2(k2);
+    CHECK(ids_drawn(s2, l, 1000) == std::set<int32_t>{1, 3});
+    k2.top_k = 1;
+    sampler s1(k2);
+    CHECK(ids_drawn(s1, l, 200) == std::set<int32_t>{1});
+  }
+
+  TEST_CASE("-inf logits are never picked; all -inf or NaN gives token 0") {
+    sampler g(greedy_params());
+    sampler s(plain_params(1.0f, 24));
+    sampling_params defaults;
+    sampler d(defaults);
+    for (sampler* x : {&g, &s, &d}) {
+      CHECK(draw(*x, {-k_inf, -k_inf, -k_inf}) == 0);
+      CHECK(draw(*x, {k_nan, -k_inf, k_nan}) == 0);
+      CHECK(draw(*x, {k_nan}) == 0);
+      CHECK(ids_drawn(*x, {-k_inf, -k_inf, -40.0f, -k_inf}, 200) == std::set<int32_t>{2});
+    }
+    // Lowest id among the highest finite values, for greedy.
+    CHECK(draw(g, {-k_inf, 2.0f, k_nan, 2.0f}) == 1);
+  }
+
+  TEST_CASE("tokens whose weight underflows at low temperature are never picked") {
+    // At temperature 1e-3 exp(-10 / 1e-3) is 0 in double: only id 1 has any weight.
+    sampler s(plain_params(1e-3f, 25));
+    CHECK(ids_drawn(s, {-10.0f, 0.0f, -20.0f, -k_inf}, 500) == std::set<int32_t>{1});
+  }
+
+  TEST_CASE("empty logits are rejected") {
+    sampler g(greedy_params());
+    sampler s(plain_params(1.0f, 26));
+    std::vector<float> none;
+    CHECK_THROWS_AS(g.sample(none, {}), std::invalid_argument);
+    CHECK_THROWS_AS(s.sample(none, {}), std::invalid_argument);
+  }
+
+  TEST_CASE("the constructor rejects out-of-range parameters, naming the field") {
+    auto rejects = [](const char* field, auto set) {
+      sampling_params p;
+      set(p);
+      CHECK_THROWS_WITH_AS(sampler{p}, doctest::Contains((std::string("sampling_params.") + field + " ").c_str()), std::invalid_argument);
+    };
+    for (float v : {0.0f, -1.0f, k_nan, k_inf}) {
+      CAPTURE(v);
+      rejects("repeat_penalty", [v](sampling_params& p) { p.repeat_penalty = v; });
+    }
+    for (float v : {-0.1f, k_nan, k_inf}) {
+      CAPTURE(v);
+      rejects("temperature", [v](sampling_params& p) { p.temperature = v; });
+    }
+    for (float v : {-0.1f, 1.01f, k_nan}) {
+      CAPTURE(v);
+      rejects("top_p", [v](sampling_params& p) { p.top_p = v; });
+      rejects("min_p", [v](sampling_params& p) { p.min_p = v; });
+    }
+    rejects("repeat_last_n", [](sampling_params& p) { p.repeat_last_n = -2; });
+
+    // The edges of every range are accepted; a negative top_k just disables top-k.
+    sampling_params edge;
+    edge.temperature = 0.0f;
+    edge.top_p = 0.0f;
+    edge.min_p = 1.0f;
+    edge.repeat_penalty = 1e-6f;
+    edge.repeat_last_n = -1;
+    edge.top_k = -5;
+    CHECK_NOTHROW(sampler{edge});
+    edge.top_p = 1.0f;
+    edge.min_p = 0.0f;
+    edge.repeat_penalty = 10.0f;
+    CHECK_NOTHROW(sampler{edge});
+    sampling_params no_top_k = plain_params(1.0f, 27);
+    no_top_k.top_k = -1;
+    sampler s(no_top_k);
+    CHECK(ids_drawn(s, {0.0f, 0.0f, 0.0f}, 300) == std::set<int32_t>{0, 1, 2});
   }
 }
