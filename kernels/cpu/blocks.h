@@ -91,6 +91,15 @@ static_assert(sizeof(block_q5_k) == 176 && alignof(block_q5_k) == 1);
 static_assert(sizeof(block_q6_k) == 210 && alignof(block_q6_k) == 1);
 static_assert(sizeof(block_q8_k) == 292);
 
+// The four signed 6-bit codes of a Q6_K half-block at lane l (0..31): elements l, l+32, l+64
+// and l+96 of the half whose ql/qh start at the given pointers (ql += 64, qh += 32 per half).
+static inline void unpack_q6_k_codes(const uint8_t* ql, const uint8_t* qh, int l, int q[4]) {
+  q[0] = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+  q[1] = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+  q[2] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+  q[3] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+}
+
 // The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K block.
 static inline void unpack_k_scale(const uint8_t* scales, int j, uint8_t& sc, uint8_t& m) {
   if (j < 4) {

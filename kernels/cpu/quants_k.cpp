@@ -276,14 +276,9 @@ void dequantize_q6_k(const void* src, float* y, int64_t n) {
       const int8_t* sc = b[i].scales + 8 * h;
       for (int l = 0; l < 32; ++l) {
         const int is = l / 16;
-        const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-        const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-        y[l] = d * static_cast<float>(sc[is + 0]) * static_cast<float>(q1);
-        y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
-        y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
-        y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
+        int q[4];
+        unpack_q6_k_codes(ql, qh, l, q);
+        for (int k = 0; k < 4; ++k) y[l + 32 * k] = d * static_cast<float>(sc[is + 2 * k]) * static_cast<float>(q[k]);
       }
     }
   }

@@ -77,14 +77,9 @@ void vec_dot_q6_k_scalar(int64_t n, const void* w, const void* act, size_t act_s
         int part[8] = {};  // per 16-element sub-block of this half
         for (int l = 0; l < 32; ++l) {
           const int is = l / 16;
-          const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-          const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-          const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-          const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-          part[is + 0] += q1 * q8[l];
-          part[is + 2] += q2 * q8[l + 32];
-          part[is + 4] += q3 * q8[l + 64];
-          part[is + 6] += q4 * q8[l + 96];
+          int q[4];
+          unpack_q6_k_codes(ql, qh, l, q);
+          for (int k = 0; k < 4; ++k) part[is + 2 * k] += q[k] * q8[l + 32 * k];
         }
         for (int s = 0; s < 8; ++s) isum += sc[s] * part[s];
       }
