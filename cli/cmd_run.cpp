@@ -28,6 +28,7 @@ struct run_args {
   std::string chat;
   std::string system;
   std::string chat_template;
+  bool default_system = false;
   int64_t n_predict = 128;
   int64_t n_ctx = 0;
   int threads = 0;
@@ -40,15 +41,20 @@ struct run_args {
 // The prompt token ids for a plain prompt or a chat message rendered with the model's template.
 std::vector<int32_t> build_prompt(const run_args& a, const models::model& m, const models::tokenizer& tok) {
   if (a.chat.empty()) return tok.encode(a.prompt, tok.add_bos(), /*parse_special=*/true);
-  // The model's own template (with the default system prompt it injects), unless a family
-  // is named on the command line.
+  // The model's own template family, unless one is named on the command line. Like llama.cpp's
+  // built-in templates (llama-cli, llama_chat_apply_template), the default system prompt a
+  // Jinja template would inject is left out unless asked for: SmolLM2's ("You are a helpful
+  // AI assistant named SmolLM…") makes the 135M model answer factual questions in French
+  // verse, while without it the same model answers them plainly.
   auto tmpl = models::chat_template_from_jinja(m.file().get_string("tokenizer.chat_template").value_or(""));
   if (!a.chat_template.empty()) {
     const auto k = models::parse_chat_template_name(a.chat_template);
     if (!k) throw std::runtime_error("unknown chat template '" + a.chat_template + "'");
     if (*k != tmpl.kind) tmpl = {*k, std::string(models::family_default_system_prompt(*k))};
   }
-  spdlog::info("chat template: {}", models::chat_template_name(tmpl.kind));
+  if (!a.default_system) tmpl.default_system.clear();
+  spdlog::info("chat template: {}{}", models::chat_template_name(tmpl.kind),
+               tmpl.default_system.empty() ? "" : " (with the template's default system prompt)");
   std::vector<models::chat_message> msgs;
   if (!a.system.empty()) msgs.push_back({"system", a.system});
   msgs.push_back({"user", a.chat});
@@ -103,6 +109,8 @@ void add_run_command(CLI::App& root) {
   cmd->add_option("-p,--prompt", a->prompt, "prompt text (continued as is)");
   cmd->add_option("--chat", a->chat, "a user message, wrapped in the model's chat template; stops at end of turn");
   cmd->add_option("--system", a->system, "system message for --chat");
+  cmd->add_flag("--default-system", a->default_system,
+                "without --system, use the default system prompt the model's template injects (as Jinja rendering does)");
   cmd->add_option("--chat-template", a->chat_template,
                   "template family instead of the detected one: chatml, llama2, llama3, mistral, gemma, phi3, deepseek, zephyr, plain");
   cmd->add_option("-n,--n-predict", a->n_predict, "tokens to generate (-1: until end of generation or context full)")

@@ -84,10 +84,28 @@ TEST_SUITE("smollm_run") {
 
   TEST_CASE("--chat renders the model's template, answers, and stops at end of turn") {
     test::require_smollm();
-    const auto r = test::run_tandem("run -m '" + test::smollm_path().string() +
-                                    "' --chat 'What is the capital of France?' --system 'You are a helpful assistant.' -n 64 --temp 0");
-    REQUIRE(r.exit_code == 0);
-    CHECK(r.out == "The capital of France is Paris.\n");
-    CHECK(r.err.find("generated: 7 tokens") != std::string::npos);  // <|im_end|> ended the turn
+    SUBCASE("no system message: the template's default system prompt is not injected") {
+      const auto r = test::run_tandem("run -m '" + test::smollm_path().string() +
+                                      "' --chat 'What is the capital of France?' -n 32 --temp 0");
+      REQUIRE(r.exit_code == 0);
+      CHECK(r.out == "The capital of France is Paris.\n");
+      CHECK(r.err.find("generated: 7 tokens") != std::string::npos);  // <|im_end|> ended the turn
+    }
+    SUBCASE("explicit system message") {
+      const auto r = test::run_tandem("run -m '" + test::smollm_path().string() +
+                                      "' --chat 'What is the capital of France?' --system 'You are a helpful assistant.' -n 64 --temp 0");
+      REQUIRE(r.exit_code == 0);
+      CHECK(r.out == "The capital of France is Paris.\n");
+    }
+    SUBCASE("--default-system renders SmolLM2's own system prompt, as llama.cpp's Jinja path does") {
+      // smollm2-chat.json is llama.cpp's greedy answer to the Jinja-rendered prompt; its first
+      // tokens are well clear of near-ties, so the start of the answer must be the same.
+      const auto ref = fixture("smollm2-chat.json");
+      const auto r = test::run_tandem("run -m '" + test::smollm_path().string() +
+                                      "' --chat 'What is the capital of France?' --default-system -n 6 --temp 0");
+      REQUIRE(r.exit_code == 0);
+      REQUIRE(r.out.size() > 1);
+      CHECK(ref["generated_text"].get<std::string>().rfind(r.out.substr(0, r.out.size() - 1), 0) == 0);
+    }
   }
 }
