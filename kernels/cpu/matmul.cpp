@@ -1,7 +1,6 @@
 #include "kernels/cpu/matmul.h"
 
 #include <algorithm>
-#include <atomic>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -22,14 +21,6 @@ constexpr int64_t k_min_chunk_convert = 16 * 1024;
 constexpr int64_t k_tile_weight_bytes = 32 * 1024;
 constexpr int64_t k_max_tile_rows = 64;
 
-bool cpu_has_avx2() {
-  static const bool ok =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-  return ok;
-}
-
-std::atomic<isa> g_isa{isa::best};
-
 // range_fn refers to the caller's lambda without copying it, so no call allocates here.
 void run(thread_pool* pool, int64_t n, int64_t grain, range_fn body) {
   if (pool)
@@ -39,30 +30,6 @@ void run(thread_pool* pool, int64_t n, int64_t grain, range_fn body) {
 }
 
 }  // namespace
-
-bool isa_supported(isa which) { return which != isa::avx2 || cpu_has_avx2(); }
-
-void set_isa(isa which) {
-  if (!isa_supported(which))
-    throw std::invalid_argument(std::string("set_isa: this CPU cannot run the ") + isa_name(which) +
-                                " path (needs AVX2, FMA and F16C)");
-  g_isa.store(which, std::memory_order_relaxed);
-}
-
-isa active_isa() {
-  const isa which = g_isa.load(std::memory_order_relaxed);
-  if (which != isa::best) return which;
-  return cpu_has_avx2() ? isa::avx2 : isa::scalar;
-}
-
-const char* isa_name(isa which) {
-  switch (which) {
-    case isa::scalar: return "scalar";
-    case isa::avx2: return "avx2";
-    case isa::best: return "best";
-  }
-  return "unknown";
-}
 
 void matmul(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
             thread_pool* pool) {
@@ -79,7 +46,7 @@ void matmul(weight_type wt, const void* w, int64_t rows, int64_t cols, const flo
     std::fill(y, y + rows * n_x, 0.0f);
     return;
   }
-  const vec_dot_fn dot = active_isa() == isa::avx2 ? kernel.avx2 : kernel.scalar;
+  const dot_fn dot = select_dot(kernel, active_isa());
   const auto w_row = static_cast<size_t>(row_bytes(wt, cols));
   const auto a_row = static_cast<size_t>(row_bytes(kernel.act, cols));
   const auto* wb = static_cast<const uint8_t*>(w);
@@ -97,24 +64,35 @@ void matmul(weight_type wt, const void* w, int64_t rows, int64_t cols, const flo
     act = dst;
   }
 
+  // Work is split over groups of k_max_weight_rows output rows, the unit of one kernel call.
+  const int64_t groups = (rows + k_max_weight_rows - 1) / k_max_weight_rows;
+  auto group_rows = [rows](int64_t o) { return static_cast<int>(std::min<int64_t>(k_max_weight_rows, rows - o)); };
+
   if (n_x == 1) {
-    // Decode: one activation row, split over output rows.
-    run(pool, rows, std::max<int64_t>(1, k_min_chunk_work / cols), [&](int64_t b, int64_t e) {
-      for (int64_t o = b; o < e; ++o) dot(cols, wb + o * w_row, act, a_row, 1, y + o, rows);
+    // Decode: one activation row, the weights streamed once.
+    run(pool, groups, std::max<int64_t>(1, k_min_chunk_work / (cols * k_max_weight_rows)), [&](int64_t b, int64_t e) {
+      for (int64_t g = b; g < e; ++g) {
+        const int64_t o = g * k_max_weight_rows;
+        dot(cols, wb + o * w_row, w_row, group_rows(o), act, a_row, 1, y + o, rows);
+      }
     });
     return;
   }
 
   // Prefill: each chunk of output rows is walked in tiles small enough to stay in cache;
   // every group of k_max_act_rows activation rows passes over the whole tile, and each
-  // kernel call decodes a weight row's blocks once for the whole group.
-  const int64_t tile = std::clamp<int64_t>(k_tile_weight_bytes / static_cast<int64_t>(w_row), 1, k_max_tile_rows);
-  run(pool, rows, std::max<int64_t>(1, k_min_chunk_work / (cols * n_x)), [&](int64_t b, int64_t e) {
-    for (int64_t o0 = b; o0 < e; o0 += tile) {
-      const int64_t o1 = std::min(e, o0 + tile);
+  // kernel call decodes a group of weight rows' blocks once for the whole group.
+  const int64_t tile_groups = std::clamp<int64_t>(k_tile_weight_bytes / static_cast<int64_t>(w_row * k_max_weight_rows), 1,
+                                                  k_max_tile_rows / k_max_weight_rows);
+  run(pool, groups, std::max<int64_t>(1, k_min_chunk_work / (cols * n_x * k_max_weight_rows)), [&](int64_t b, int64_t e) {
+    for (int64_t g0 = b; g0 < e; g0 += tile_groups) {
+      const int64_t g1 = std::min(e, g0 + tile_groups);
       for (int64_t r0 = 0; r0 < n_x; r0 += k_max_act_rows) {
         const int nr = static_cast<int>(std::min<int64_t>(k_max_act_rows, n_x - r0));
-        for (int64_t o = o0; o < o1; ++o) dot(cols, wb + o * w_row, act + r0 * a_row, a_row, nr, y + r0 * rows + o, rows);
+        for (int64_t g = g0; g < g1; ++g) {
+          const int64_t o = g * k_max_weight_rows;
+          dot(cols, wb + o * w_row, w_row, group_rows(o), act + r0 * a_row, a_row, nr, y + r0 * rows + o, rows);
+        }
       }
     }
   });

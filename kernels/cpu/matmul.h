@@ -3,21 +3,11 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/weight_type.h"
 
 namespace tandem::kernels::cpu {
-
-// Instruction-set paths. `best` picks the widest the CPU supports at run time.
-enum class isa { scalar, avx2, best };
-// Whether this CPU can run the path (scalar and best: always; avx2: AVX2 + FMA + F16C).
-bool isa_supported(isa which);
-// Forces a path for every later matmul in the process (tests compare avx2 against scalar);
-// `best` restores the automatic choice. Throws std::invalid_argument for an unsupported path.
-void set_isa(isa which);
-// The path matmul takes now: scalar or avx2, never best.
-isa active_isa();
-const char* isa_name(isa which);
 
 // y[r * rows + o] = sum_i W[o, i] * x[r * cols + i]   for r < n_x, o < rows.
 // W: `rows` rows of `cols` elements of type `wt`, each row row_bytes(wt, cols) bytes,

@@ -75,8 +75,9 @@ struct isa_guard {
 bool has_offset(weight_type t) { return t == weight_type::q4_1 || t == weight_type::q5_1; }
 
 std::vector<int64_t> cols_for(weight_type t) {
-  if (info(t).block_elems == 256) return {256, 512, 2816};
-  return {64, 256, 512, 2816};
+  if (info(t).block_elems == 256) return {256, 768, 2816};
+  if (info(t).block_elems == 1) return {37, 64, 512, 2816};
+  return {64, 96, 256, 2816};
 }
 
 // Worst-case error of one activation element after conversion to `act` (see act_quant.h):
@@ -103,8 +104,11 @@ TEST_SUITE("matmul") {
     CHECK(std::string(isa_name(isa::scalar)) == "scalar");
     CHECK(std::string(isa_name(isa::avx2)) == "avx2");
     CHECK(std::string(isa_name(isa::best)) == "best");
+    CHECK(std::string(isa_name(isa::avx512)) == "avx512");
     set_isa(isa::best);
-    CHECK(active_isa() == (isa_supported(isa::avx2) ? isa::avx2 : isa::scalar));
+    CHECK(active_isa() == (isa_supported(isa::avx512) ? isa::avx512 : isa_supported(isa::avx2) ? isa::avx2 : isa::scalar));
+    if (isa_supported(isa::avx512)) CHECK(isa_supported(isa::avx2));
+    if (!isa_supported(isa::avx512)) CHECK_THROWS_WITH_AS(set_isa(isa::avx512), doctest::Contains("VNNI"), std::invalid_argument);
     set_isa(isa::scalar);
     CHECK(active_isa() == isa::scalar);
     if (isa_supported(isa::avx2)) {
@@ -115,11 +119,13 @@ TEST_SUITE("matmul") {
     }
   }
 
-  TEST_CASE("avx2 matmul equals scalar matmul") {
+  TEST_CASE("every SIMD matmul path equals scalar matmul") {
     if (!isa_supported(isa::avx2)) {
       MESSAGE("skipped: this CPU lacks AVX2/FMA/F16C");
       return;
     }
+    std::vector<isa> paths{isa::avx2};
+    if (isa_supported(isa::avx512)) paths.push_back(isa::avx512);
     isa_guard guard;
     // Both paths sum the same integers per block and differ only in float accumulation
     // order: |avx2 - scalar| <= 1e-5 * sum_i |w_i * a_i| over the converted activations a
@@ -127,17 +133,19 @@ TEST_SUITE("matmul") {
     uint32_t seed = 1;
     for (const auto t : tandem::test::computable_types()) {
       const weight_type act = activation_type(t);
-      for (const int64_t rows : {1, 5, 67}) {
+      for (const int64_t rows : {1, 5, 67, 130}) {
         for (const int64_t cols : cols_for(t)) {
           const auto p = make_problem(t, rows, cols, ++seed);
           for (const int64_t n_x : {1, 3, 8}) {
+           for (const isa path : paths) {
             CAPTURE(display_name(t));
+            CAPTURE(isa_name(path));
             CAPTURE(rows);
             CAPTURE(cols);
             CAPTURE(n_x);
             set_isa(isa::scalar);
             const auto ys = run(p, n_x, nullptr);
-            set_isa(isa::avx2);
+            set_isa(path);
             const auto yv = run(p, n_x, nullptr);
             std::vector<uint8_t> aq(static_cast<size_t>(row_bytes(act, cols)));
             std::vector<float> ad(static_cast<size_t>(cols));
@@ -163,6 +171,7 @@ TEST_SUITE("matmul") {
                 REQUIRE(std::fabs(static_cast<double>(yv[k]) - ys[k]) <= 1e-5 * mag);
               }
             }
+           }
           }
         }
       }

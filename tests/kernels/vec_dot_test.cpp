@@ -18,13 +18,15 @@ using namespace tandem::kernels::cpu;
 
 namespace {
 
-// One weight row and k_max_act_rows activation rows, with the exact dequantized values the
-// kernels see and the yardsticks to judge them by.
+// k_max_weight_rows weight rows and k_max_act_rows activation rows, with the exact
+// dequantized values the kernels see and the yardsticks to judge them by (per pair o, r at
+// index r * k_max_weight_rows + o).
 struct dot_case {
   weight_type wt;
   weight_type act;
   int64_t n;
-  std::vector<uint8_t> w;  // quantized weight row
+  std::vector<uint8_t> w;  // k_max_weight_rows quantized weight rows
+  size_t w_row;
   std::vector<uint8_t> a;  // k_max_act_rows converted activation rows
   size_t a_row;
   std::vector<double> expected;   // sum of dequantized weight * dequantized activation, in double
@@ -35,10 +37,11 @@ struct dot_case {
 bool has_offset(weight_type t) { return t == weight_type::q4_1 || t == weight_type::q5_1; }
 
 dot_case make_case(weight_type wt, int64_t n, uint32_t seed) {
-  dot_case c{wt, activation_type(wt), n, {}, {}, 0, {}, {}, {}};
-  const auto wf = tandem::test::gaussian(static_cast<size_t>(n), seed, 0.05f, 0.01f);
-  c.w = tandem::test::quantize_matrix(wt, wf, 1, n);
-  const auto wd = tandem::test::dequantize_matrix(wt, c.w, 1, n);
+  dot_case c{wt, activation_type(wt), n, {}, 0, {}, 0, {}, {}, {}};
+  const auto wf = tandem::test::gaussian(static_cast<size_t>(n * k_max_weight_rows), seed, 0.05f, 0.01f);
+  c.w = tandem::test::quantize_matrix(wt, wf, k_max_weight_rows, n);
+  c.w_row = static_cast<size_t>(row_bytes(wt, n));
+  const auto wd = tandem::test::dequantize_matrix(wt, c.w, k_max_weight_rows, n);
   c.a_row = static_cast<size_t>(row_bytes(c.act, n));
   c.a.resize(c.a_row * k_max_act_rows);
   for (int r = 0; r < k_max_act_rows; ++r) {
@@ -47,42 +50,62 @@ dot_case make_case(weight_type wt, int64_t n, uint32_t seed) {
     quantize_activation_row(c.act, xf.data(), ar, n);
     std::vector<float> ad(static_cast<size_t>(n));
     dequantize_activation_row(c.act, ar, ad.data(), n);
-    double sum = 0, mag = 0, slack = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      sum += static_cast<double>(wd[static_cast<size_t>(i)]) * ad[static_cast<size_t>(i)];
-      mag += std::fabs(static_cast<double>(wd[static_cast<size_t>(i)]) * ad[static_cast<size_t>(i)]);
-    }
-    if (has_offset(wt)) {
-      // The kernel uses m * s with s = fp16(d * sum(q)); the dequantized sum uses m * d * sum(q).
-      const size_t wb = wt == weight_type::q4_1 ? sizeof(block_q4_1) : sizeof(block_q5_1);
-      for (int64_t b = 0; b < n / 32; ++b) {
-        half_bytes m;
-        std::memcpy(m, c.w.data() + static_cast<size_t>(b) * wb + 2, 2);  // m follows d in both
-        const auto* y = reinterpret_cast<const block_q8_1*>(ar) + b;
-        int q = 0;
-        for (int j = 0; j < 32; ++j) q += y->qs[j];
-        const double mf = fp16_to_fp32(load_half(m)), s = fp16_to_fp32(load_half(y->s));
-        slack += std::fabs(mf) * std::fabs(s - static_cast<double>(fp16_to_fp32(load_half(y->d))) * q);
-        mag += std::fabs(mf * s);
+    for (int o = 0; o < k_max_weight_rows; ++o) {
+      const float* wo = wd.data() + static_cast<size_t>(o * n);
+      double sum = 0, mag = 0, slack = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        sum += static_cast<double>(wo[i]) * ad[static_cast<size_t>(i)];
+        mag += std::fabs(static_cast<double>(wo[i]) * ad[static_cast<size_t>(i)]);
       }
+      if (has_offset(wt)) {
+        // The kernel uses m * s with s = fp16(d * sum(q)); the dequantized sum uses m * d * sum(q).
+        const size_t wb = wt == weight_type::q4_1 ? sizeof(block_q4_1) : sizeof(block_q5_1);
+        for (int64_t b = 0; b < n / 32; ++b) {
+          half_bytes m;
+          std::memcpy(m, c.w.data() + c.w_row * static_cast<size_t>(o) + static_cast<size_t>(b) * wb + 2, 2);  // m follows d
+          const auto* y = reinterpret_cast<const block_q8_1*>(ar) + b;
+          int q = 0;
+          for (int j = 0; j < 32; ++j) q += y->qs[j];
+          const double mf = fp16_to_fp32(load_half(m)), s = fp16_to_fp32(load_half(y->s));
+          slack += std::fabs(mf) * std::fabs(s - static_cast<double>(fp16_to_fp32(load_half(y->d))) * q);
+          mag += std::fabs(mf * s);
+        }
+      }
+      c.expected.push_back(sum);
+      c.magnitude.push_back(mag);
+      c.s_slack.push_back(slack);
     }
-    c.expected.push_back(sum);
-    c.magnitude.push_back(mag);
-    c.s_slack.push_back(slack);
   }
   return c;
 }
 
-std::vector<float> run(const dot_case& c, vec_dot_fn fn, int n_act) {
-  std::vector<float> out(static_cast<size_t>(n_act) * 3, -1.0f);
-  fn(c.n, c.w.data(), c.a.data(), c.a_row, n_act, out.data(), 3);  // stride 3: rows interleave
+// Output stride: one more than the tile width, so the untouched gap column shows overruns.
+constexpr int64_t k_out_stride = k_max_weight_rows + 1;
+
+std::vector<float> run(const dot_case& c, dot_fn fn, int n_w, int n_act) {
+  std::vector<float> out(static_cast<size_t>(k_max_act_rows * k_out_stride), -1.0f);
+  fn(c.n, c.w.data(), c.w_row, n_w, c.a.data(), c.a_row, n_act, out.data(), k_out_stride);
   return out;
 }
 
+float at(const std::vector<float>& out, int o, int r) { return out[static_cast<size_t>(r * k_out_stride + o)]; }
+size_t pair(int o, int r) { return static_cast<size_t>(r * k_max_weight_rows + o); }
+
+// Row lengths per type: one block, odd block counts (paths that take two blocks per register
+// must handle the last one alone), and a real FFN width. F32/F16/BF16 also get lengths that
+// are not a multiple of any SIMD width.
 std::vector<int64_t> lengths_for(weight_type t) {
-  if (info(t).block_elems == 256) return {256, 512, 2816};
-  if (info(t).block_elems == 1) return {37, 64, 256, 2816};  // 37: the SIMD tail path
-  return {32, 64, 256, 2816};
+  if (info(t).block_elems == 256) return {256, 512, 768, 2816};
+  if (info(t).block_elems == 1) return {1, 7, 37, 64, 100, 256, 2816};
+  return {32, 64, 96, 160, 256, 2816};
+}
+
+// The SIMD paths this CPU can run, with the kernel each selects for t.
+std::vector<std::pair<isa, dot_fn>> simd_paths(weight_type t) {
+  std::vector<std::pair<isa, dot_fn>> out;
+  for (const isa p : {isa::avx2, isa::avx512})
+    if (isa_supported(p)) out.emplace_back(p, select_dot(find_dot_kernel(t), p));
+  return out;
 }
 
 }  // namespace
@@ -95,6 +118,9 @@ TEST_SUITE("vec_dot") {
       CHECK(k.act == activation_type(t));
       CHECK(static_cast<bool>(k.scalar));
       CHECK(static_cast<bool>(k.avx2));
+      CHECK((select_dot(k, isa::scalar) == k.scalar));
+      CHECK((select_dot(k, isa::avx2) == k.avx2));
+      CHECK(static_cast<bool>(select_dot(k, isa::avx512)));
     }
     CHECK_THROWS_WITH_AS(find_dot_kernel(weight_type::q2_k), doctest::Contains("supported: F32"),
                          std::invalid_argument);
@@ -126,60 +152,76 @@ TEST_SUITE("vec_dot") {
         CAPTURE(display_name(t));
         CAPTURE(n);
         const auto c = make_case(t, n, ++seed);
-        const auto out = run(c, find_dot_kernel(t).scalar, k_max_act_rows);
-        for (int r = 0; r < k_max_act_rows; ++r) {
-          CAPTURE(r);
-          const double got = out[static_cast<size_t>(r) * 3];
-          CHECK(std::fabs(got - c.expected[r]) <= 1e-5 * c.magnitude[r] + c.s_slack[r] * 1.001);
-        }
+        const auto out = run(c, find_dot_kernel(t).scalar, k_max_weight_rows, k_max_act_rows);
+        for (int r = 0; r < k_max_act_rows; ++r)
+          for (int o = 0; o < k_max_weight_rows; ++o) {
+            CAPTURE(r);
+            CAPTURE(o);
+            CHECK(std::fabs(at(out, o, r) - c.expected[pair(o, r)]) <= 1e-5 * c.magnitude[pair(o, r)] + c.s_slack[pair(o, r)] * 1.001);
+          }
       }
     }
   }
 
-  TEST_CASE("avx2 dot equals scalar dot") {
-    if (!isa_supported(isa::avx2)) {
-      MESSAGE("skipped: this CPU lacks AVX2/FMA/F16C");
-      return;
-    }
-    // Both sum the same integers per block; only the float accumulation order differs, so
-    // they agree to 1e-5 of the sum of |terms|.
+  TEST_CASE("every SIMD path equals the scalar dot, for every tile shape") {
+    // All paths sum the same integers per block; only the float accumulation order differs
+    // (and, for BF16 on AVX-512 BF16, the products' accumulation inside vdpbf16ps), so they
+    // agree to 1e-5 of the sum of |terms|.
     uint32_t seed = 200;
     for (const auto t : tandem::test::computable_types()) {
+      const auto paths = simd_paths(t);
+      if (paths.empty()) {
+        MESSAGE("skipped: this CPU lacks AVX2/FMA/F16C");
+        return;
+      }
       for (const int64_t n : lengths_for(t)) {
         const auto c = make_case(t, n, ++seed);
         const dot_kernel& k = find_dot_kernel(t);
-        for (int n_act = 1; n_act <= k_max_act_rows; ++n_act) {
-          CAPTURE(display_name(t));
-          CAPTURE(n);
-          CAPTURE(n_act);
-          const auto s = run(c, k.scalar, n_act);
-          const auto v = run(c, k.avx2, n_act);
-          for (int r = 0; r < n_act; ++r) {
-            CAPTURE(r);
-            CHECK(std::fabs(static_cast<double>(v[static_cast<size_t>(r) * 3]) - s[static_cast<size_t>(r) * 3]) <=
-                  1e-5 * c.magnitude[r]);
-          }
-        }
+        for (const auto& [path, fn] : paths)
+          for (int n_w = 1; n_w <= k_max_weight_rows; ++n_w)
+            for (int n_act = 1; n_act <= k_max_act_rows; ++n_act) {
+              CAPTURE(display_name(t));
+              CAPTURE(isa_name(path));
+              CAPTURE(n);
+              CAPTURE(n_w);
+              CAPTURE(n_act);
+              const auto s = run(c, k.scalar, n_w, n_act);
+              const auto v = run(c, fn, n_w, n_act);
+              for (int r = 0; r < k_max_act_rows; ++r)
+                for (int o = 0; o < k_out_stride; ++o) {
+                  CAPTURE(r);
+                  CAPTURE(o);
+                  if (r >= n_act || o >= n_w) {
+                    REQUIRE(at(v, o, r) == -1.0f);  // outside the tile: untouched
+                    continue;
+                  }
+                  CHECK(std::fabs(static_cast<double>(at(v, o, r)) - at(s, o, r)) <= 1e-5 * c.magnitude[pair(o, r)]);
+                }
+            }
       }
     }
   }
 
-  TEST_CASE("a multi-row call equals single-row calls bit for bit") {
+  TEST_CASE("a tile equals single-pair calls bit for bit") {
+    // matmul splits rows into tiles by thread count and batch size; a result must not depend
+    // on which tile position computed it.
     uint32_t seed = 300;
     for (const auto t : tandem::test::computable_types()) {
       const auto c = make_case(t, 512, ++seed);
       const dot_kernel& k = find_dot_kernel(t);
-      for (const vec_dot_fn fn : {k.scalar, isa_supported(isa::avx2) ? k.avx2 : k.scalar}) {
+      std::vector<std::pair<isa, dot_fn>> paths{{isa::scalar, k.scalar}};
+      for (const auto& p : simd_paths(t)) paths.push_back(p);
+      for (const auto& [path, fn] : paths) {
         CAPTURE(display_name(t));
-        const auto all = run(c, fn, k_max_act_rows);
-        for (int r = 0; r < k_max_act_rows; ++r) {
-          float one = 0;
-          fn(c.n, c.w.data(), c.a.data() + c.a_row * static_cast<size_t>(r), c.a_row, 1, &one, 1);
-          CHECK(one == all[static_cast<size_t>(r) * 3]);
-        }
-        // Untouched gaps between the strided outputs.
-        CHECK(all[1] == -1.0f);
-        CHECK(all[2] == -1.0f);
+        CAPTURE(isa_name(path));
+        const auto all = run(c, fn, k_max_weight_rows, k_max_act_rows);
+        for (int r = 0; r < k_max_act_rows; ++r)
+          for (int o = 0; o < k_max_weight_rows; ++o) {
+            float one = 0;
+            fn(c.n, c.w.data() + c.w_row * static_cast<size_t>(o), c.w_row, 1, c.a.data() + c.a_row * static_cast<size_t>(r),
+               c.a_row, 1, &one, 1);
+            CHECK(one == at(all, o, r));
+          }
       }
     }
   }

@@ -1,0 +1,70 @@
+#include "kernels/cpu/isa.h"
+
+#include <atomic>
+#include <stdexcept>
+#include <string>
+
+namespace tandem::kernels::cpu {
+namespace {
+
+bool cpu_has_avx2() {
+  static const bool ok =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  return ok;
+}
+
+bool cpu_has_avx512() {
+  static const bool ok = cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                         __builtin_cpu_supports("avx512vnni");
+  return ok;
+}
+
+std::atomic<isa> g_isa{isa::best};
+
+const char* requirement(isa which) {
+  return which == isa::avx512 ? "AVX-512 F/BW/VL/DQ and VNNI" : "AVX2, FMA and F16C";
+}
+
+}  // namespace
+
+bool isa_supported(isa which) {
+  switch (which) {
+    case isa::avx2: return cpu_has_avx2();
+    case isa::avx512: return cpu_has_avx512();
+    case isa::scalar:
+    case isa::best: return true;
+  }
+  return false;
+}
+
+bool cpu_has_avx512_bf16() {
+  static const bool ok = cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+  return ok;
+}
+
+void set_isa(isa which) {
+  if (!isa_supported(which))
+    throw std::invalid_argument(std::string("set_isa: this CPU cannot run the ") + isa_name(which) + " path (needs " +
+                                requirement(which) + ")");
+  g_isa.store(which, std::memory_order_relaxed);
+}
+
+isa active_isa() {
+  const isa which = g_isa.load(std::memory_order_relaxed);
+  if (which != isa::best) return which;
+  if (cpu_has_avx512()) return isa::avx512;
+  return cpu_has_avx2() ? isa::avx2 : isa::scalar;
+}
+
+const char* isa_name(isa which) {
+  switch (which) {
+    case isa::scalar: return "scalar";
+    case isa::avx2: return "avx2";
+    case isa::avx512: return "avx512";
+    case isa::best: return "best";
+  }
+  return "unknown";
+}
+
+}  // namespace tandem::kernels::cpu

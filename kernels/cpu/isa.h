@@ -1,0 +1,25 @@
+// Which instruction-set path the CPU kernels take. Every op with SIMD paths dispatches on
+// active_isa() at call time; tests force a path to compare it against the scalar reference.
+#pragma once
+
+namespace tandem::kernels::cpu {
+
+// scalar: plain C++, the reference every other path is tested against.
+// avx2:   AVX2 + FMA + F16C.
+// avx512: AVX-512 F/BW/VL/DQ + VNNI (vpdpbusd) on top of avx2; BF16 dot products also use
+//         AVX-512 BF16 when the CPU has it (cpu_has_avx512_bf16), else their avx2 path.
+// best:   the widest path the CPU supports, chosen at run time.
+enum class isa { scalar, avx2, avx512, best };
+
+// Whether this CPU can run the path (scalar and best: always).
+bool isa_supported(isa which);
+// Forces a path for every later kernel call in the process; `best` restores the automatic
+// choice. Throws std::invalid_argument for a path the CPU cannot run.
+void set_isa(isa which);
+// The path kernels take now: scalar, avx2 or avx512, never best.
+isa active_isa();
+const char* isa_name(isa which);
+// AVX-512 BF16 (vdpbf16ps), used by the avx512 path for BF16 weights when present.
+bool cpu_has_avx512_bf16();
+
+}  // namespace tandem::kernels::cpu
