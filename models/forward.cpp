@@ -165,7 +165,8 @@ std::optional<uint64_t> address_space_free_bytes() {
 // Every allocation a context makes at construction, computed before any of it is made.
 struct context_sizes {
   int64_t n_ctx = 0;
-  int64_t rows = 0;  // scratch rows: max_batch clamped to [1, n_ctx]
+  int64_t n_seq = 1;
+  int64_t rows = 0;  // scratch rows: max_batch clamped to [1, n_ctx], at least n_seq
   uint64_t kv = 0, scratch = 0, logits = 0;
   uint64_t total() const { return kv + scratch + logits; }
 };
@@ -179,13 +180,21 @@ context_sizes size_context(const model_config& c, const context_params& p) {
   s.n_ctx = resolve_n_ctx(c, p);
   if (s.n_ctx < 1 || s.n_ctx > k_max_context)
     throw std::invalid_argument("context size " + std::to_string(s.n_ctx) + " is outside [1, " + std::to_string(k_max_context) + "]");
-  s.rows = std::clamp<int64_t>(p.max_batch, 1, s.n_ctx);
-  s.kv = kv_cache_bytes(c, s.n_ctx, p.kv);
+  if (p.n_seq < 1 || p.n_seq > k_max_sequences)
+    throw std::invalid_argument("sequence count " + std::to_string(p.n_seq) + " is outside [1, " + std::to_string(k_max_sequences) + "]");
+  s.n_seq = p.n_seq;
+  s.rows = std::max(std::clamp<int64_t>(p.max_batch, 1, s.n_ctx), s.n_seq);
+  // n_seq <= 2^8 and one sequence's cache < 2^56 bytes (kv_cache_bytes): products below are
+  // checked against that before multiplying.
+  const uint64_t one = kv_cache_bytes(c, s.n_ctx, p.kv);
+  if (one > (UINT64_MAX >> 9))
+    throw std::invalid_argument("a KV cache of " + std::to_string(s.n_ctx) + " positions is too large");
+  s.kv = one * static_cast<uint64_t>(s.n_seq);
   // Per row: x and xb [n_embd], q and attn [q_dim], k and v [kv_dim], ff_gate and ff_up [n_ff].
   // The config caps (q_dim <= 2^17, n_ff <= 2^18) and rows <= 2^24 keep this far from overflow.
   const auto per_row = static_cast<uint64_t>(2 * (c.n_embd + c.q_dim() + c.kv_dim() + c.n_ff));
   s.scratch = static_cast<uint64_t>(s.rows) * per_row * sizeof(float);
-  s.logits = static_cast<uint64_t>(c.n_vocab) * sizeof(float);
+  s.logits = static_cast<uint64_t>(c.n_vocab) * static_cast<uint64_t>(s.n_seq) * sizeof(float);
   return s;
 }
 
@@ -243,10 +252,14 @@ forward_context::forward_context(const model& m, const context_params& p, kernel
   // far more than the process can get: refuse that with a message instead of bad_alloc or the
   // OOM killer.
   if (const uint64_t usable = usable_memory_bytes(read_memory_limits()); usable > 0 && sizes.total() > usable)
-    throw std::runtime_error("a context of " + std::to_string(n_ctx_) + " tokens needs " + mib(sizes.total()) + " (KV cache " + mib(sizes.kv) +
+    throw std::runtime_error("a context of " + std::to_string(sizes.n_seq) + " x " + std::to_string(n_ctx_) + " tokens needs " + mib(sizes.total()) + " (KV cache " + mib(sizes.kv) +
                              ", scratch for " + std::to_string(sizes.rows) + " rows " + mib(sizes.scratch) + ", logits " + mib(sizes.logits) +
                              "), more than the " + mib(usable) + " of memory this process can get; use a smaller context size");
   kv_layer_bytes_ = static_cast<size_t>(n_ctx_ * c.kv_dim()) * kv_elem_bytes(kv_type_);
+  n_layer_ = c.n_layer;
+  pos_.assign(static_cast<size_t>(sizes.n_seq), 0);
+  row_seq_.resize(static_cast<size_t>(max_batch_));
+  row_pos_.resize(static_cast<size_t>(max_batch_));
   // new T[n] without () leaves the bytes uninitialised: the OS commits pages as they are written.
   kv_.reset(new std::byte[sizes.kv]);
   // Scratch: one uninitialised block carved up like the cache, so a context sized for long
@@ -268,38 +281,81 @@ forward_context::forward_context(const model& m, const context_params& p, kernel
   attn_ = carve(c.q_dim());
   ff_gate_ = carve(c.n_ff);
   ff_up_ = carve(c.n_ff);
-  logits_.resize(static_cast<size_t>(n_vocab_));
+  logits_.resize(static_cast<size_t>(n_vocab_ * sizes.n_seq));
 }
 
-void forward_context::truncate(int64_t pos) {
-  if (pos < 0 || pos > pos_) throw std::invalid_argument("truncate: position " + std::to_string(pos) + " is outside [0, " + std::to_string(pos_) + "]");
-  pos_ = pos;
+void forward_context::check_seq(int64_t seq) const {
+  if (seq < 0 || seq >= n_seq())
+    throw std::invalid_argument("sequence " + std::to_string(seq) + " is outside [0, " + std::to_string(n_seq()) + ")");
 }
 
-void forward_context::eval(std::span<const int32_t> tokens, bool all_logits) {
+void forward_context::reset(int64_t seq) {
+  check_seq(seq);
+  pos_[static_cast<size_t>(seq)] = 0;
+}
+
+void forward_context::truncate(int64_t pos, int64_t seq) {
+  check_seq(seq);
+  int64_t& p = pos_[static_cast<size_t>(seq)];
+  if (pos < 0 || pos > p) throw std::invalid_argument("truncate: position " + std::to_string(pos) + " is outside [0, " + std::to_string(p) + "]");
+  p = pos;
+}
+
+void forward_context::eval(std::span<const int32_t> tokens, bool all_logits, int64_t seq) {
   if (tokens.empty()) return;
+  check_seq(seq);
   for (const int32_t t : tokens)
     if (t < 0 || t >= n_vocab_) throw std::invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(n_vocab_) + ")");
-  if (pos_ + static_cast<int64_t>(tokens.size()) > n_ctx_)
-    throw std::invalid_argument("context overflow: " + std::to_string(pos_) + " + " + std::to_string(tokens.size()) + " tokens exceed the context size " + std::to_string(n_ctx_));
+  const int64_t pos0 = pos_[static_cast<size_t>(seq)];
+  if (pos0 + static_cast<int64_t>(tokens.size()) > n_ctx_)
+    throw std::invalid_argument("context overflow: " + std::to_string(pos0) + " + " + std::to_string(tokens.size()) + " tokens exceed the context size " + std::to_string(n_ctx_));
   const auto n = static_cast<int64_t>(tokens.size());
-  if (all_logits) logits_.resize(static_cast<size_t>(n * n_vocab_));
+  if (all_logits && logits_.size() < static_cast<size_t>(n * n_vocab_)) logits_.resize(static_cast<size_t>(n * n_vocab_));
   n_logit_rows_ = all_logits ? n : 1;
   for (int64_t done = 0; done < n; done += max_batch_) {
     const int64_t chunk = std::min(max_batch_, n - done);
+    for (int64_t r = 0; r < chunk; ++r) {
+      row_seq_[static_cast<size_t>(r)] = seq;
+      row_pos_[static_cast<size_t>(r)] = pos0 + done + r;
+    }
     // Without all_logits only the very last token's logits are kept, so earlier chunks skip
     // the output head (an n_vocab x n_embd matmul per chunk).
     const bool last = done + chunk == n;
     float* out = all_logits ? logits_.data() + done * n_vocab_ : last ? logits_.data() : nullptr;
-    eval_chunk(tokens.data() + done, chunk, out, all_logits);
+    eval_chunk(tokens.data() + done, row_seq_.data(), row_pos_.data(), chunk, out, all_logits);
   }
 }
 
-void forward_context::eval_chunk(const int32_t* tokens, int64_t n, float* logits, bool all_rows) {
+void forward_context::decode(std::span<const int32_t> tokens, std::span<const int64_t> seqs) {
+  if (tokens.size() != seqs.size())
+    throw std::invalid_argument("decode: " + std::to_string(tokens.size()) + " tokens for " + std::to_string(seqs.size()) + " sequences");
+  if (tokens.empty()) return;
+  const auto n = static_cast<int64_t>(tokens.size());
+  if (n > n_seq()) throw std::invalid_argument("decode: " + std::to_string(n) + " rows for " + std::to_string(n_seq()) + " sequences");
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = seqs[static_cast<size_t>(i)];
+    check_seq(s);
+    for (int64_t j = 0; j < i; ++j)
+      if (seqs[static_cast<size_t>(j)] == s) throw std::invalid_argument("decode: sequence " + std::to_string(s) + " is listed twice");
+    const int32_t t = tokens[static_cast<size_t>(i)];
+    if (t < 0 || t >= n_vocab_) throw std::invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(n_vocab_) + ")");
+    if (pos_[static_cast<size_t>(s)] >= n_ctx_)
+      throw std::invalid_argument("context overflow: sequence " + std::to_string(s) + " is full (" + std::to_string(n_ctx_) + " tokens)");
+  }
+  // n <= n_seq <= max_batch_: one chunk.
+  for (int64_t i = 0; i < n; ++i) {
+    row_seq_[static_cast<size_t>(i)] = seqs[static_cast<size_t>(i)];
+    row_pos_[static_cast<size_t>(i)] = pos_[static_cast<size_t>(seqs[static_cast<size_t>(i)])];
+  }
+  n_logit_rows_ = n;
+  eval_chunk(tokens.data(), row_seq_.data(), row_pos_.data(), n, logits_.data(), /*all_rows=*/true);
+}
+
+void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n,
+                                 float* logits, bool all_rows) {
   const auto& c = model_.config();
   const auto& w = model_.weights();
   const int64_t D = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), F = c.n_ff, hd = c.head_dim;
-  const int64_t pos0 = pos_;
 
   for (int64_t r = 0; r < n; ++r) {
     const auto* row = static_cast<const std::byte*>(w.token_embd.data) + tokens[r] * kernels::row_bytes(w.token_embd.type, D);
@@ -324,13 +380,21 @@ void forward_context::eval_chunk(const int32_t* tokens, int64_t n, float* logits
         for (int64_t h = 0; h < c.n_head; ++h) kernels::cpu::rms_norm(q + h * hd, L.q_norm, q + h * hd, hd, c.rms_eps);
         for (int64_t h = 0; h < c.n_head_kv; ++h) kernels::cpu::rms_norm(k + h * hd, L.k_norm, k + h * hd, hd, c.rms_eps);
       }
-      kernels::cpu::rope(q, static_cast<int>(c.n_head), static_cast<int>(hd), pos0 + r, rope_);
-      kernels::cpu::rope(k, static_cast<int>(c.n_head_kv), static_cast<int>(hd), pos0 + r, rope_);
+      kernels::cpu::rope(q, static_cast<int>(c.n_head), static_cast<int>(hd), positions[r], rope_);
+      kernels::cpu::rope(k, static_cast<int>(c.n_head_kv), static_cast<int>(hd), positions[r], rope_);
     }
-    kernels::cpu::kv_store(k_cache(l), kv_type_, pos0, k_, n, KV);
-    kernels::cpu::kv_store(v_cache(l), kv_type_, pos0, v_, n, KV);
-    kernels::cpu::attention(q_, n, pos0, k_cache(l), v_cache(l), kv_type_, static_cast<int>(c.n_head),
-                            static_cast<int>(c.n_head_kv), static_cast<int>(hd), attn_scale, attn_, pool_);
+    // Attention per run of rows of one sequence (the whole chunk for a prompt, one row per
+    // sequence in a batched decode).
+    for (int64_t r0 = 0; r0 < n;) {
+      int64_t r1 = r0 + 1;
+      while (r1 < n && seqs[r1] == seqs[r0]) ++r1;
+      const int64_t s = seqs[r0], len = r1 - r0, p0 = positions[r0];
+      kernels::cpu::kv_store(k_cache(s, l), kv_type_, p0, k_ + r0 * KV, len, KV);
+      kernels::cpu::kv_store(v_cache(s, l), kv_type_, p0, v_ + r0 * KV, len, KV);
+      kernels::cpu::attention(q_ + r0 * Q, len, p0, k_cache(s, l), v_cache(s, l), kv_type_, static_cast<int>(c.n_head),
+                              static_cast<int>(c.n_head_kv), static_cast<int>(hd), attn_scale, attn_ + r0 * Q, pool_);
+      r0 = r1;
+    }
     project(L.wo, attn_, n, xb_, pool_);
     for (int64_t i = 0; i < n * D; ++i) x_[i] += xb_[i];
 
@@ -343,7 +407,7 @@ void forward_context::eval_chunk(const int32_t* tokens, int64_t n, float* logits
     for (int64_t i = 0; i < n * D; ++i) x_[i] += xb_[i];
   }
 
-  pos_ += n;
+  for (int64_t r = 0; r < n; ++r) pos_[static_cast<size_t>(seqs[r])] = positions[r] + 1;
   if (!logits) return;
   // Output head: only the rows whose logits are wanted.
   const int64_t first = all_rows ? 0 : n - 1;

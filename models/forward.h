@@ -1,5 +1,8 @@
-// Execution state of one sequence on a Llama-family model: KV cache, scratch, and the forward
-// pass (llama, qwen2, qwen3 differ only in data-driven details: biases, q/k norms, RoPE pairing).
+// Execution state of a few sequences on a Llama-family model: KV cache, scratch, and the
+// forward pass (llama, qwen2, qwen3 differ only in data-driven details: biases, q/k norms,
+// RoPE pairing). Several sequences decode together in one pass so every weight is read once
+// for all of them (batched decode); the executor's paged KV cache replaces the fixed per-
+// sequence slots used here.
 #pragma once
 
 #include <cstddef>
@@ -29,7 +32,12 @@ struct context_params {
   kernels::cpu::kv_type kv = kernels::cpu::kv_type::f16;  // llama.cpp's default cache type
   int64_t max_batch = 512;                         // prompt tokens per forward pass (scratch rows,
                                                    // at most n_ctx; below 1 means 1)
+  int64_t n_seq = 1;                               // independent sequences, each with n_ctx
+                                                   // positions of KV cache (1 .. k_max_sequences)
 };
+
+// Most sequences one context holds (decode() takes at most this many rows per pass).
+inline constexpr int64_t k_max_sequences = 256;
 
 // What bounds this process's memory right now, each in bytes; nullopt where that bound is
 // absent or could not be read.
@@ -50,18 +58,20 @@ uint64_t usable_memory_bytes(const memory_limits& l);
 std::optional<uint64_t> parse_meminfo_available(std::string_view meminfo);
 std::optional<uint64_t> parse_cgroup_memory_max(std::string_view memory_max);
 
-// Owns the KV cache and scratch of one sequence, sized once at construction; eval() allocates
-// nothing, except that eval(..., all_logits = true) grows the logits buffer to one row per
-// token. The model must outlive the context. The constructor throws std::invalid_argument
-// for a context size outside [1, k_max_context] and std::runtime_error when memory_bytes()
-// is more than the process can get (usable_memory_bytes of read_memory_limits).
+// Owns the KV cache and scratch of n_seq sequences, sized once at construction; eval() and
+// decode() allocate nothing, except that eval(..., all_logits = true) grows the logits buffer
+// to one row per token. The model must outlive the context. The constructor throws
+// std::invalid_argument for a context size outside [1, k_max_context] or n_seq outside
+// [1, k_max_sequences], and std::runtime_error when memory_bytes() is more than the process
+// can get (usable_memory_bytes of read_memory_limits).
 class forward_context {
  public:
   forward_context(const model& m, const context_params& p, kernels::cpu::thread_pool* pool);
 
-  // Bytes a context with these parameters allocates at construction: KV cache, scratch
-  // (rows = min(max_batch, n_ctx) of every activation) and one row of logits. Throws
-  // std::invalid_argument for a context size outside [1, k_max_context].
+  // Bytes a context with these parameters allocates at construction: KV cache (n_seq slots),
+  // scratch (rows = max(min(max_batch, n_ctx), n_seq) of every activation) and n_seq rows of
+  // logits. Throws std::invalid_argument for a context size outside [1, k_max_context] or
+  // n_seq outside [1, k_max_sequences].
   static uint64_t memory_bytes(const model_config& c, const context_params& p);
 
   // Runs `tokens` at positions pos() .. pos()+n-1 (in chunks of max_batch) and appends them to
@@ -69,23 +79,36 @@ class forward_context {
   // output head); with all_logits, every token's logits ([n][n_vocab], from
   // all_logits_rows()). Throws std::invalid_argument before doing any work when a token id is
   // out of range or the context would overflow.
-  void eval(std::span<const int32_t> tokens, bool all_logits = false);
+  // The tokens belong to sequence `seq` (0 .. n_seq-1) and go after its pos(seq).
+  void eval(std::span<const int32_t> tokens, bool all_logits = false, int64_t seq = 0);
+
+  // One token for each of several distinct sequences, each at its own next position, in one
+  // pass (weights read once for all rows). Afterwards all_logits_rows() holds one row of
+  // logits per token, in the order given, and logits() the last one. Throws
+  // std::invalid_argument before doing any work when the spans differ in length, a sequence
+  // is out of range or listed twice, a token id is out of range, or a sequence is full.
+  void decode(std::span<const int32_t> tokens, std::span<const int64_t> seqs);
 
   std::span<const float> logits() const { return {logits_.data() + (n_logit_rows_ - 1) * n_vocab_, static_cast<size_t>(n_vocab_)}; }
   std::span<const float> all_logits_rows() const { return {logits_.data(), static_cast<size_t>(n_logit_rows_ * n_vocab_)}; }
-  int64_t pos() const { return pos_; }
+  int64_t pos(int64_t seq = 0) const { return pos_.at(static_cast<size_t>(seq)); }
   int64_t n_ctx() const { return n_ctx_; }
-  // Prompt tokens per forward pass: context_params::max_batch clamped to [1, n_ctx].
+  int64_t n_seq() const { return static_cast<int64_t>(pos_.size()); }
+  // Rows per forward pass: context_params::max_batch clamped to [1, n_ctx], at least n_seq.
   int64_t max_batch() const { return max_batch_; }
-  // Forgets the sequence (the cache is overwritten by the next eval).
-  void reset() { pos_ = 0; }
-  // Rolls back to an earlier position (e.g. to re-run the last prompt token).
-  void truncate(int64_t pos);
+  // Forgets a sequence (its cache is overwritten by the next eval).
+  void reset(int64_t seq = 0);
+  // Rolls a sequence back to an earlier position (e.g. to re-run the last prompt token).
+  void truncate(int64_t pos, int64_t seq = 0);
 
  private:
-  // logits: where the output head writes, or null to skip it (a chunk that is not the last);
-  // all_rows: one row per token there, else only the last token's row.
-  void eval_chunk(const int32_t* tokens, int64_t n, float* logits, bool all_rows);
+  // Row r of the chunk is token tokens[r] of sequence seqs[r] at position positions[r]; rows
+  // of one sequence are consecutive with consecutive positions. logits: where the output
+  // head writes, or null to skip it (a chunk that is not the last); all_rows: one row per
+  // token there, else only the last token's row.
+  void eval_chunk(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, float* logits,
+                  bool all_rows);
+  void check_seq(int64_t seq) const;
 
   const model& model_;
   kernels::cpu::thread_pool* pool_;
@@ -94,16 +117,22 @@ class forward_context {
   int64_t n_ctx_;
   int64_t max_batch_;
   int64_t n_vocab_;
-  int64_t pos_ = 0;
+  std::vector<int64_t> pos_;  // next position of each sequence
   int64_t n_logit_rows_ = 1;
+  std::vector<int64_t> row_seq_, row_pos_;  // per scratch row: sequence and position (eval_chunk)
 
   // KV cache: one allocation, left uninitialised so pages are committed only as positions
-  // are written (attention never reads past pos()). Per layer, [n_ctx][n_head_kv][head_dim]
-  // kv_type_ elements of K, then the same of V.
+  // are written (attention never reads past pos()). Per sequence, per layer,
+  // [n_ctx][n_head_kv][head_dim] kv_type_ elements of K, then the same of V.
   std::unique_ptr<std::byte[]> kv_;
-  size_t kv_layer_bytes_ = 0;  // bytes of K (or V) of one layer
-  std::byte* k_cache(int64_t layer) { return kv_.get() + (2 * static_cast<size_t>(layer)) * kv_layer_bytes_; }
-  std::byte* v_cache(int64_t layer) { return kv_.get() + (2 * static_cast<size_t>(layer) + 1) * kv_layer_bytes_; }
+  size_t kv_layer_bytes_ = 0;  // bytes of K (or V) of one layer of one sequence
+  int64_t n_layer_ = 0;
+  std::byte* k_cache(int64_t seq, int64_t layer) {
+    return kv_.get() + (2 * static_cast<size_t>(seq * n_layer_ + layer)) * kv_layer_bytes_;
+  }
+  std::byte* v_cache(int64_t seq, int64_t layer) {
+    return kv_.get() + (2 * static_cast<size_t>(seq * n_layer_ + layer) + 1) * kv_layer_bytes_;
+  }
   // Scratch, max_batch rows each, carved from scratch_ (uninitialised, like kv_): x residual
   // stream [n_embd], xb normed input / branch output [n_embd], q [q_dim], k and v [kv_dim],
   // attn attention output [q_dim], ff_gate / ff_up feed-forward hidden [n_ff].

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
 
 #include "kernels/cpu/thread_pool.h"
@@ -76,6 +77,77 @@ TEST_SUITE("forward") {
         REQUIRE(std::abs(chunked.all_logits_rows()[t * 512 + i] - all[t * 512 + i]) < 1e-4f);
       }
     }
+  }
+
+  TEST_CASE("batched decode of several sequences equals decoding each alone") {
+    // Three prompts of different lengths, then steps where every sequence (or a subset, in
+    // shuffled order) decodes one token in one pass. Each row must equal what a context
+    // holding only that sequence produces; the matmuls then see several rows at once, so
+    // only float accumulation order may differ.
+    for (const char* file : {"stories260K.gguf", "stories260K-q8_0.gguf"}) {
+      CAPTURE(file);
+      models::model m(test::data_path(file).string());
+      const std::vector<std::vector<int32_t>> prompts = {{1, 403, 407}, {1, 261, 378, 432, 383}, {1, 286}};
+      const std::vector<std::vector<int32_t>> steps = {{261, 376, 298}, {300, 301, 302}, {310, 311, 312}};
+      const std::vector<std::vector<int64_t>> order = {{0, 1, 2}, {2, 0, 1}, {1, 2, 0}};
+      models::forward_context batch(m, {.n_ctx = 32, .kv = kernels::cpu::kv_type::f16, .n_seq = 3}, nullptr);
+      CHECK(batch.n_seq() == 3);
+      std::vector<std::unique_ptr<models::forward_context>> alone;
+      for (size_t s = 0; s < prompts.size(); ++s) {
+        batch.eval(prompts[s], false, static_cast<int64_t>(s));
+        alone.push_back(std::make_unique<models::forward_context>(m, models::context_params{.n_ctx = 32}, nullptr));
+        alone.back()->eval(prompts[s]);
+        for (int i = 0; i < 512; ++i) REQUIRE(batch.logits()[i] == doctest::Approx(alone.back()->logits()[i]).epsilon(1e-4));
+      }
+      for (size_t step = 0; step < steps.size(); ++step) {
+        std::vector<int32_t> toks;
+        for (const int64_t s : order[step]) toks.push_back(steps[step][static_cast<size_t>(s)]);
+        batch.decode(toks, order[step]);
+        REQUIRE(batch.all_logits_rows().size() == 3 * 512);
+        for (size_t i = 0; i < order[step].size(); ++i) {
+          const auto s = static_cast<size_t>(order[step][i]);
+          alone[s]->eval(std::span<const int32_t>(&toks[i], 1));
+          CHECK(batch.pos(order[step][i]) == alone[s]->pos());
+          for (int v = 0; v < 512; ++v)
+            REQUIRE(std::abs(batch.all_logits_rows()[i * 512 + v] - alone[s]->logits()[v]) < 2e-4f);
+        }
+      }
+      // A subset decodes; the others keep their positions.
+      const std::vector<int32_t> one = {5};
+      const std::vector<int64_t> which = {1};
+      const int64_t before0 = batch.pos(0);
+      batch.decode(one, which);
+      CHECK(batch.pos(0) == before0);
+      CHECK(batch.pos(1) == static_cast<int64_t>(prompts[1].size() + steps.size() + 1));
+      CHECK(batch.logits().size() == 512);
+    }
+  }
+
+  TEST_CASE("batched decode refuses bad input before any work") {
+    models::model m(test::data_path("stories260K.gguf").string());
+    models::forward_context ctx(m, {.n_ctx = 4, .n_seq = 2}, nullptr);
+    const std::vector<int32_t> two = {1, 2};
+    CHECK_THROWS_WITH_AS(ctx.decode(two, std::vector<int64_t>{0}), doctest::Contains("2 tokens for 1"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(ctx.decode(two, std::vector<int64_t>{0, 0}), doctest::Contains("listed twice"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(ctx.decode(two, std::vector<int64_t>{0, 2}), doctest::Contains("sequence 2"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(ctx.decode(std::vector<int32_t>{1, 512}, std::vector<int64_t>{0, 1}), doctest::Contains("token id 512"),
+                         std::invalid_argument);
+    CHECK_THROWS_AS(ctx.eval(two, false, -1), std::invalid_argument);
+    CHECK(ctx.pos(0) == 0);
+    CHECK(ctx.pos(1) == 0);
+    ctx.eval(std::vector<int32_t>{1, 2, 3, 4}, false, 1);
+    CHECK_THROWS_WITH_AS(ctx.decode(two, std::vector<int64_t>{0, 1}), doctest::Contains("sequence 1 is full"), std::invalid_argument);
+    CHECK(ctx.pos(0) == 0);
+    ctx.reset(1);
+    CHECK(ctx.pos(1) == 0);
+    CHECK_THROWS_AS(models::forward_context(m, {.n_ctx = 4, .n_seq = 0}, nullptr), std::invalid_argument);
+    CHECK_THROWS_AS(models::forward_context(m, {.n_ctx = 4, .n_seq = models::k_max_sequences + 1}, nullptr), std::invalid_argument);
+    // n_seq slots of cache, and at least n_seq scratch rows and logits rows.
+    using kernels::cpu::kv_type;
+    const auto& c = m.config();
+    const uint64_t row = 2 * (64 + 64 + 32 + 172) * 4;
+    CHECK(models::forward_context::memory_bytes(c, {.n_ctx = 16, .kv = kv_type::f16, .max_batch = 1, .n_seq = 3}) ==
+          3 * (5 * 2 * 16 * 32 * 2) + 3 * row + 3 * 512 * 4);
   }
 
   TEST_CASE("the forward pass matches a double-precision reference on stories260K (F32 and Q8_0)") {
