@@ -25,6 +25,19 @@ void project(const weight_view& w, const float* x, int64_t n, float* y, kernels:
   matmul(w.type, w.data, w.rows, w.cols, x, n, y, pool);
 }
 
+// Projections of one input through two or three matrices (gate/up, Q/K/V) in one pass over the
+// pool; the matrices share their column count (the input width).
+void project2(const weight_view& a, float* ya, const weight_view& b, float* yb, const float* x, int64_t n,
+              kernels::cpu::thread_pool* pool) {
+  const kernels::cpu::matmul_job jobs[2] = {{a.type, a.data, a.rows, ya}, {b.type, b.data, b.rows, yb}};
+  kernels::cpu::matmul_many(jobs, 2, a.cols, x, n, pool);
+}
+void project3(const weight_view& a, float* ya, const weight_view& b, float* yb, const weight_view& c, float* yc,
+              const float* x, int64_t n, kernels::cpu::thread_pool* pool) {
+  const kernels::cpu::matmul_job jobs[3] = {{a.type, a.data, a.rows, ya}, {b.type, b.data, b.rows, yb}, {c.type, c.data, c.rows, yc}};
+  kernels::cpu::matmul_many(jobs, 3, a.cols, x, n, pool);
+}
+
 void add_bias(float* y, const float* b, int64_t n_rows, int64_t dim) {
   if (!b) return;
   for (int64_t r = 0; r < n_rows; ++r)
@@ -367,9 +380,7 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
     const auto& L = w.layers[l];
     // Attention block.
     for (int64_t r = 0; r < n; ++r) kernels::cpu::rms_norm(x_ + r * D, L.attn_norm, xb_ + r * D, D, c.rms_eps);
-    project(L.wq, xb_, n, q_, pool_);
-    project(L.wk, xb_, n, k_, pool_);
-    project(L.wv, xb_, n, v_, pool_);
+    project3(L.wq, q_, L.wk, k_, L.wv, v_, xb_, n, pool_);
     add_bias(q_, L.bq, n, Q);
     add_bias(k_, L.bk, n, KV);
     add_bias(v_, L.bv, n, KV);
@@ -400,8 +411,7 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
 
     // Feed-forward block (SwiGLU).
     for (int64_t r = 0; r < n; ++r) kernels::cpu::rms_norm(x_ + r * D, L.ffn_norm, xb_ + r * D, D, c.rms_eps);
-    project(L.w_gate, xb_, n, ff_gate_, pool_);
-    project(L.w_up, xb_, n, ff_up_, pool_);
+    project2(L.w_gate, ff_gate_, L.w_up, ff_up_, xb_, n, pool_);
     kernels::cpu::swiglu(ff_gate_, ff_up_, n * F);
     project(L.w_down, ff_gate_, n, xb_, pool_);
     for (int64_t i = 0; i < n * D; ++i) x_[i] += xb_[i];

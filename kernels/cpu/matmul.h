@@ -25,4 +25,22 @@ namespace tandem::kernels::cpu {
 void matmul(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
             thread_pool* pool);
 
+// One weight matrix of a matmul_many call: `rows` rows of type wt at w; output y as in matmul.
+struct matmul_job {
+  weight_type wt;
+  const void* w;
+  int64_t rows;
+  float* y;
+};
+inline constexpr int k_max_matmul_jobs = 4;
+
+// Several matmuls of the same input x (n_x rows of `cols` floats) in one pass over the pool:
+// the Q, K and V projections, or the gate and up projections, of a layer. x is converted once
+// per distinct activation type and the workers split the row groups of all jobs together, so
+// the pool synchronises once instead of once per matrix and small matrices (K, V with GQA) do
+// not leave a core idle. Results equal separate matmul calls bit for bit. At most
+// k_max_matmul_jobs jobs; throws std::invalid_argument as matmul does (naming the job) or for
+// too many jobs.
+void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, int64_t n_x, thread_pool* pool);
+
 }  // namespace tandem::kernels::cpu
