@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/attention_impl.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/quants.h"
 
 namespace tandem::kernels::cpu {
@@ -25,8 +26,8 @@ const float* fp16_table() {
 
 float round_to_fp16(float v) { return fp16_to_fp32(fp32_to_fp16(v)); }
 
-// Eight independent partial sums so the compiler can keep them in one vector register;
-// F32 accumulation like ggml's SIMD dot products.
+// The dot products of attention_impl.h in plain C++: eight partial sums (element i of the
+// whole 8-blocks to sum i % 8, the tail to sum 0), each product rounded before it is added.
 float dot_f32(const float* a, const float* b, int n) {
   float acc[8] = {};
   int i = 0;
@@ -45,99 +46,145 @@ float dot_f16(const float* a, const uint16_t* b, int n, const float* tbl) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-struct attention_job {
-  const float* q;
-  int64_t pos0;
-  const void* k_cache;
-  const void* v_cache;
-  kv_type kt;
-  int n_heads;
-  int n_kv_heads;
-  int head_dim;
-  float scale;
-  float* out;
-};
+// The scalar reference: one head at a time, key by key, exactly as the contract reads. Uses
+// s.q (head_dim floats) and s.scores (n_keys floats). This file is built for baseline x86-64,
+// which has no FMA instruction, so no multiply-add here is fused.
+void attend_scalar(const attention_task& t, const attention_scratch& s) {
+  const int d = t.head_dim;
+  const int64_t n = t.n_keys;
+  for (int g = 0; g < t.n_group; ++g) {
+    const float* q = t.q + static_cast<int64_t>(g) * d;
+    float* out = t.out + static_cast<int64_t>(g) * d;
+    std::fill(out, out + d, 0.0f);
 
-// One (query row, head) pair: scores over keys 0..pos, softmax, weighted sum of values.
-void attend_one(const attention_job& j, int64_t row, int head, std::vector<float>& scores, std::vector<float>& q16) {
-  const int64_t pos = j.pos0 + row;
-  const int64_t n_keys = pos + 1;  // causal: this row sees itself and everything before it
-  const int kv_head = head / (j.n_heads / j.n_kv_heads);
-  const int64_t kv_stride = static_cast<int64_t>(j.n_kv_heads) * j.head_dim;  // elements per position
-  const int64_t kv_offset = static_cast<int64_t>(kv_head) * j.head_dim;
-  const float* q = j.q + (row * j.n_heads + head) * static_cast<int64_t>(j.head_dim);
-  float* out = j.out + (row * j.n_heads + head) * static_cast<int64_t>(j.head_dim);
-  const int d = j.head_dim;
-
-  scores.resize(static_cast<size_t>(n_keys));
-  std::fill(out, out + d, 0.0f);
-
-  if (j.kt == kv_type::f32) {
-    const float* k = static_cast<const float*>(j.k_cache) + kv_offset;
-    const float* v = static_cast<const float*>(j.v_cache) + kv_offset;
-    for (int64_t t = 0; t < n_keys; ++t) scores[t] = dot_f32(q, k + t * kv_stride, d) * j.scale;
-    softmax(scores.data(), n_keys);
-    for (int64_t t = 0; t < n_keys; ++t) {
-      const float p = scores[t];
-      const float* vr = v + t * kv_stride;
-      for (int e = 0; e < d; ++e) out[e] += p * vr[e];
+    if (t.kt == kv_type::f32) {
+      const float* k = static_cast<const float*>(t.k);
+      const float* v = static_cast<const float*>(t.v);
+      for (int64_t p = 0; p < n; ++p) s.scores[p] = dot_f32(q, k + p * t.kv_stride, d) * t.scale;
+      softmax(s.scores, n);
+      for (int64_t p = 0; p < n; ++p) {
+        const float w = s.scores[p];
+        const float* vr = v + p * t.kv_stride;
+        for (int e = 0; e < d; ++e) out[e] += w * vr[e];
+      }
+      continue;
     }
-    return;
-  }
 
-  // F16 cache: the same arithmetic as llama.cpp's default CPU attention, which is ggml's
-  // flash-attention kernel (llama.cpp enables it on the CPU by default). Matching it keeps our
-  // logits within float noise of llama.cpp's on the same model instead of an F16-sized drift:
-  //  - Q is rounded to F16 and dotted with the F16 keys, accumulating in F32;
-  //  - softmax is online (running max M and sum S), and the weighted sum of values is kept in
-  //    an F16 accumulator: rescaled by exp(M_old - M_new) when the max grows, then v * w
-  //    added, each step rounded back to F16; the sum is divided by S only at the end.
-  const float* tbl = fp16_table();
-  const uint16_t* k = static_cast<const uint16_t*>(j.k_cache) + kv_offset;
-  const uint16_t* v = static_cast<const uint16_t*>(j.v_cache) + kv_offset;
-  q16.resize(static_cast<size_t>(d));
-  for (int e = 0; e < d; ++e) q16[e] = round_to_fp16(q[e]);
-  float m = -std::numeric_limits<float>::infinity();
-  float sum = 0.0f;
-  for (int64_t t = 0; t < n_keys; ++t) {
-    const float s = dot_f16(q16.data(), k + t * kv_stride, d, tbl) * j.scale;
-    float scale_old = 1.0f;  // factor for what is accumulated so far
-    float w = 1.0f;          // weight of this value row
-    if (s > m) {
-      scale_old = std::exp(m - s);  // exp(-inf) = 0 on the first key
-      m = s;
-      for (int e = 0; e < d; ++e) out[e] = round_to_fp16(out[e] * scale_old);
-    } else {
-      w = std::exp(s - m);
+    // F16 cache: the same arithmetic as llama.cpp's default CPU attention, which is ggml's
+    // flash-attention kernel (llama.cpp enables it on the CPU by default). Matching it keeps our
+    // logits within float noise of llama.cpp's on the same model instead of an F16-sized drift:
+    //  - Q is rounded to F16 and dotted with the F16 keys, accumulating in F32;
+    //  - softmax is online (running max M and sum S), and the weighted sum of values is kept in
+    //    an F16 accumulator: rescaled by exp(M_old - M_new) when the max grows, then v * w
+    //    added, each step rounded back to F16; the sum is divided by S only at the end.
+    const float* tbl = fp16_table();
+    const uint16_t* k = static_cast<const uint16_t*>(t.k);
+    const uint16_t* v = static_cast<const uint16_t*>(t.v);
+    float* q16 = s.q;
+    for (int e = 0; e < d; ++e) q16[e] = round_to_fp16(q[e]);
+    float m = -std::numeric_limits<float>::infinity();
+    float sum = 0.0f;
+    for (int64_t p = 0; p < n; ++p) {
+      const float sc = dot_f16(q16, k + p * t.kv_stride, d, tbl) * t.scale;
+      float scale_old = 1.0f;  // factor for what is accumulated so far
+      float w = 1.0f;          // weight of this value row
+      if (sc > m) {
+        scale_old = std::exp(m - sc);  // exp(-inf) = 0 on the first key
+        m = sc;
+        for (int e = 0; e < d; ++e) out[e] = round_to_fp16(out[e] * scale_old);
+      } else {
+        w = std::exp(sc - m);
+      }
+      const uint16_t* vr = v + p * t.kv_stride;
+      for (int e = 0; e < d; ++e) out[e] = round_to_fp16(out[e] + tbl[vr[e]] * w);
+      sum = sum * scale_old + w;
     }
-    const uint16_t* vr = v + t * kv_stride;
-    for (int e = 0; e < d; ++e) out[e] = round_to_fp16(out[e] + tbl[vr[e]] * w);
-    sum = sum * scale_old + w;
+    const float inv = 1.0f / sum;
+    for (int e = 0; e < d; ++e) out[e] *= inv;
   }
-  const float inv = 1.0f / sum;
-  for (int e = 0; e < d; ++e) out[e] *= inv;
 }
+
+using attend_fn = void (*)(const attention_task&, const attention_scratch&);
+
+attend_fn select_attend(isa path) {
+  switch (path) {
+    case isa::avx512: return attend_avx512;
+    case isa::avx2: return attend_avx2;
+    default: return attend_scalar;
+  }
+}
+
+// Row of the u-th work unit, alternating from both ends (0, n-1, 1, n-2, ...): rows see more
+// keys the later they come, so each contiguous chunk the pool hands a thread gets a similar
+// mix of short and long rows.
+int64_t zigzag_row(int64_t u, int64_t n_q) { return u % 2 == 0 ? u / 2 : n_q - 1 - u / 2; }
 
 }  // namespace
 
 void attention(const float* q, int64_t n_q, int64_t pos0, const void* k_cache, const void* v_cache, kv_type kt,
                int n_heads, int n_kv_heads, int head_dim, float scale, float* out, thread_pool* pool) {
   if (n_q <= 0 || n_heads <= 0) return;
-  const attention_job job{q, pos0, k_cache, v_cache, kt, n_heads, n_kv_heads, head_dim, scale, out};
+  const int group = n_heads / n_kv_heads;
+  const int threads = pool ? pool->size() : 1;
+  // A task is (row, KV head, part of its query heads). Heads sharing a KV head stay in one
+  // task unless that leaves threads idle (decode: one row); then the group is split into
+  // `parts` equal parts.
+  int parts = 1;
+  while (parts < group && n_q * n_kv_heads * parts < threads) {
+    ++parts;
+    while (group % parts != 0) ++parts;
+  }
+  const int per_task = group / parts;
+  const int64_t units = n_q * n_kv_heads * parts;
 
-  // Work items are (row, head) pairs, row-major; each writes its own slice of `out`.
-  const int64_t items = n_q * n_heads;
-  auto body = [&job, n_heads](int64_t begin, int64_t end) {
-    // Scratch per thread, grown to the longest context seen and reused: no allocation per call
-    // once warm.
-    thread_local std::vector<float> scores;
-    thread_local std::vector<float> q16;
-    for (int64_t it = begin; it < end; ++it) attend_one(job, it / n_heads, static_cast<int>(it % n_heads), scores, q16);
+  const attend_fn attend = select_attend(active_isa());
+  const int dp = (head_dim + k_attention_pad - 1) / k_attention_pad * k_attention_pad;
+  const int64_t kv_stride = static_cast<int64_t>(n_kv_heads) * head_dim;
+  const size_t elem = kt == kv_type::f32 ? sizeof(float) : sizeof(uint16_t);
+  // Scores of a whole row for an f32 cache (two-pass softmax), one key block for f16.
+  const int64_t score_len = kt == kv_type::f32 ? pos0 + n_q : k_attention_key_block;
+  const size_t scratch_floats = static_cast<size_t>(2 * per_task * dp + 2 * k_attention_key_block * dp +
+                                                    per_task * (score_len + 2 * k_attention_key_block) + 2 * per_task);
+
+  auto body = [&](int64_t begin, int64_t end) {
+    // Grown to the largest need seen and reused: no allocation per call once warm.
+    thread_local std::vector<float> scratch;
+    if (scratch.size() < scratch_floats) scratch.resize(scratch_floats);
+    attention_scratch s;
+    s.q = scratch.data();
+    s.acc = s.q + per_task * dp;
+    s.k = s.acc + per_task * dp;
+    s.v = s.k + k_attention_key_block * dp;
+    s.scores = s.v + k_attention_key_block * dp;
+    s.ms = s.scores + per_task * score_len;
+    s.w = s.ms + per_task * k_attention_key_block;
+    s.m = s.w + per_task * k_attention_key_block;
+    s.sum = s.m + per_task;
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t row = zigzag_row(u / (n_kv_heads * parts), n_q);
+      const int kv_head = static_cast<int>(u % (n_kv_heads * parts)) / parts;
+      const int part = static_cast<int>(u % parts);
+      const int64_t head = static_cast<int64_t>(kv_head) * group + part * per_task;
+      const int64_t q_offset = (row * n_heads + head) * head_dim;
+      attention_task t;
+      t.q = q + q_offset;
+      t.out = out + q_offset;
+      t.k = static_cast<const char*>(k_cache) + static_cast<size_t>(kv_head) * head_dim * elem;
+      t.v = static_cast<const char*>(v_cache) + static_cast<size_t>(kv_head) * head_dim * elem;
+      t.kv_stride = kv_stride;
+      t.n_keys = pos0 + row + 1;  // causal: this row sees itself and everything before it
+      t.n_group = per_task;
+      t.head_dim = head_dim;
+      t.padded_dim = dp;
+      t.scale = scale;
+      t.kt = kt;
+      attend(t, s);
+    }
   };
-  if (pool && pool->size() > 1 && items > 1) {
-    pool->parallel_for(items, 1, body);
+  if (pool && pool->size() > 1 && units > 1) {
+    pool->parallel_for(units, 1, body);
   } else {
-    body(0, items);
+    body(0, units);
   }
 }
 

@@ -63,7 +63,11 @@ enum class kv_type { f32, f16 };
 // multiple of n_kv_heads. Scores are scaled by `scale` (1/sqrt(head_dim) normally).
 // With an f16 cache the arithmetic is llama.cpp's default CPU (flash-attention) path: Q
 // rounded to f16, online softmax, values accumulated in f16; with f32 nothing is rounded.
-// Split over (row, head) pairs with the pool (may be null: runs on the calling thread).
+// The SIMD paths reproduce the scalar one bit for bit on an f16 cache (attention_impl.h).
+// Split over (row, KV head) pairs with the pool (may be null: runs on the calling thread); the
+// query heads sharing a KV head are split further only when that leaves threads idle.
+// Scratch is per thread and reused: no allocation once warm (for an f32 cache, once the
+// longest context has been seen).
 void attention(const float* q, int64_t n_q, int64_t pos0, const void* k_cache, const void* v_cache, kv_type kt,
                int n_heads, int n_kv_heads, int head_dim, float scale, float* out, thread_pool* pool);
 

@@ -3,10 +3,14 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/ops_simd.h"
+
 namespace tandem::kernels::cpu {
 
 void softmax(float* x, int64_t n) {
   if (n <= 0) return;
+  if (active_isa() != isa::scalar) return softmax_avx2(x, n);
   float max_v = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < n; ++i) max_v = x[i] > max_v ? x[i] : max_v;
   // Exponentials are F32; their sum is kept in double (as ggml's soft_max does) so long rows

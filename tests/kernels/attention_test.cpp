@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/quants.h"
 #include "kernels/cpu/thread_pool.h"
 #include "tests/test_support.h"
@@ -97,82 +98,190 @@ std::vector<float> random_vector(std::mt19937& rng, size_t n, float sd) {
   return v;
 }
 
+// Restores automatic ISA choice when a test ends, whatever it forced.
+struct isa_guard {
+  ~isa_guard() { set_isa(isa::best); }
+};
+
+// Every path this CPU can run, the scalar reference first.
+std::vector<isa> paths() {
+  std::vector<isa> out{isa::scalar};
+  for (const isa p : {isa::avx2, isa::avx512})
+    if (isa_supported(p)) out.push_back(p);
+  return out;
+}
+
+struct shape {
+  int n_heads, n_kv_heads, head_dim;
+  int64_t n_q, pos0;
+};
+
+// Shapes covering every branch of the paths: GQA ratios 1, 2, 4 and 8; head_dim multiples of
+// 16 and not (40, 80: 8-float tails in 16-lane code; 20, 100: tails of a dot's 8 lanes and of
+// the padding); one key, decode, prefill, chunked prefill, and contexts past the 16-key blocks
+// up to 1000 keys.
+const shape k_shapes[] = {
+    {4, 4, 16, 1, 0},     // first token, MHA
+    {4, 4, 16, 1, 37},    // decode, MHA
+    {8, 4, 32, 1, 100},   // decode, GQA 2
+    {8, 2, 64, 5, 0},     // prefill from scratch, GQA 4
+    {8, 2, 64, 6, 21},    // chunked prefill after earlier tokens, GQA 4
+    {6, 3, 24, 3, 9},     // GQA 2, head_dim not a multiple of 16
+    {16, 4, 64, 1, 127},  // decode as the 250M synth model (16 heads on 4 KV heads)
+    {8, 1, 40, 3, 200},   // GQA 8, head_dim 40
+    {4, 4, 80, 2, 300},   // MHA, head_dim 80
+    {4, 2, 20, 4, 33},    // head_dim 20: dot tail of 4
+    {8, 1, 128, 2, 998},  // GQA 8, head_dim 128, 1000 keys
+    {2, 1, 100, 1, 999},  // head_dim 100, 1000 keys
+};
+
+struct problem {
+  test_cache k, v;
+  std::vector<float> q;
+  float scale;
+};
+
+problem make_problem(std::mt19937& rng, const shape& sh, kv_type kt) {
+  const int64_t n_ctx = sh.pos0 + sh.n_q + 3;
+  const int64_t row = int64_t(sh.n_kv_heads) * sh.head_dim;
+  problem p{test_cache(kt, n_ctx, row), test_cache(kt, n_ctx, row), {}, 1.0f / std::sqrt(float(sh.head_dim))};
+  const int64_t n_keys = sh.pos0 + sh.n_q;
+  p.k.store(0, random_vector(rng, size_t(n_keys * row), 1.0f), n_keys);
+  p.v.store(0, random_vector(rng, size_t(n_keys * row), 1.0f), n_keys);
+  // Keys beyond the last query position must be ignored (causal): poison them.
+  std::vector<float> poison(size_t(3 * row), 1e4f);
+  p.k.store(n_keys, poison, 3);
+  p.v.store(n_keys, poison, 3);
+  p.q = random_vector(rng, size_t(sh.n_q * sh.n_heads * sh.head_dim), 1.0f);
+  return p;
+}
+
+std::vector<float> run(problem& p, const shape& sh, kv_type kt, thread_pool* pool) {
+  std::vector<float> out(p.q.size(), -1.0f);
+  attention(p.q.data(), sh.n_q, sh.pos0, p.k.data(), p.v.data(), kt, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale,
+            out.data(), pool);
+  return out;
+}
+
 }  // namespace
 
 TEST_SUITE("attention") {
-  TEST_CASE("matches a double-precision reference") {
+  TEST_CASE("every path matches a double-precision reference") {
+    isa_guard guard;
     std::mt19937 rng(777);
     thread_pool pool2(2);
-    struct shape {
-      int n_heads, n_kv_heads, head_dim;
-      int64_t n_q, pos0;
-    };
-    const shape shapes[] = {
-        {4, 4, 16, 1, 0},    // first token, MHA
-        {4, 4, 16, 1, 37},   // decode, MHA
-        {8, 4, 32, 1, 100},  // decode, GQA 2
-        {8, 2, 64, 5, 0},    // prefill from scratch, GQA 4
-        {8, 2, 64, 6, 21},   // chunked prefill after earlier tokens, GQA 4
-        {6, 3, 24, 3, 9},    // GQA 2, head_dim not a multiple of 8
-    };
-    for (const auto& sh : shapes)
-      for (kv_type kt : {kv_type::f32, kv_type::f16})
-        for (thread_pool* pool : {static_cast<thread_pool*>(nullptr), &pool2}) {
-          CAPTURE(sh.n_heads);
-          CAPTURE(sh.n_kv_heads);
-          CAPTURE(sh.head_dim);
-          CAPTURE(sh.n_q);
-          CAPTURE(sh.pos0);
-          CAPTURE(int(kt));
-          CAPTURE(pool != nullptr);
-          const int64_t n_ctx = sh.pos0 + sh.n_q + 3;
-          const int64_t row = int64_t(sh.n_kv_heads) * sh.head_dim;
-          test_cache k(kt, n_ctx, row), v(kt, n_ctx, row);
-          const int64_t n_keys = sh.pos0 + sh.n_q;
-          k.store(0, random_vector(rng, size_t(n_keys * row), 1.0f), n_keys);
-          v.store(0, random_vector(rng, size_t(n_keys * row), 1.0f), n_keys);
-          // Keys beyond the last query position must be ignored (causal): poison them.
-          std::vector<float> poison(size_t(3 * row), 1e4f);
-          k.store(n_keys, poison, 3);
-          v.store(n_keys, poison, 3);
-
-          const auto q = random_vector(rng, size_t(sh.n_q * sh.n_heads * sh.head_dim), 1.0f);
-          std::vector<float> out(q.size(), -1.0f);
-          const float scale = 1.0f / std::sqrt(float(sh.head_dim));
-          attention(q.data(), sh.n_q, sh.pos0, k.data(), v.data(), kt, sh.n_heads, sh.n_kv_heads, sh.head_dim, scale,
-                    out.data(), pool);
-          const bool f16 = kt == kv_type::f16;
-          const auto ref = reference_attention(q, sh.n_q, sh.pos0, k, v, sh.n_heads, sh.n_kv_heads, sh.head_dim, scale, f16);
-          // f16: an accumulator value whose float and double results straddle an f16 rounding
-          // boundary moves by one f16 ulp (~1e-3 of values of order 1), hence the looser bound.
-          const double tol = f16 ? 2e-3 : 2e-6;
-          double worst = 0;
-          for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::fabs(out[i] - ref[i]));
-          CHECK(worst <= tol);
-          if (f16) {
-            // The f16 arithmetic still lands close to exact attention over the same cache.
-            const auto exact = reference_attention(q, sh.n_q, sh.pos0, k, v, sh.n_heads, sh.n_kv_heads, sh.head_dim, scale, false);
-            double drift = 0;
-            for (size_t i = 0; i < out.size(); ++i) drift = std::max(drift, std::fabs(out[i] - exact[i]));
+    for (const auto& sh : k_shapes)
+      for (kv_type kt : {kv_type::f32, kv_type::f16}) {
+        CAPTURE(sh.n_heads);
+        CAPTURE(sh.n_kv_heads);
+        CAPTURE(sh.head_dim);
+        CAPTURE(sh.n_q);
+        CAPTURE(sh.pos0);
+        CAPTURE(int(kt));
+        auto p = make_problem(rng, sh, kt);
+        const bool f16 = kt == kv_type::f16;
+        const auto ref =
+            reference_attention(p.q, sh.n_q, sh.pos0, p.k, p.v, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale, f16);
+        // The f16 arithmetic still lands close to exact attention over the same cache.
+        const auto exact =
+            f16 ? reference_attention(p.q, sh.n_q, sh.pos0, p.k, p.v, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale, false)
+                : ref;
+        for (const isa path : paths())
+          for (thread_pool* pool : {static_cast<thread_pool*>(nullptr), &pool2}) {
+            CAPTURE(isa_name(path));
+            CAPTURE(pool != nullptr);
+            set_isa(path);
+            const auto out = run(p, sh, kt, pool);
+            // f16: an accumulator value whose float and double results straddle an f16 rounding
+            // boundary moves by one f16 ulp (~1e-3 of values of order 1), hence the looser bound.
+            const double tol = f16 ? 2e-3 : 2e-6;
+            double worst = 0, drift = 0;
+            for (size_t i = 0; i < out.size(); ++i) {
+              worst = std::max(worst, std::fabs(out[i] - ref[i]));
+              drift = std::max(drift, std::fabs(out[i] - exact[i]));
+            }
+            CHECK(worst <= tol);
             CHECK(drift <= 1e-2);
           }
+      }
+  }
+
+  TEST_CASE("the SIMD paths reproduce the scalar reference") {
+    // attention_impl.h: every path performs the reference's operations in its order, so on an
+    // f16 cache the results are identical; on an f32 cache only softmax's exponentials differ
+    // (expf against a vector e^x within 2 ulp), a few float ulps of the output.
+    isa_guard guard;
+    std::mt19937 rng(4242);
+    thread_pool pool2(2), pool4(4);  // 4 threads split a KV head's group over two tasks
+    for (const auto& sh : k_shapes)
+      for (kv_type kt : {kv_type::f32, kv_type::f16}) {
+        CAPTURE(sh.n_heads);
+        CAPTURE(sh.n_kv_heads);
+        CAPTURE(sh.head_dim);
+        CAPTURE(sh.n_q);
+        CAPTURE(sh.pos0);
+        CAPTURE(int(kt));
+        auto p = make_problem(rng, sh, kt);
+        set_isa(isa::scalar);
+        const auto want = run(p, sh, kt, nullptr);
+        for (const isa path : paths()) {
+          if (path == isa::scalar) continue;
+          for (thread_pool* pool : {static_cast<thread_pool*>(nullptr), &pool2, &pool4}) {
+            CAPTURE(isa_name(path));
+            CAPTURE(pool != nullptr);
+            set_isa(path);
+            const auto got = run(p, sh, kt, pool);
+            if (kt == kv_type::f16) {
+              size_t differing = 0;
+              for (size_t i = 0; i < got.size(); ++i) differing += got[i] != want[i];
+              CHECK(differing == 0);
+            } else {
+              double worst = 0;
+              for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, double(std::fabs(got[i] - want[i])));
+              CHECK(worst <= 1e-6);
+            }
+          }
         }
+      }
+  }
+
+  TEST_CASE("repeated calls give the same result (scratch is reused, not stale)") {
+    // A long context then a short one through the same thread's scratch, and back.
+    isa_guard guard;
+    std::mt19937 rng(31);
+    const shape long_sh{8, 2, 64, 1, 500}, short_sh{8, 2, 64, 1, 3};
+    for (const isa path : paths())
+      for (kv_type kt : {kv_type::f32, kv_type::f16}) {
+        CAPTURE(isa_name(path));
+        CAPTURE(int(kt));
+        set_isa(path);
+        auto a = make_problem(rng, long_sh, kt);
+        auto b = make_problem(rng, short_sh, kt);
+        const auto a1 = run(a, long_sh, kt, nullptr);
+        const auto b1 = run(b, short_sh, kt, nullptr);
+        CHECK(run(a, long_sh, kt, nullptr) == a1);
+        CHECK(run(b, short_sh, kt, nullptr) == b1);
+      }
   }
 
   TEST_CASE("a single key returns its value row") {
+    isa_guard guard;
     const int n_heads = 4, n_kv_heads = 2, head_dim = 8;
     std::mt19937 rng(8);
-    for (kv_type kt : {kv_type::f32, kv_type::f16}) {
-      CAPTURE(int(kt));
-      test_cache k(kt, 1, n_kv_heads * head_dim), v(kt, 1, n_kv_heads * head_dim);
-      k.store(0, random_vector(rng, n_kv_heads * head_dim, 1.0f), 1);
-      v.store(0, random_vector(rng, n_kv_heads * head_dim, 1.0f), 1);
-      const auto q = random_vector(rng, n_heads * head_dim, 3.0f);
-      std::vector<float> out(q.size());
-      attention(q.data(), 1, 0, k.data(), v.data(), kt, n_heads, n_kv_heads, head_dim, 0.3f, out.data(), nullptr);
-      for (int h = 0; h < n_heads; ++h)
-        for (int d = 0; d < head_dim; ++d) CHECK(out[h * head_dim + d] == v.decoded[(h / 2) * head_dim + d]);
-    }
+    for (const isa path : paths())
+      for (kv_type kt : {kv_type::f32, kv_type::f16}) {
+        CAPTURE(isa_name(path));
+        CAPTURE(int(kt));
+        set_isa(path);
+        test_cache k(kt, 1, n_kv_heads * head_dim), v(kt, 1, n_kv_heads * head_dim);
+        k.store(0, random_vector(rng, n_kv_heads * head_dim, 1.0f), 1);
+        v.store(0, random_vector(rng, n_kv_heads * head_dim, 1.0f), 1);
+        const auto q = random_vector(rng, n_heads * head_dim, 3.0f);
+        std::vector<float> out(q.size());
+        attention(q.data(), 1, 0, k.data(), v.data(), kt, n_heads, n_kv_heads, head_dim, 0.3f, out.data(), nullptr);
+        for (int h = 0; h < n_heads; ++h)
+          for (int d = 0; d < head_dim; ++d) CHECK(out[h * head_dim + d] == v.decoded[(h / 2) * head_dim + d]);
+      }
   }
 
   TEST_CASE("f16 cache rounds Q to f16 and accumulates values in f16") {
@@ -180,28 +289,33 @@ TEST_SUITE("attention") {
     // first with weight 1; key 1 (score 8 q0) raises the running max, so the accumulator is
     // rescaled by exp(-8 q0) and rounded to f16, then divided by the sum 1 + exp(-8 q0).
     // q0 = 1 + 1.9 * 2^-12 rounds to 1.0 in f16, so the expected value uses exp(-8) exactly.
-    const int head_dim = 8;
-    std::vector<float> k_rows(16, 0.0f), v_rows(16, 0.0f), q(8, 0.0f);
-    k_rows[8] = 8.0f;
-    v_rows[0] = 1.0f;
-    q[0] = 1.0f + 1.9f / 4096.0f;
-    std::vector<uint16_t> kc(16), vc(16);
-    kv_store(kc.data(), kv_type::f16, 0, k_rows.data(), 2, head_dim);
-    kv_store(vc.data(), kv_type::f16, 0, v_rows.data(), 2, head_dim);
-    std::vector<float> out(8);
-    attention(q.data(), 1, 1, kc.data(), vc.data(), kv_type::f16, 1, 1, head_dim, 1.0f, out.data(), nullptr);
+    isa_guard guard;
+    for (const isa path : paths()) {
+      CAPTURE(isa_name(path));
+      set_isa(path);
+      const int head_dim = 8;
+      std::vector<float> k_rows(16, 0.0f), v_rows(16, 0.0f), q(8, 0.0f);
+      k_rows[8] = 8.0f;
+      v_rows[0] = 1.0f;
+      q[0] = 1.0f + 1.9f / 4096.0f;
+      std::vector<uint16_t> kc(16), vc(16);
+      kv_store(kc.data(), kv_type::f16, 0, k_rows.data(), 2, head_dim);
+      kv_store(vc.data(), kv_type::f16, 0, v_rows.data(), 2, head_dim);
+      std::vector<float> out(8);
+      attention(q.data(), 1, 1, kc.data(), vc.data(), kv_type::f16, 1, 1, head_dim, 1.0f, out.data(), nullptr);
 
-    const auto expected = [](float gap) {
-      const float rescale = std::exp(-gap);
-      return round_f16(rescale) * (1.0f / (rescale + 1.0f));
-    };
-    REQUIRE(expected(8.0f) != expected(8.0f * q[0]));
-    CHECK(out[0] == expected(8.0f));
-    for (int d = 1; d < head_dim; ++d) CHECK(out[d] == 0.0f);
+      const auto expected = [](float gap) {
+        const float rescale = std::exp(-gap);
+        return round_f16(rescale) * (1.0f / (rescale + 1.0f));
+      };
+      REQUIRE(expected(8.0f) != expected(8.0f * q[0]));
+      CHECK(out[0] == expected(8.0f));
+      for (int d = 1; d < head_dim; ++d) CHECK(out[d] == 0.0f);
 
-    // The same data in an f32 cache is not rounded at all.
-    std::vector<float> out32(8);
-    attention(q.data(), 1, 1, k_rows.data(), v_rows.data(), kv_type::f32, 1, 1, head_dim, 1.0f, out32.data(), nullptr);
-    CHECK(out32[0] == doctest::Approx(1.0 / (1.0 + std::exp(8.0 * double(q[0])))).epsilon(1e-6));
+      // The same data in an f32 cache is not rounded at all.
+      std::vector<float> out32(8);
+      attention(q.data(), 1, 1, k_rows.data(), v_rows.data(), kv_type::f32, 1, 1, head_dim, 1.0f, out32.data(), nullptr);
+      CHECK(out32[0] == doctest::Approx(1.0 / (1.0 + std::exp(8.0 * double(q[0])))).epsilon(1e-6));
+    }
   }
 }

@@ -1,0 +1,65 @@
+// Internal to the CPU attention op (attention.cpp): the unit of work its ISA paths share and
+// their entry points (attention_avx2.cpp, attention_avx512.cpp, both built from
+// attention_simd.h).
+//
+// Every path computes the same arithmetic as the scalar reference, operation for operation, so
+// a forced path and the reference agree bit for bit on an f16 cache (on an f32 cache they
+// differ only through softmax's exponentials):
+//  - dot products (scores): eight partial sums, element i of the whole 8-element blocks going
+//    to sum i % 8 and the remaining elements to sum 0 in order, each product rounded to float
+//    before it is added; then ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)), times scale.
+//  - f16 cache: acc = round_f16(acc * ms) when the running max grows, then
+//    acc = round_f16(acc + v * w) and S = S * ms + w, products rounded before the add;
+//    out = acc * (1 / S).
+//  - f32 cache: softmax over all scores, then out += p * v over the keys in order.
+//  - exponentials of the online softmax: expf, one per key and head, in every path.
+// Products are never fused into the add (the SIMD files build with FMA and keep the compiler
+// from contracting), although ggml's x86 build does fuse its f16 multiply-add: the fused form
+// moves logits by float noise only, yet flips greedy tokens of the SmolLM2 llama.cpp fixtures
+// (tests/models), whose top two logits sit 0.005 apart at some steps; these keep them.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/ops.h"
+
+namespace tandem::kernels::cpu {
+
+inline constexpr int k_attention_pad = 16;        // rows are padded to a multiple of this
+inline constexpr int k_attention_key_block = 16;  // keys widened and scored per step
+
+// Query heads of one query row that share one KV head. They are attended together so that each
+// key and value row is read (and widened from f16) once for all of them.
+struct attention_task {
+  const float* q;     // [n_group][head_dim]: consecutive heads of one query row
+  float* out;         // [n_group][head_dim]
+  const void* k;      // this KV head's key at position 0 (f32 or f16 elements, per kt)
+  const void* v;      // this KV head's value at position 0
+  int64_t kv_stride;  // elements from one position to the next
+  int64_t n_keys;     // positions 0 .. n_keys-1 are attended
+  int n_group;        // heads in q / out
+  int head_dim;
+  int padded_dim;     // head_dim rounded up to a multiple of k_attention_pad
+  float scale;        // applied to every dot product
+  kv_type kt;
+};
+
+// One thread's working memory for a task, carved from one block it owns and reuses. Rows are
+// padded_dim floats; padding lanes hold zeros.
+struct attention_scratch {
+  float* q;       // [n_group][padded_dim]: the queries (f16-rounded for an f16 cache)
+  float* acc;     // [n_group][padded_dim]: value accumulators
+  float* k;       // [k_attention_key_block][padded_dim]: widened key rows
+  float* v;       // [k_attention_key_block][padded_dim]: widened value rows
+  float* scores;  // [n_group][n_keys] for an f32 cache, [n_group][k_attention_key_block] for f16
+  float* ms;      // [n_group][k_attention_key_block]: f16 cache, rescale factor per key
+  float* w;       // [n_group][k_attention_key_block]: f16 cache, value weight per key
+  float* m;       // [n_group]: running max of the online softmax
+  float* sum;     // [n_group]: running sum of the online softmax
+};
+
+// Only call these when the CPU supports the path (isa_supported).
+void attend_avx2(const attention_task& t, const attention_scratch& s);
+void attend_avx512(const attention_task& t, const attention_scratch& s);
+
+}  // namespace tandem::kernels::cpu

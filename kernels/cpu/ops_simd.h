@@ -1,0 +1,25 @@
+// Internal to the CPU element-wise ops: their AVX2 paths (ops_avx2.cpp), which the public
+// functions in ops.h reach through active_isa(). Only call them when the CPU has AVX2, FMA and
+// F16C. The avx512 path takes these too: each op is well under 1% of a forward pass.
+#pragma once
+
+#include <cstdint>
+
+namespace tandem::kernels::cpu {
+
+// dst[i] = nearest f16 of src[i], ties to even; the same bits as fp32_to_fp16 for every
+// non-NaN input (a NaN stays a NaN, payload aside).
+void f32_to_f16_row_avx2(const float* src, uint16_t* dst, int64_t n);
+
+// As rms_norm (same float products and final scaling; the double sum is accumulated in eight
+// lanes, an order difference far below float resolution).
+void rms_norm_avx2(const float* x, const float* w, float* out, int64_t n, float eps);
+
+// As softmax, with the vector e^x of simd_math_avx2.h instead of expf.
+void softmax_avx2(float* x, int64_t n);
+
+// out[i] = e^x[i] through the vector exponential softmax_avx2 uses (simd_math_avx2.h); here so
+// that tests can measure its error. out may equal x.
+void exp_avx2(const float* x, float* out, int64_t n);
+
+}  // namespace tandem::kernels::cpu
