@@ -26,9 +26,12 @@ const std::array<entry, 11> k_kernels{{
     {weight_type::q5_0, {weight_type::q8_0, TANDEM_ROWS(vec_dot_q5_0_scalar), TANDEM_ROWS(vec_dot_q5_0_avx2), nullptr}},
     {weight_type::q5_1, {weight_type::q8_1, TANDEM_ROWS(vec_dot_q5_1_scalar), TANDEM_ROWS(vec_dot_q5_1_avx2), nullptr}},
     {weight_type::q8_0, {weight_type::q8_0, TANDEM_ROWS(vec_dot_q8_0_scalar), TANDEM_ROWS(vec_dot_q8_0_avx2), nullptr}},
-    {weight_type::q4_k, {weight_type::q8_k, TANDEM_ROWS(vec_dot_q4_k_scalar), TANDEM_ROWS(vec_dot_q4_k_avx2), nullptr}},
-    {weight_type::q5_k, {weight_type::q8_k, TANDEM_ROWS(vec_dot_q5_k_scalar), TANDEM_ROWS(vec_dot_q5_k_avx2), nullptr}},
-    {weight_type::q6_k, {weight_type::q8_k, TANDEM_ROWS(vec_dot_q6_k_scalar), TANDEM_ROWS(vec_dot_q6_k_avx2), nullptr}},
+    {weight_type::q4_k,
+     {weight_type::q8_k, TANDEM_ROWS(vec_dot_q4_k_scalar), TANDEM_ROWS(vec_dot_q4_k_avx2), dot_q4_k_avx512}},
+    {weight_type::q5_k,
+     {weight_type::q8_k, TANDEM_ROWS(vec_dot_q5_k_scalar), TANDEM_ROWS(vec_dot_q5_k_avx2), dot_q5_k_avx512}},
+    {weight_type::q6_k,
+     {weight_type::q8_k, TANDEM_ROWS(vec_dot_q6_k_scalar), TANDEM_ROWS(vec_dot_q6_k_avx2), dot_q6_k_avx512}},
 }};
 
 #undef TANDEM_ROWS

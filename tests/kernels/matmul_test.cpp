@@ -209,7 +209,7 @@ TEST_SUITE("matmul") {
               std::vector<double> err(static_cast<size_t>(cols));
               for (int64_t i = 0; i < cols; ++i) {
                 const int64_t b0 = i / act_block * act_block;
-                err[static_cast<size_t>(i)] = activation_error(act, xr + b0, act_block, xr[i]);
+                err[static_cast<size_t>(i)] = activation_error(act, xr + b0, std::min(act_block, cols - b0), xr[i]);
               }
               for (int64_t o = 0; o < rows; ++o) {
                 const float* wr = p.wd.data() + o * cols;
