@@ -17,15 +17,15 @@ struct entry {
 // One row per weight type with kernels; the activation column mirrors activation_type().
 // An avx512 column of nullptr falls back to the avx2 kernel.
 const std::array<entry, 11> k_kernels{{
-    {weight_type::f32, {weight_type::f32, TANDEM_ROWS(vec_dot_f32_scalar), TANDEM_ROWS(vec_dot_f32_avx2), nullptr}},
-    {weight_type::f16, {weight_type::f16, TANDEM_ROWS(vec_dot_f16_scalar), TANDEM_ROWS(vec_dot_f16_avx2), nullptr}},
+    {weight_type::f32, {weight_type::f32, TANDEM_ROWS(vec_dot_f32_scalar), TANDEM_ROWS(vec_dot_f32_avx2), dot_f32_avx512}},
+    {weight_type::f16, {weight_type::f16, TANDEM_ROWS(vec_dot_f16_scalar), TANDEM_ROWS(vec_dot_f16_avx2), dot_f16_avx512}},
     {weight_type::bf16,
-     {weight_type::bf16, TANDEM_ROWS(vec_dot_bf16_scalar), TANDEM_ROWS(vec_dot_bf16_avx2), nullptr, true}},
-    {weight_type::q4_0, {weight_type::q8_0, TANDEM_ROWS(vec_dot_q4_0_scalar), TANDEM_ROWS(vec_dot_q4_0_avx2), nullptr}},
-    {weight_type::q4_1, {weight_type::q8_1, TANDEM_ROWS(vec_dot_q4_1_scalar), TANDEM_ROWS(vec_dot_q4_1_avx2), nullptr}},
-    {weight_type::q5_0, {weight_type::q8_0, TANDEM_ROWS(vec_dot_q5_0_scalar), TANDEM_ROWS(vec_dot_q5_0_avx2), nullptr}},
-    {weight_type::q5_1, {weight_type::q8_1, TANDEM_ROWS(vec_dot_q5_1_scalar), TANDEM_ROWS(vec_dot_q5_1_avx2), nullptr}},
-    {weight_type::q8_0, {weight_type::q8_0, TANDEM_ROWS(vec_dot_q8_0_scalar), TANDEM_ROWS(vec_dot_q8_0_avx2), nullptr}},
+     {weight_type::bf16, TANDEM_ROWS(vec_dot_bf16_scalar), TANDEM_ROWS(vec_dot_bf16_avx2), dot_bf16_avx512, true}},
+    {weight_type::q4_0, {weight_type::q8_0, TANDEM_ROWS(vec_dot_q4_0_scalar), dot_q4_0_avx2, nullptr}},
+    {weight_type::q4_1, {weight_type::q8_1, TANDEM_ROWS(vec_dot_q4_1_scalar), dot_q4_1_avx2, nullptr}},
+    {weight_type::q5_0, {weight_type::q8_0, TANDEM_ROWS(vec_dot_q5_0_scalar), dot_q5_0_avx2, nullptr}},
+    {weight_type::q5_1, {weight_type::q8_1, TANDEM_ROWS(vec_dot_q5_1_scalar), dot_q5_1_avx2, nullptr}},
+    {weight_type::q8_0, {weight_type::q8_0, TANDEM_ROWS(vec_dot_q8_0_scalar), dot_q8_0_avx2, nullptr}},
     {weight_type::q4_k,
      {weight_type::q8_k, TANDEM_ROWS(vec_dot_q4_k_scalar), TANDEM_ROWS(vec_dot_q4_k_avx2), dot_q4_k_avx512}},
     {weight_type::q5_k,

@@ -79,6 +79,14 @@ void vec_dot_q4_k_avx2(int64_t, const void*, const void*, size_t, int, float*, i
 void vec_dot_q5_k_avx2(int64_t, const void*, const void*, size_t, int, float*, int64_t);
 void vec_dot_q6_k_avx2(int64_t, const void*, const void*, size_t, int, float*, int64_t);
 
+// AVX2 tiles of the 32-element block types (vec_dot_legacy_avx2.cpp), dot_fn form; the
+// vec_dot_*_avx2 above are their one-row case.
+void dot_q4_0_avx2(int64_t, const void*, size_t, int, const void*, size_t, int, float*, int64_t);
+void dot_q4_1_avx2(int64_t, const void*, size_t, int, const void*, size_t, int, float*, int64_t);
+void dot_q5_0_avx2(int64_t, const void*, size_t, int, const void*, size_t, int, float*, int64_t);
+void dot_q5_1_avx2(int64_t, const void*, size_t, int, const void*, size_t, int, float*, int64_t);
+void dot_q8_0_avx2(int64_t, const void*, size_t, int, const void*, size_t, int, float*, int64_t);
+
 // AVX-512 tiles (vec_dot_float_avx512.cpp, vec_dot_legacy_avx512.cpp, vec_dot_k_avx512.cpp),
 // dot_fn form.
 #define TANDEM_DOT_FN(name)                                                                                  \

@@ -2,10 +2,17 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 #include <vector>
+
+#if defined(__unix__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 
 #include "kernels/cpu/act_quant.h"
 #include "kernels/cpu/blocks.h"
@@ -107,6 +114,49 @@ std::vector<std::pair<isa, dot_fn>> simd_paths(weight_type t) {
     if (isa_supported(p)) out.emplace_back(p, select_dot(find_dot_kernel(t), p));
   return out;
 }
+
+// Compares a kernel with the scalar reference on one case and tile shape: within 1e-5 of the
+// sum of |terms| inside the tile, untouched outside it.
+void check_against_scalar(const dot_case& c, dot_fn fn, int n_w, int n_act) {
+  const auto s = run(c, find_dot_kernel(c.wt).scalar, n_w, n_act);
+  const auto v = run(c, fn, n_w, n_act);
+  for (int r = 0; r < k_max_act_rows; ++r)
+    for (int o = 0; o < k_out_stride; ++o) {
+      CAPTURE(r);
+      CAPTURE(o);
+      if (r >= n_act || o >= n_w) {
+        REQUIRE(at(v, o, r) == -1.0f);
+        continue;
+      }
+      CHECK(std::fabs(static_cast<double>(at(v, o, r)) - at(s, o, r)) <= 1e-5 * c.magnitude[pair(o, r)]);
+    }
+}
+
+#if defined(__unix__)
+// `n` bytes that end where an inaccessible page begins, so a kernel that reads past the last
+// row faults instead of passing by luck.
+class guarded_bytes {
+ public:
+  explicit guarded_bytes(size_t n) {
+    const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    span_ = (n + page - 1) / page * page + page;
+    void* base = mmap(nullptr, span_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(base != MAP_FAILED);
+    base_ = static_cast<uint8_t*>(base);
+    REQUIRE(mprotect(base_ + span_ - page, page, PROT_NONE) == 0);
+    data_ = base_ + span_ - page - n;
+  }
+  ~guarded_bytes() { munmap(base_, span_); }
+  guarded_bytes(const guarded_bytes&) = delete;
+  guarded_bytes& operator=(const guarded_bytes&) = delete;
+  uint8_t* data() { return data_; }
+
+ private:
+  uint8_t* base_ = nullptr;
+  uint8_t* data_ = nullptr;
+  size_t span_ = 0;
+};
+#endif
 
 }  // namespace
 
@@ -225,4 +275,99 @@ TEST_SUITE("vec_dot") {
       }
     }
   }
+  TEST_CASE("SIMD paths handle every block count of the 32-element types") {
+    // The AVX-512 kernels take blocks in pairs / quads and convert scales 16 blocks at a time;
+    // every remainder of those, alone and after full groups, must match the scalar sum.
+    uint32_t seed = 400;
+    for (const auto t : {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1,
+                         weight_type::q8_0}) {
+      for (int64_t blocks = 1; blocks <= 41; ++blocks) {
+        const auto c = make_case(t, blocks * 32, ++seed);
+        for (const auto& [path, fn] : simd_paths(t))
+          for (const auto& [n_w, n_act] : {std::pair{1, 1}, std::pair{4, 1}, std::pair{3, 2}, std::pair{4, 4}}) {
+            CAPTURE(display_name(t));
+            CAPTURE(isa_name(path));
+            CAPTURE(blocks);
+            CAPTURE(n_w);
+            CAPTURE(n_act);
+            check_against_scalar(c, fn, n_w, n_act);
+          }
+      }
+    }
+  }
+
+  TEST_CASE("SIMD paths handle every tail length of the float types") {
+    uint32_t seed = 500;
+    for (const auto t : {weight_type::f32, weight_type::f16, weight_type::bf16})
+      for (int64_t n = 1; n <= 80; ++n) {
+        const auto c = make_case(t, n, ++seed);
+        for (const auto& [path, fn] : simd_paths(t))
+          for (const auto& [n_w, n_act] : {std::pair{1, 1}, std::pair{4, 1}, std::pair{4, 4}}) {
+            CAPTURE(display_name(t));
+            CAPTURE(isa_name(path));
+            CAPTURE(n);
+            CAPTURE(n_w);
+            CAPTURE(n_act);
+            check_against_scalar(c, fn, n_w, n_act);
+          }
+      }
+  }
+
+  TEST_CASE("Q8_0 weight code -128 (valid in GGUF files, never made by the quantizer)") {
+    // AVX-512 flips the sign bit to get an unsigned byte; -128 becomes 0, and the offset term
+    // must still give the exact integer.
+    std::vector<block_q8_0> w(3);
+    std::vector<block_q8_0> a(3);
+    for (size_t b = 0; b < w.size(); ++b) {
+      store_half(w[b].d, 0x3C00);  // 1
+      store_half(a[b].d, 0x3C00);
+      for (int j = 0; j < 32; ++j) {
+        w[b].qs[j] = static_cast<int8_t>(j % 3 == 0 ? -128 : j - 16);
+        a[b].qs[j] = static_cast<int8_t>(j % 2 ? 127 : -127);
+      }
+    }
+    const int64_t n = 32 * static_cast<int64_t>(w.size());
+    float expected = 0;
+    vec_dot_q8_0_scalar(n, w.data(), a.data(), 0, 1, &expected, 1);
+    double exact = 0;
+    for (size_t b = 0; b < w.size(); ++b)
+      for (int j = 0; j < 32; ++j) exact += static_cast<double>(w[b].qs[j]) * a[b].qs[j];
+    CHECK(expected == static_cast<float>(exact));
+    for (const auto& [path, fn] : simd_paths(weight_type::q8_0)) {
+      CAPTURE(isa_name(path));
+      float out = 0;
+      fn(n, w.data(), 0, 1, a.data(), 0, 1, &out, 1);
+      CHECK(out == expected);  // small integers: every order of additions is exact
+    }
+  }
+
+#if defined(__unix__)
+  TEST_CASE("kernels read nothing past the last weight row and activation row") {
+    // Weight rows and activation rows are views into files and scratch buffers; the tile's
+    // last rows may end at the last byte of a mapping.
+    uint32_t seed = 600;
+    for (const auto t : tandem::test::computable_types()) {
+      const int64_t block = std::max(info(t).block_elems, info(activation_type(t)).block_elems);
+      for (const int64_t n : {block, 3 * block, 7 * block}) {
+        const auto c = make_case(t, n, ++seed);
+        guarded_bytes w(c.w.size());
+        guarded_bytes a(c.a.size());
+        std::memcpy(w.data(), c.w.data(), c.w.size());
+        std::memcpy(a.data(), c.a.data(), c.a.size());
+        const dot_kernel& k = find_dot_kernel(t);
+        std::vector<std::pair<isa, dot_fn>> paths{{isa::scalar, k.scalar}};
+        for (const auto& p : simd_paths(t)) paths.push_back(p);
+        for (const auto& [path, fn] : paths) {
+          CAPTURE(display_name(t));
+          CAPTURE(isa_name(path));
+          CAPTURE(n);
+          std::vector<float> out(static_cast<size_t>(k_max_act_rows * k_out_stride), -1.0f);
+          fn(n, w.data(), c.w_row, k_max_weight_rows, a.data(), c.a_row, k_max_act_rows, out.data(), k_out_stride);
+          const auto ref = run(c, fn, k_max_weight_rows, k_max_act_rows);
+          CHECK(out == ref);
+        }
+      }
+    }
+  }
+#endif
 }
