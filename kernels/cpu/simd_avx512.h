@@ -42,12 +42,26 @@ static inline float hsum(__m512 v) {
   return _mm_cvtss_f32(s);
 }
 
+// The lane sum of the AVX2 kernels (simd_avx2.h), operation for operation: the legacy
+// block tiles must round exactly as the AVX2 ones do.
+static inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
 static inline __m512i load64(const void* p) { return _mm512_loadu_si512(p); }
 static inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
 // Two unaligned 32-byte loads into one register: a in the low half, b in the high half.
 static inline __m512i load32x2(const void* a, const void* b) {
   return _mm512_mask_inserti64x4(_mm512_setzero_si512(), 0xFF, _mm512_castsi256_si512(load32(a)), load32(b), 1);
+}
+
+// One register of two halves: a in the low 256 bits, b in the high 256 bits.
+static inline __m512i join(__m256i a, __m256i b) {
+  return _mm512_mask_inserti64x4(_mm512_setzero_si512(), 0xFF, _mm512_castsi256_si512(a), b, 1);
 }
 
 // Bytes [0, n) at p with zeros above (n clamped to 0..64); the masked-off bytes are never

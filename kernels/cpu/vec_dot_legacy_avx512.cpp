@@ -1,23 +1,21 @@
 // AVX-512 VNNI dots for the 32-element blocks, as tiles of NW weight rows x NR activation
 // rows.
 //
-// Layout: a step takes a quad of four consecutive blocks and holds its codes in two zmm:
-// `lo` has elements 0..15 of block k in bytes 16k..16k+15 and `hi` elements 16..31. One
-// two-table word permute (vpermt2w) brings 16-byte segments of four blocks into that
-// layout; for Q4 / Q5 the segment is the block's 16 packed bytes, whose low nibbles are
-// elements 0..15 and high nibbles elements 16..31, so lo and hi are just masks and a shift
-// of one permuted register.
+// Results are bit-identical to the AVX2 tiles (vec_dot_legacy_avx2.cpp), which follow
+// ggml's x86 order of float operations, so greedy tokens at near-tied logits agree with
+// llama.cpp. Per (weight row, activation row) pair that order is one 8-lane float
+// accumulator; for each block in turn, int32 lane i holds the exact dot of elements
+// 4i..4i+3, and acc = fma(dx * dy, float(lanes), acc); at the end the AVX2 lane sum plus
+// (Q4_1 / Q5_1) the sum of m * s over the blocks, each product rounded, added in block order.
 //
-// Integer part: every weight code enters vpdpbusd as an unsigned byte: Q4 / Q5 codes as
-// stored, Q8_0 codes with the sign bit flipped (w + 128). What that offset adds (8, 16 or
-// 128 times the activation codes) depends only on the activation block, so it is computed
-// once per activation row and quad and seeds the dpbusd of every weight row. Int32 lanes
-// 4k..4k+3 then hold exact partial sums (eight products each) of block k's integer.
-//
-// Float part: the fp16 scales come out of the same two tables as the codes, one more
-// permute placing block k's d over its int32 lanes 4k..4k+3; one FMA per quad then adds
-// sum * dx * dy, so results differ from the scalar kernel only in the order of float
-// additions.
+// So a block's lanes must stay in one 256-bit half in element order, and the speed comes
+// from elsewhere: each zmm holds two pairs (two weight rows against one activation row), so
+// one vpdpbusd, conversion, multiply and FMA serve both. Every weight code enters vpdpbusd
+// as an unsigned byte (Q4 / Q5 codes as stored, Q8_0 codes with the sign bit flipped,
+// w + 128); what that offset adds (8, 16 or 128 times the activation codes) depends only on
+// the activation block, so it is computed once per activation block and seeds the vpdpbusd
+// of every weight row, negated. The integers are exact, so they equal the AVX2 maddubs /
+// madd sums; the float operations are the same ones in the same order.
 #include <immintrin.h>
 
 #include <cstring>
@@ -30,235 +28,178 @@ namespace {
 
 using namespace avx512;
 
-constexpr int k_quad = 4;  // blocks per step
-
-// Byte offsets, from the quad's first block, of the two 64-byte tables one vpermt2w picks
-// from.
-struct table_offsets {
-  int a, b;
-};
-
-// Tables for the 16-byte segments at byte `seg` of four blocks of `bs` bytes; table b ends
-// with block 3's segment. With `heads`, table a starts at block 0 so that it also holds the
-// blocks' first four bytes (d, and m or s), else at block 0's segment.
-constexpr table_offsets tables_for(int bs, int seg, bool heads) { return {heads ? 0 : seg, 3 * bs + seg + 16 - 64}; }
-
-// Word index of byte x (even) of the quad in the tables, or -1 where neither holds it.
-constexpr int table_word(table_offsets t, int x) {
-  if (x >= t.a && x + 2 <= t.a + 64) return (x - t.a) / 2;
-  if (x >= t.b && x + 2 <= t.b + 64) return 32 + (x - t.b) / 2;
-  return -1;
+// The 16 packed bytes of two blocks -> their 32 code bytes each, the first block's in the
+// low 256 bits and the second one's in the high ones, in element order: low nibbles are
+// elements 0..15, high nibbles 16..31. The broadcasts are pure loads, and the shift of
+// the upper 16 bytes is masked rather than shuffled.
+inline __m512i unpack_nibbles(const uint8_t* qs0, const uint8_t* qs1) {
+  const __m512i both = join(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs0))),
+                            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs1))));
+  return _mm512_and_si512(_mm512_mask_srli_epi16(both, 0xFF00FF00, both, 4), _mm512_set1_epi8(0x0F));
+}
+// Q5: bit j of a block's qh is the fifth bit (16) of its element j.
+inline __m512i add_fifth_bits(__m512i q, const uint8_t* qh0, const uint8_t* qh1) {
+  uint32_t b0, b1;
+  std::memcpy(&b0, qh0, sizeof b0);
+  std::memcpy(&b1, qh1, sizeof b1);
+  const __mmask64 k = _cvtu64_mask64(static_cast<uint64_t>(b0) | static_cast<uint64_t>(b1) << 32);
+  return _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8(0x10));
 }
 
-// Word i of 128-bit lane k = word i of block k's segment.
-constexpr word_index segment_index(table_offsets t, int bs, int seg) {
-  word_index x{};
-  for (int k = 0; k < k_quad; ++k)
-    for (int i = 0; i < 8; ++i) x.w[8 * k + i] = static_cast<uint16_t>(table_word(t, k * bs + seg + 2 * i));
-  return x;
-}
-
-// Words 4k..4k+3: block k's fp16 d (its first two bytes), so converted they spread over the
-// int32 lanes of block k; word 16 + k: the fp16 after it (m, or Q8_1's s). Other high words
-// are zeroed by k_head_words.
-constexpr word_index heads_index(table_offsets t, int bs) {
-  word_index x{};
-  for (int k = 0; k < k_quad; ++k) {
-    for (int i = 0; i < 4; ++i) x.w[4 * k + i] = static_cast<uint16_t>(table_word(t, k * bs));
-    x.w[16 + k] = static_cast<uint16_t>(table_word(t, k * bs + 2));
-  }
-  return x;
-}
-constexpr __mmask32 k_head_words = 0x000FFFFF;
-
-constexpr bool indices_valid(const word_index& x) {
-  for (const uint16_t w : x.w)
-    if (w >= 64) return false;
-  return true;
-}
-
-struct tables {
-  __m512i a, b;
-};
-
-// The two tables of a quad at p. Partial: only the first `count` blocks are read, the rest
-// of the tables is zero.
-template <int Bs, table_offsets T, bool Partial>
-tables load_tables(const uint8_t* p, int count) {
-  static_assert(T.a >= 0 && T.b >= T.a && T.b + 64 <= k_quad * Bs, "tables must lie inside the quad");
-  if constexpr (Partial) return {load_bytes(p + T.a, count * Bs - T.a), load_bytes(p + T.b, count * Bs - T.b)};
-  else return {load64(p + T.a), load64(p + T.b)};
-}
-
-__m512i pick(const tables& t, const word_index& idx) { return _mm512_permutex2var_epi16(t.a, idx.load(), t.b); }
-
-// One quad of weights or activations: codes in the quad layout, the fp16 d of each block
-// spread over its int32 lanes as float, and (types with an offset; Q8_1) the second fp16
-// of block k in lane k.
-struct quad {
-  __m512i lo, hi;
-  __m512 d, m;
-};
-
-template <bool Second>
-void unpack_heads(const tables& t, const word_index& idx, quad& q) {
-  const __m512i h = _mm512_maskz_permutex2var_epi16(k_head_words, t.a, idx.load(), t.b);
-  q.d = halves_lo(h);
-  q.m = Second ? halves_hi(h) : _mm512_setzero_ps();
-}
-
-// Q8_0 / Q8_1 blocks (activations, and Q8_0 weights): 32 code bytes after the heads.
-template <class Block, bool Second, bool Partial>
-quad load_q8(const uint8_t* p, int count) {
-  constexpr int bs = sizeof(Block), seg = offsetof(Block, qs);
-  constexpr table_offsets tlo = tables_for(bs, seg, true), thi = tables_for(bs, seg + 16, false);
-  static constexpr word_index lo = segment_index(tlo, bs, seg), hi = segment_index(thi, bs, seg + 16),
-                              heads = heads_index(tlo, bs);
-  static_assert(indices_valid(lo) && indices_valid(hi) && indices_valid(heads));
-  const tables a = load_tables<bs, tlo, Partial>(p, count);
-  quad q;
-  q.lo = pick(a, lo);
-  q.hi = pick(load_tables<bs, thi, Partial>(p, count), hi);
-  unpack_heads<Second>(a, heads, q);
-  return q;
-}
-
-// Q4 / Q5 blocks: the 16 packed bytes of a block, low nibbles elements 0..15 and high
-// nibbles 16..31, come out of one permute into lo and hi by masks and a shift.
-template <class Block, bool Second, bool Partial>
-quad load_nibbles(const uint8_t* p, int count) {
-  constexpr int bs = sizeof(Block), seg = offsetof(Block, qs);
-  constexpr table_offsets t = tables_for(bs, seg, true);
-  static constexpr word_index packed = segment_index(t, bs, seg), heads = heads_index(t, bs);
-  static_assert(indices_valid(packed) && indices_valid(heads));
-  const tables a = load_tables<bs, t, Partial>(p, count);
-  const __m512i both = pick(a, packed);
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  quad q;
-  q.lo = _mm512_and_si512(both, low4);
-  q.hi = _mm512_and_si512(_mm512_srli_epi16(both, 4), low4);
-  unpack_heads<Second>(a, heads, q);
-  return q;
-}
-
-// Q5: the nibbles plus 16 where the fifth bit is set. Bit j of a block's qh is element j,
-// which sits at byte 16k + j of lo (j < 16) or 16k + j - 16 of hi.
-template <class Block, bool Second, bool Partial>
-quad load_q5(const uint8_t* p, int count) {
-  quad q = load_nibbles<Block, Second, Partial>(p, count);
-  uint64_t lo = 0, hi = 0;
-  for (int k = 0; k < (Partial ? count : k_quad); ++k) {
-    uint32_t h;
-    std::memcpy(&h, p + k * sizeof(Block) + offsetof(Block, qh), sizeof h);
-    lo |= static_cast<uint64_t>(h & 0xFFFF) << (16 * k);
-    hi |= static_cast<uint64_t>(h >> 16) << (16 * k);
-  }
-  const __m512i sixteen = _mm512_set1_epi8(16);
-  q.lo = _mm512_mask_add_epi8(q.lo, _cvtu64_mask64(lo), q.lo, sixteen);
-  q.hi = _mm512_mask_add_epi8(q.hi, _cvtu64_mask64(hi), q.hi, sixteen);
-  return q;
-}
-
-// Per weight type: the block, the activation block it meets, whether it carries an offset m
-// (then the activation is Q8_1 and each block adds m * s), the byte whose dpbusd with the
-// activation codes is the offset to take back (types without m), and a quad of weights
-// with the codes as unsigned bytes.
+// Per weight type: the block, the activation block it meets, the byte added to every code
+// to make it unsigned (taken back through the activation sums; 0 for types with m, whose
+// Q8_1 s carries the offset), and two blocks' codes as unsigned bytes (unpack_nibbles
+// layout).
 struct q4_0_traits {
   using block = block_q4_0;
   using act_block = block_q8_0;
-  static constexpr bool has_min = false;
   static constexpr char offset = 8;
-  template <bool Partial>
-  static quad load(const uint8_t* p, int count) { return load_nibbles<block, false, Partial>(p, count); }
+  static __m512i codes(const block& b0, const block& b1) { return unpack_nibbles(b0.qs, b1.qs); }
 };
-
 struct q4_1_traits {
   using block = block_q4_1;
   using act_block = block_q8_1;
-  static constexpr bool has_min = true;
   static constexpr char offset = 0;
-  template <bool Partial>
-  static quad load(const uint8_t* p, int count) { return load_nibbles<block, true, Partial>(p, count); }
+  static __m512i codes(const block& b0, const block& b1) { return unpack_nibbles(b0.qs, b1.qs); }
 };
-
 struct q5_0_traits {
   using block = block_q5_0;
   using act_block = block_q8_0;
-  static constexpr bool has_min = false;
   static constexpr char offset = 16;
-  template <bool Partial>
-  static quad load(const uint8_t* p, int count) { return load_q5<block, false, Partial>(p, count); }
+  static __m512i codes(const block& b0, const block& b1) {
+    return add_fifth_bits(unpack_nibbles(b0.qs, b1.qs), b0.qh, b1.qh);
+  }
 };
-
 struct q5_1_traits {
   using block = block_q5_1;
   using act_block = block_q8_1;
-  static constexpr bool has_min = true;
   static constexpr char offset = 0;
-  template <bool Partial>
-  static quad load(const uint8_t* p, int count) { return load_q5<block, true, Partial>(p, count); }
+  static __m512i codes(const block& b0, const block& b1) {
+    return add_fifth_bits(unpack_nibbles(b0.qs, b1.qs), b0.qh, b1.qh);
+  }
 };
-
 struct q8_0_traits {
   using block = block_q8_0;
   using act_block = block_q8_0;
-  static constexpr bool has_min = false;
   static constexpr char offset = static_cast<char>(0x80);
-  template <bool Partial>
-  static quad load(const uint8_t* p, int count) {
-    quad q = load_q8<block, false, Partial>(p, count);
-    const __m512i flip = _mm512_set1_epi8(offset);
-    q.lo = _mm512_xor_si512(q.lo, flip);
-    q.hi = _mm512_xor_si512(q.hi, flip);
-    return q;
+  static __m512i codes(const block& b0, const block& b1) {
+    return _mm512_xor_si512(load32x2(b0.qs, b1.qs), _mm512_set1_epi8(offset));
   }
 };
+
+// Two pairs per zmm: weight rows 2g and 2g + 1 share one register, row 2g in the low 256
+// bits and 2g + 1 in the high ones, and each half is its pair's own 8-lane accumulator, fed
+// one block at a time. An odd last row fills both halves; the high one is dropped.
+//
+// The fp16 scales are converted k_chunk blocks at a time: scalar copies collect them in a
+// small buffer (block-major, row-minor), which vcvtph2ps turns into floats 16 at a time; the
+// block loop then reads each as a broadcast memory operand instead of converting and
+// broadcasting it in the shuffle port.
+constexpr int k_chunk = 16;
 
 template <class T, int NW, int NR>
 void tile(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* act, size_t act_stride, float* out,
           int64_t out_stride) {
-  constexpr int64_t wb = sizeof(typename T::block), ab = sizeof(typename T::act_block);
-  __m512 acc[NW][NR];
+  using block = typename T::block;
+  using act_block = typename T::act_block;
+  constexpr bool with_m = sizeof(act_block) == sizeof(block_q8_1);
+  constexpr int NG = (NW + 1) / 2;
+  constexpr int W = 4;  // row slots per block in the scale buffers
+  __m512 acc[NG][NR];
+  __m128 min_sum[NW];  // lane r: sum of m * s over the blocks, weight row o x activation row r
   TANDEM_UNROLL
-  for (int o = 0; o < NW; ++o)
+  for (int g = 0; g < NG; ++g)
     TANDEM_UNROLL
-    for (int r = 0; r < NR; ++r) acc[o][r] = _mm512_setzero_ps();
-
-  // One quad: the weight rows first, then each activation row against all of them (fewer
-  // live registers than the other order).
-  auto step = [&]<bool Partial>(int64_t b, int c) {
-    quad x[NW];
-    TANDEM_UNROLL
-    for (int o = 0; o < NW; ++o) {
-      const uint8_t* p = w + o * w_stride + b * wb;
-      // The same bytes of the NW rows after the tile, which matmul reads next. The hardware
-      // prefetchers lose track of the tile's interleaved row streams; without this, decode
-      // reaches about half the memory bandwidth.
-      for (int64_t i = 0; i < k_quad * wb; i += 64) prefetch(p, NW * w_stride + i);
-      prefetch(p, NW * w_stride + k_quad * wb - 1);
-      x[o] = T::template load<Partial>(p, c);
-    }
-    TANDEM_UNROLL
-    for (int r = 0; r < NR; ++r) {
-      const quad y = load_q8<typename T::act_block, T::has_min, Partial>(act + r * act_stride + b * ab, c);
-      __m512i base = _mm512_setzero_si512();
-      if constexpr (T::offset != 0) {
-        const __m512i off = _mm512_set1_epi8(T::offset);
-        base = _mm512_sub_epi32(base, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(base, off, y.lo), off, y.hi));
-      }
+    for (int r = 0; r < NR; ++r) acc[g][r] = _mm512_setzero_ps();
+  TANDEM_UNROLL
+  for (int o = 0; o < NW; ++o) min_sum[o] = _mm_setzero_ps();
+  // The raw fp16 of one chunk, and the floats of two: the next chunk's scales are collected
+  // before the current chunk's blocks and converted after them, so the vector load that reads
+  // the scalar stores never waits for them. Slot (k, row) at H * (W * k + row) holds H fp16:
+  // d, then m (weights) or s (Q8_1) where the type has them; they lead every block, so one
+  // copy per block takes both.
+  constexpr int H = with_m ? 2 : 1;
+  constexpr int slots = k_chunk * W * H;
+  alignas(64) uint16_t hx[slots] = {}, hy[slots] = {};
+  alignas(64) float fx[2][slots], fy[2][slots];
+  auto collect = [&](int64_t b0, int count) {
+    for (int k = 0; k < count; ++k) {
       TANDEM_UNROLL
       for (int o = 0; o < NW; ++o) {
-        const __m512i sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(base, x[o].lo, y.lo), x[o].hi, y.hi);
-        acc[o][r] = _mm512_fmadd_ps(cvt_i32(sum), _mm512_mul_ps(x[o].d, y.d), acc[o][r]);
-        // m * s of the quad's blocks (lanes 0..3, zero elsewhere).
-        if constexpr (T::has_min) acc[o][r] = _mm512_fmadd_ps(x[o].m, y.m, acc[o][r]);
+        const block& x = reinterpret_cast<const block*>(w + o * w_stride)[b0 + k];
+        std::memcpy(hx + H * (W * k + o), &x, H * sizeof(uint16_t));
+      }
+      TANDEM_UNROLL
+      for (int r = 0; r < NR; ++r) {
+        const act_block& y = reinterpret_cast<const act_block*>(act + r * act_stride)[b0 + k];
+        std::memcpy(hy + H * (W * k + r), &y, H * sizeof(uint16_t));
       }
     }
   };
-  int64_t b = 0;
-  for (; b + k_quad <= nb; b += k_quad) step.template operator()<false>(b, k_quad);
-  if (b < nb) step.template operator()<true>(b, static_cast<int>(nb - b));
-  store_tile<NW, NR>(acc, out, out_stride);
+  auto convert = [&](int set, int count) {
+    for (int i = 0; i < count * W * H; i += 16) {
+      _mm512_store_ps(fx[set] + i, cvt_f16(load32(hx + i)));
+      _mm512_store_ps(fy[set] + i, cvt_f16(load32(hy + i)));
+    }
+  };
+  auto chunk_size = [&](int64_t b0) { return nb - b0 < k_chunk ? static_cast<int>(nb - b0) : k_chunk; };
+  if (nb > 0) {
+    collect(0, chunk_size(0));
+    convert(0, chunk_size(0));
+  }
+  int set = 0;
+  for (int64_t b0 = 0; b0 < nb; b0 += k_chunk, set ^= 1) {
+    const int count = chunk_size(b0);
+    const int next = b0 + k_chunk < nb ? chunk_size(b0 + k_chunk) : 0;
+    if (next > 0) collect(b0 + k_chunk, next);
+    const float* xs = fx[set];
+    const float* ys = fy[set];
+    for (int k = 0; k < count; ++k) {
+      const int64_t b = b0 + k;
+      __m512i a[NR], seed[NR];
+      TANDEM_UNROLL
+      for (int r = 0; r < NR; ++r) {
+        const act_block& y = reinterpret_cast<const act_block*>(act + r * act_stride)[b];
+        a[r] = _mm512_mask_broadcast_i64x4(_mm512_setzero_si512(), 0xFF, load32(y.qs));
+        seed[r] = _mm512_setzero_si512();
+        if constexpr (T::offset != 0)
+          seed[r] = _mm512_sub_epi32(seed[r], _mm512_dpbusd_epi32(seed[r], _mm512_set1_epi8(T::offset), a[r]));
+      }
+      TANDEM_UNROLL
+      for (int g = 0; g < NG; ++g) {
+        const int o0 = 2 * g, o1 = 2 * g + 1 < NW ? 2 * g + 1 : 2 * g;
+        const block& x0 = reinterpret_cast<const block*>(w + o0 * w_stride)[b];
+        const block& x1 = reinterpret_cast<const block*>(w + o1 * w_stride)[b];
+        prefetch(&x0, NW * w_stride);
+        if (o1 != o0) prefetch(&x1, NW * w_stride);
+        const __m512i q = T::codes(x0, x1);
+        const __m512 dx = _mm512_mask_broadcastss_ps(_mm512_set1_ps(xs[H * (W * k + o0)]), 0xFF00,
+                                                     _mm_load_ss(&xs[H * (W * k + o1)]));
+        TANDEM_UNROLL
+        for (int r = 0; r < NR; ++r) {
+          const __m512i p = _mm512_dpbusd_epi32(seed[r], q, a[r]);
+          acc[g][r] = _mm512_fmadd_ps(_mm512_mul_ps(dx, _mm512_set1_ps(ys[H * (W * k + r)])), cvt_i32(p), acc[g][r]);
+        }
+      }
+      if constexpr (with_m) {
+        // Per lane the scalar m * s, then the add: the same roundings as the AVX2 kernel.
+        const float* sk = ys + H * W * k;  // d0 s0 d1 s1 d2 s2 d3 s3
+        const __m128 s = _mm_shuffle_ps(_mm_load_ps(sk), _mm_load_ps(sk + 4), _MM_SHUFFLE(3, 1, 3, 1));
+        TANDEM_UNROLL
+        for (int o = 0; o < NW; ++o)
+          min_sum[o] = _mm_add_ps(min_sum[o], _mm_mul_ps(_mm_set1_ps(xs[H * (W * k + o) + 1]), s));
+      }
+    }
+    if (next > 0) convert(set ^ 1, next);
+  }
+  alignas(16) float ms[NW][4];
+  for (int o = 0; o < NW; ++o) _mm_store_ps(ms[o], min_sum[o]);
+  for (int r = 0; r < NR; ++r)
+    for (int o = 0; o < NW; ++o) {
+      const __m512 v = acc[o / 2][r];
+      const __m256 half = _mm512_mask_extractf32x8_ps(_mm256_setzero_ps(), 0xFF, v, o % 2);
+      out[r * out_stride + o] = hsum(half) + ms[o][r];
+    }
 }
 
 template <class T>

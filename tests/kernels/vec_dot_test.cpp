@@ -296,6 +296,37 @@ TEST_SUITE("vec_dot") {
     }
   }
 
+  TEST_CASE("avx512 legacy tiles equal the avx2 tiles bit for bit") {
+    // The AVX2 tiles keep ggml's order of float operations, which decides SmolLM2's greedy
+    // tokens at near-tied logits; the AVX-512 tiles must round exactly as they do, for every
+    // block count and wherever a pair sits in a tile.
+    if (!isa_supported(isa::avx512)) {
+      MESSAGE("skipped: this CPU lacks AVX-512 VNNI");
+      return;
+    }
+    uint32_t seed = 600;
+    for (const auto t : {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1,
+                         weight_type::q8_0}) {
+      const dot_kernel& k = find_dot_kernel(t);
+      REQUIRE(static_cast<bool>(k.avx512));
+      REQUIRE((select_dot(k, isa::avx512) == k.avx512));
+      for (int64_t blocks = 1; blocks <= 41; ++blocks) {
+        const auto c = make_case(t, blocks * 32, ++seed);
+        for (int n_w = 1; n_w <= k_max_weight_rows; ++n_w)
+          for (int n_act = 1; n_act <= k_max_act_rows; ++n_act) {
+            CAPTURE(display_name(t));
+            CAPTURE(blocks);
+            CAPTURE(n_w);
+            CAPTURE(n_act);
+            const auto wide = run(c, k.avx512, n_w, n_act);
+            const auto narrow = run(c, k.avx2, n_w, n_act);
+            // Compared as bytes: equal values are not enough (the sign of a zero counts).
+            CHECK(std::memcmp(wide.data(), narrow.data(), wide.size() * sizeof(float)) == 0);
+          }
+      }
+    }
+  }
+
   TEST_CASE("SIMD paths handle every tail length of the float types") {
     uint32_t seed = 500;
     for (const auto t : {weight_type::f32, weight_type::f16, weight_type::bf16})
