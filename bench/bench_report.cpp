@@ -1,0 +1,98 @@
+#include "bench/bench_report.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/thread_pool.h"
+#include "models/model.h"
+
+namespace tandem::bench {
+namespace {
+
+double ratio(double a, double b) { return b != 0 ? a / b : 0.0; }
+
+void put(nlohmann::json& j, const std::string& name, const summary& s, const std::vector<double>& samples) {
+  j[name] = s.median;
+  j[name + "_min"] = s.min;
+  j[name + "_max"] = s.max;
+  j[name + "_samples"] = samples;
+}
+
+std::string line(const char* label, const std::string& what, const summary& s, const char* unit, const std::string& note = {}) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%-9s %-22s %10.2f %-5s [%.2f .. %.2f]  %5.1f%%%s%s\n", label, what.c_str(), s.median, unit,
+                s.min, s.max, 100.0 * s.spread(), note.empty() ? "" : "  ", note.c_str());
+  return buf;
+}
+
+}  // namespace
+
+double bench_report::batched_vs_single() const { return ratio(result.batched_decode.median, result.decode.median); }
+double bench_report::decode_vs_ceiling() const { return ratio(result.decode_gb.median, ceiling.gb_s_summary.median); }
+
+bench_report run_bench(const bench_options& o) {
+  models::model m(o.model_path);
+  kernels::cpu::thread_pool pool(o.threads > 0 ? o.threads : kernels::cpu::default_thread_count());
+  bench_report r;
+  r.model_path = o.model_path;
+  r.arch = std::string(models::architecture_name(m.config().arch));
+  r.type = kernels::display_name(main_weight_type(m));
+  r.weight_bytes = m.weight_bytes();
+  r.threads = pool.size();
+  r.isa = kernels::cpu::isa_name(kernels::cpu::active_isa());
+  r.params = o.params;
+  r.result = run_model_bench(m, pool, o.params);
+  r.ceiling = measure_read_ceiling(pool, o.read_buffer_bytes > 0 ? o.read_buffer_bytes : default_read_buffer_bytes(),
+                                   std::max(o.params.reps, 3));
+  return r;
+}
+
+nlohmann::json to_json(const bench_report& r) {
+  nlohmann::json j;
+  j["model"] = r.model_path;
+  j["arch"] = r.arch;
+  j["type"] = r.type;
+  j["weight_bytes"] = r.weight_bytes;
+  j["threads"] = r.threads;
+  j["isa"] = r.isa;
+  j["prompt"] = r.params.prompt;
+  j["gen"] = r.params.gen;
+  j["batch"] = r.params.batch;
+  j["reps"] = r.params.reps;
+  put(j, "prefill_tok_s", r.result.prefill, r.result.prefill_tok_s);
+  put(j, "decode_tok_s", r.result.decode, r.result.decode_tok_s);
+  put(j, "batched_decode_tok_s", r.result.batched_decode, r.result.batched_decode_tok_s);
+  put(j, "decode_gb_s", r.result.decode_gb, r.result.decode_gb_s);
+  put(j, "read_ceiling_gb_s", r.ceiling.gb_s_summary, r.ceiling.gb_s);
+  j["decode_bytes_per_token"] = r.result.decode_bytes_per_token;
+  j["read_buffer_bytes"] = r.ceiling.buffer_bytes;
+  j["batched_vs_single"] = r.batched_vs_single();
+  j["decode_vs_ceiling"] = r.decode_vs_ceiling();
+  return j;
+}
+
+std::string format_table(const bench_report& r) {
+  const auto& p = r.params;
+  char head[512];
+  std::snprintf(head, sizeof head,
+                "model: %s (%s, %s, %.1f MiB)\nthreads %d, isa %s, %d reps: median [min .. max] spread\n", r.model_path.c_str(),
+                r.arch.c_str(), r.type.c_str(), static_cast<double>(r.weight_bytes) / (1 << 20), r.threads, r.isa.c_str(),
+                p.reps);
+  std::string out = head;
+  char note[128];
+  out += line("prefill", std::to_string(p.prompt) + " tokens", r.result.prefill, "tok/s");
+  out += line("decode", std::to_string(p.gen) + " tokens", r.result.decode, "tok/s");
+  std::snprintf(note, sizeof note, "%.2fx single decode", r.batched_vs_single());
+  out += line("batched", std::to_string(p.batch) + " seqs x " + std::to_string(p.gen) + " tokens", r.result.batched_decode,
+              "tok/s", note);
+  std::snprintf(note, sizeof note, "%.2f of the read ceiling", r.decode_vs_ceiling());
+  char what[64];
+  std::snprintf(what, sizeof what, "%.1f MB/token", static_cast<double>(r.result.decode_bytes_per_token) / 1e6);
+  out += line("decode", what, r.result.decode_gb, "GB/s", note);
+  std::snprintf(what, sizeof what, "read, %.0f MiB buffer", static_cast<double>(r.ceiling.buffer_bytes) / (1 << 20));
+  out += line("ceiling", what, r.ceiling.gb_s_summary, "GB/s");
+  return out;
+}
+
+}  // namespace tandem::bench

@@ -1,0 +1,53 @@
+// `tandem bench` as a library: load a model, measure its throughput and the memory-read
+// ceiling with one thread pool, and render the result as a table or one JSON object. The
+// command in cli/ only parses arguments and prints.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "bench/model_bench.h"
+#include "bench/read_ceiling.h"
+
+namespace tandem::bench {
+
+struct bench_options {
+  std::string model_path;
+  int threads = 0;  // 0: kernels::cpu::default_thread_count()
+  model_bench_params params;
+  uint64_t read_buffer_bytes = 0;  // 0: default_read_buffer_bytes()
+};
+
+struct bench_report {
+  std::string model_path;
+  std::string arch;             // "llama", "qwen2", ...
+  std::string type;             // main_weight_type, e.g. "Q4_K"
+  uint64_t weight_bytes = 0;    // all tensor data in the file
+  int threads = 0;
+  std::string isa;              // kernel path taken: scalar, avx2, avx512
+  model_bench_params params;
+  model_bench_result result;
+  read_ceiling_result ceiling;  // measured with the same pool, after the model phases
+
+  // Medians divided: batched aggregate over single-sequence decode, and decode GB/s over the
+  // read ceiling (0 when the divisor is 0).
+  double batched_vs_single() const;
+  double decode_vs_ceiling() const;
+};
+
+// Loads the model, runs run_model_bench and measure_read_ceiling (with at least 3
+// repetitions, it being cheap) on one pool of `threads`. Throws what they throw, and
+// the model loader's errors naming the file.
+bench_report run_bench(const bench_options& o);
+
+// One flat object: medians under the names (prefill_tok_s, decode_tok_s,
+// batched_decode_tok_s, decode_gb_s, read_ceiling_gb_s), "<name>_min" / "<name>_max" and
+// "<name>_samples" beside each, the ratios, and the run's settings (model, arch, type, threads,
+// isa, prompt, gen, batch, reps, decode_bytes_per_token, read_buffer_bytes, weight_bytes).
+nlohmann::json to_json(const bench_report& r);
+
+// A small human-readable table: one line per figure with median and [min .. max].
+std::string format_table(const bench_report& r);
+
+}  // namespace tandem::bench

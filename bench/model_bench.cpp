@@ -1,0 +1,139 @@
+#include "bench/model_bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+
+#include "models/forward.h"
+
+namespace tandem::bench {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+// SplitMix64: a fixed, portable sequence (std::uniform_int_distribution differs between
+// standard libraries).
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+void check_params(const model_bench_params& p) {
+  if (p.prompt < 1 || p.prompt > models::k_max_context)
+    throw std::invalid_argument("bench: prompt must be in [1, " + std::to_string(models::k_max_context) + "], got " +
+                                std::to_string(p.prompt));
+  if (p.gen < 1 || p.gen > models::k_max_context)
+    throw std::invalid_argument("bench: gen must be in [1, " + std::to_string(models::k_max_context) + "], got " +
+                                std::to_string(p.gen));
+  if (p.batch < 1 || p.batch > models::k_max_sequences)
+    throw std::invalid_argument("bench: batch must be in [1, " + std::to_string(models::k_max_sequences) + "], got " +
+                                std::to_string(p.batch));
+  if (p.reps < 1) throw std::invalid_argument("bench: reps must be at least 1, got " + std::to_string(p.reps));
+}
+
+}  // namespace
+
+std::vector<int32_t> bench_tokens(int64_t n_vocab, int64_t n, uint64_t seed) {
+  if (n_vocab < 1) throw std::invalid_argument("bench_tokens: n_vocab must be positive");
+  std::vector<int32_t> ids(static_cast<size_t>(std::max<int64_t>(n, 0)));
+  uint64_t state = seed;
+  for (auto& id : ids) id = static_cast<int32_t>(splitmix64(state) % static_cast<uint64_t>(n_vocab));
+  return ids;
+}
+
+uint64_t decode_weight_bytes(const models::model& m) {
+  uint64_t bytes = 0;
+  for (const auto& t : m.file().tensors())
+    if (t.name != "token_embd.weight") bytes += t.bytes;
+  const auto& embd = m.file().tensor("token_embd.weight");
+  bytes += embd.bytes / static_cast<uint64_t>(std::max<int64_t>(embd.rows(), 1));
+  // Tied: the output head multiplies by the whole embedding table every step.
+  if (m.config().tied_embeddings) bytes += embd.bytes;
+  return bytes;
+}
+
+kernels::weight_type main_weight_type(const models::model& m) {
+  std::map<kernels::weight_type, uint64_t> by_type;
+  for (const auto& t : m.file().tensors()) by_type[t.type] += t.bytes;
+  return std::max_element(by_type.begin(), by_type.end(),
+                          [](const auto& a, const auto& b) { return a.second < b.second; })
+      ->first;
+}
+
+model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_pool& pool, const model_bench_params& p) {
+  check_params(p);
+  const auto& cfg = m.config();
+  // One id stream: prompt, then the decode tokens, then one token per sequence per batched pass.
+  const auto ids = bench_tokens(cfg.n_vocab, p.prompt + p.gen + p.batch * p.gen, p.seed);
+  const int32_t* prompt_ids = ids.data();
+  const int32_t* gen_ids = prompt_ids + p.prompt;
+  const int32_t* batch_ids = gen_ids + p.gen;
+
+  model_bench_result r;
+  r.decode_bytes_per_token = decode_weight_bytes(m);
+  {
+    models::context_params cp;
+    cp.n_ctx = std::max(p.prompt, p.gen);
+    // llama-bench's default micro-batch: a 512-token prompt is one forward pass.
+    cp.max_batch = std::min<int64_t>(p.prompt, 512);
+    models::forward_context ctx(m, cp, &pool);
+
+    // Warm-up: faults in every weight page and wakes the pool.
+    ctx.eval({prompt_ids, static_cast<size_t>(std::min<int64_t>(p.prompt, 16))});
+    ctx.reset();
+    ctx.eval({gen_ids, 1});
+    ctx.reset();
+
+    for (int rep = 0; rep < p.reps; ++rep) {
+      const auto t0 = clock_type::now();
+      ctx.eval({prompt_ids, static_cast<size_t>(p.prompt)});
+      r.prefill_tok_s.push_back(static_cast<double>(p.prompt) / seconds_since(t0));
+      ctx.reset();
+    }
+    // As llama-bench's tg test: from an empty cache, one token per pass, no sampling.
+    for (int rep = 0; rep < p.reps; ++rep) {
+      const auto t0 = clock_type::now();
+      for (int64_t i = 0; i < p.gen; ++i) ctx.eval({gen_ids + i, 1});
+      const double tok_s = static_cast<double>(p.gen) / seconds_since(t0);
+      r.decode_tok_s.push_back(tok_s);
+      r.decode_gb_s.push_back(static_cast<double>(r.decode_bytes_per_token) * tok_s / 1e9);
+      ctx.reset();
+    }
+  }  // the one-sequence context is freed before the batched one is made
+  {
+    models::context_params cp;
+    cp.n_ctx = p.gen;
+    cp.n_seq = p.batch;
+    cp.max_batch = p.batch;
+    models::forward_context ctx(m, cp, &pool);
+    std::vector<int64_t> seqs(static_cast<size_t>(p.batch));
+    std::iota(seqs.begin(), seqs.end(), int64_t{0});
+    auto reset_all = [&] {
+      for (int64_t s = 0; s < p.batch; ++s) ctx.reset(s);
+    };
+    ctx.decode({batch_ids, seqs.size()}, seqs);  // warm-up
+    reset_all();
+    for (int rep = 0; rep < p.reps; ++rep) {
+      const auto t0 = clock_type::now();
+      for (int64_t i = 0; i < p.gen; ++i) ctx.decode({batch_ids + i * p.batch, seqs.size()}, seqs);
+      r.batched_decode_tok_s.push_back(static_cast<double>(p.batch * p.gen) / seconds_since(t0));
+      reset_all();
+    }
+  }
+  r.prefill = summarize(r.prefill_tok_s);
+  r.decode = summarize(r.decode_tok_s);
+  r.batched_decode = summarize(r.batched_decode_tok_s);
+  r.decode_gb = summarize(r.decode_gb_s);
+  return r;
+}
+
+}  // namespace tandem::bench

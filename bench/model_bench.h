@@ -1,0 +1,55 @@
+// Throughput of one model on the CPU: prefill, single-sequence decode and batched decode,
+// each repeated, measured through models::forward_context exactly as `tandem run` computes.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "bench/stats.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/weight_type.h"
+#include "models/model.h"
+
+namespace tandem::bench {
+
+struct model_bench_params {
+  int64_t prompt = 512;  // prefill: tokens evaluated from an empty sequence (chunks of <= 512)
+  int64_t gen = 128;     // decode: tokens evaluated one per pass from an empty sequence; batched
+                         // decode: passes, each one token of every sequence
+  int64_t batch = 8;     // batched decode: sequences per pass (1 .. models::k_max_sequences)
+  int reps = 3;          // timed repetitions of each phase (after one untimed warm-up)
+  uint64_t seed = 1;     // token ids
+};
+
+struct model_bench_result {
+  // Per repetition, in measurement order.
+  std::vector<double> prefill_tok_s;          // prompt / seconds of one eval of the whole prompt
+  std::vector<double> decode_tok_s;           // gen / seconds of gen one-token evals
+  std::vector<double> batched_decode_tok_s;   // batch * gen / seconds of gen decode passes
+  std::vector<double> decode_gb_s;            // decode_bytes_per_token * decode_tok_s / 1e9
+  summary prefill, decode, batched_decode, decode_gb;
+  uint64_t decode_bytes_per_token = 0;        // decode_weight_bytes(model)
+};
+
+// Deterministic pseudo-random token ids in [0, n_vocab): the same (n_vocab, n, seed) gives
+// the same ids on every platform. Throughput does not depend on which ids are fed (llama.cpp's
+// llama-bench feeds random ids too); random ones keep embedding-row reads from repeating.
+std::vector<int32_t> bench_tokens(int64_t n_vocab, int64_t n, uint64_t seed);
+
+// Weight bytes one single-sequence decode step reads, as stored in the file: every tensor in
+// full except token_embd.weight, of which one row is read (plus the whole table again when
+// the output head is tied to it). The KV cache is not counted.
+uint64_t decode_weight_bytes(const models::model& m);
+
+// The weight type holding the most bytes among the model's tensors (what a file is called
+// by: "Q4_K" for a Q4_K_M file whose output head is Q6_K).
+kernels::weight_type main_weight_type(const models::model& m);
+
+// Runs the three phases: prefill and decode on a one-sequence context (f16 KV cache, as
+// llama.cpp's default), then batched decode on a context of `batch` sequences. Decode feeds
+// ids from bench_tokens and never samples, so only the forward pass is timed. Throws
+// std::invalid_argument for prompt, gen, reps or batch out of range (a message naming the
+// parameter), and what forward_context throws (e.g. not enough memory).
+model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_pool& pool, const model_bench_params& p);
+
+}  // namespace tandem::bench

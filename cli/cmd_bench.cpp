@@ -1,0 +1,54 @@
+// `tandem bench`: prefill, decode and batched-decode throughput of one model on the CPU, and
+// decode's weight-read bandwidth against the memory-read ceiling measured in the same
+// process (bench/bench_report.h does the work). The table or the JSON object goes to stdout.
+#include <cstdio>
+#include <memory>
+
+#include "bench/bench_report.h"
+#include "cli/command_registry.h"
+#include "models/forward.h"
+
+namespace tandem::cli {
+namespace {
+
+struct bench_args {
+  bench::bench_options opt;
+  int read_mib = 0;
+  bool json = false;
+};
+
+void run_bench_command(bench_args& a) {
+  a.opt.read_buffer_bytes = static_cast<uint64_t>(a.read_mib) << 20;
+  const auto r = bench::run_bench(a.opt);
+  const std::string out = a.json ? bench::to_json(r).dump() + "\n" : bench::format_table(r);
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  std::fflush(stdout);
+}
+
+void add_bench_command(CLI::App& root) {
+  auto a = std::make_shared<bench_args>();
+  auto& p = a->opt.params;
+  auto* cmd = root.add_subcommand("bench", "Measure prefill, decode and batched-decode throughput of a GGUF model (CPU)");
+  cmd->add_option("-m,--model", a->opt.model_path, "GGUF model file")->required()->check(CLI::ExistingFile);
+  cmd->add_option("-t,--threads", a->opt.threads, "threads (0: all cores)")->check(CLI::Range(0, 1024))->capture_default_str();
+  cmd->add_option("-p,--prompt", p.prompt, "prefill: prompt tokens")
+      ->check(CLI::Range(int64_t{1}, models::k_max_context))
+      ->capture_default_str();
+  cmd->add_option("-n,--gen", p.gen, "decode: tokens generated one at a time (and per sequence in batched decode)")
+      ->check(CLI::Range(int64_t{1}, models::k_max_context))
+      ->capture_default_str();
+  cmd->add_option("-b,--batch", p.batch, "batched decode: sequences decoded together")
+      ->check(CLI::Range(int64_t{1}, models::k_max_sequences))
+      ->capture_default_str();
+  cmd->add_option("-r,--reps", p.reps, "timed repetitions of each measurement")->check(CLI::Range(1, 1000))->capture_default_str();
+  cmd->add_option("--read-mib", a->read_mib, "buffer of the memory-read ceiling in MiB (0: four times the last-level cache, at least 256)")
+      ->check(CLI::Range(0, 1 << 16))
+      ->capture_default_str();
+  cmd->add_flag("--json", a->json, "print one JSON object instead of the table");
+  cmd->callback([a] { run_bench_command(*a); });
+}
+
+const command_registrar reg{"bench", &add_bench_command};
+
+}  // namespace
+}  // namespace tandem::cli

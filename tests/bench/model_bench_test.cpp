@@ -1,0 +1,115 @@
+// bench/model_bench: token ids, bytes read per decoded token, and the three timed phases on
+// the committed tiny model.
+#include "bench/model_bench.h"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+
+#include "models/synth.h"
+#include "tests/test_support.h"
+
+using namespace tandem;
+
+TEST_SUITE("bench_model") {
+  TEST_CASE("bench_tokens: in range, repeatable, seed-dependent, not constant") {
+    const auto a = bench::bench_tokens(512, 1000, 1);
+    const auto b = bench::bench_tokens(512, 1000, 1);
+    const auto c = bench::bench_tokens(512, 1000, 2);
+    REQUIRE(a.size() == 1000);
+    CHECK(a == b);
+    CHECK(a != c);
+    CHECK(*std::min_element(a.begin(), a.end()) >= 0);
+    CHECK(*std::max_element(a.begin(), a.end()) < 512);
+    // 1000 draws over 512 ids hit well over half of them.
+    auto sorted = a;
+    std::sort(sorted.begin(), sorted.end());
+    CHECK(std::unique(sorted.begin(), sorted.end()) - sorted.begin() > 300);
+    CHECK(bench::bench_tokens(512, 0, 1).empty());
+    CHECK_THROWS_AS(bench::bench_tokens(0, 4, 1), std::invalid_argument);
+  }
+
+  TEST_CASE("decode_weight_bytes: every tensor but the embedding table, of which one row") {
+    // stories260K (F32, untied): 1171200 bytes of tensors, token_embd 512 rows x 64 x 4 bytes.
+    const models::model m(test::data_path("stories260K.gguf").string());
+    CHECK(m.weight_bytes() == 1171200);
+    CHECK(bench::decode_weight_bytes(m) == 1171200 - 512 * 64 * 4 + 64 * 4);
+    CHECK(bench::main_weight_type(m) == kernels::weight_type::f32);
+
+    // The Q8_0 file: Q8_0 holds most bytes though some tensors are F16 / F32.
+    const models::model q(test::data_path("stories260K-q8_0.gguf").string());
+    CHECK(bench::main_weight_type(q) == kernels::weight_type::q8_0);
+    const auto& embd = q.file().tensor("token_embd.weight");
+    CHECK(bench::decode_weight_bytes(q) == q.weight_bytes() - embd.bytes + embd.bytes / 512);
+  }
+
+  TEST_CASE("decode_weight_bytes: a tied output head reads the whole table") {
+    test::scratch_dir dir;
+    models::synth_options o;
+    o.dim = 64;
+    o.layers = 1;
+    o.heads = 4;
+    o.ffn = 128;
+    o.tied = true;
+    o.vocab_path = test::data_path("stories260K.gguf").string();
+    o.type = kernels::weight_type::q8_0;
+    o.seed = 5;
+    const auto path = (dir / "tied.gguf").string();
+    models::synth_model(o, path);
+    const models::model m(path);
+    REQUIRE(m.config().tied_embeddings);
+    const auto& embd = m.file().tensor("token_embd.weight");
+    CHECK(bench::decode_weight_bytes(m) == m.weight_bytes() + embd.bytes / 512);
+  }
+
+  TEST_CASE("run_model_bench: one positive figure per repetition for each phase") {
+    const models::model m(test::data_path("stories260K.gguf").string());
+    kernels::cpu::thread_pool pool(2);
+    bench::model_bench_params p;
+    p.prompt = 24;
+    p.gen = 6;
+    p.batch = 3;
+    p.reps = 2;
+    const auto r = bench::run_model_bench(m, pool, p);
+    for (const auto* v : {&r.prefill_tok_s, &r.decode_tok_s, &r.batched_decode_tok_s, &r.decode_gb_s}) {
+      REQUIRE(v->size() == 2);
+      for (double x : *v) CHECK(x > 0);
+    }
+    CHECK(r.decode_bytes_per_token == bench::decode_weight_bytes(m));
+    CHECK(r.decode.count == 2);
+    // GB/s is bytes per token times tok/s, repetition by repetition.
+    for (size_t i = 0; i < 2; ++i)
+      CHECK(r.decode_gb_s[i] == doctest::Approx(static_cast<double>(r.decode_bytes_per_token) * r.decode_tok_s[i] / 1e9));
+    CHECK(r.prefill.median >= r.prefill.min);
+    CHECK(r.batched_decode.max >= r.batched_decode.median);
+  }
+
+  TEST_CASE("run_model_bench refuses out-of-range parameters, naming them") {
+    const models::model m(test::data_path("stories260K.gguf").string());
+    kernels::cpu::thread_pool pool(1);
+    auto expect_error = [&](bench::model_bench_params p, const char* name) {
+      CAPTURE(name);
+      try {
+        bench::run_model_bench(m, pool, p);
+        FAIL("no exception");
+      } catch (const std::invalid_argument& e) {
+        CHECK(std::string(e.what()).find(name) != std::string::npos);
+      }
+    };
+    bench::model_bench_params p;
+    p.prompt = 0;
+    expect_error(p, "prompt");
+    p = {};
+    p.gen = 0;
+    expect_error(p, "gen");
+    p = {};
+    p.batch = 0;
+    expect_error(p, "batch");
+    p = {};
+    p.batch = 100000;
+    expect_error(p, "batch");
+    p = {};
+    p.reps = 0;
+    expect_error(p, "reps");
+  }
+}

@@ -1,0 +1,74 @@
+// `tandem bench` through the real executable on the committed tiny model.
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/test_support.h"
+
+using namespace tandem;
+
+namespace {
+std::string bench_cmd(const std::string& extra) {
+  // A 16 MiB read buffer keeps the test light; the ceiling itself is not what is checked.
+  return "bench -m '" + test::data_path("stories260K.gguf").string() + "' -t 2 --read-mib 16 " + extra;
+}
+}  // namespace
+
+TEST_SUITE("bench") {
+  TEST_CASE("--json prints exactly one object with the medians as positive numbers") {
+    const auto r = test::run_tandem(bench_cmd("--prompt 16 --gen 4 --batch 3 --reps 2 --json"));
+    REQUIRE(r.exit_code == 0);
+    const auto j = nlohmann::json::parse(r.out);  // throws on anything but one JSON value
+    REQUIRE(j.is_object());
+    for (const char* key : {"prefill_tok_s", "decode_tok_s", "batched_decode_tok_s", "decode_gb_s", "read_ceiling_gb_s",
+                            "decode_bytes_per_token", "batched_vs_single", "decode_vs_ceiling"}) {
+      CAPTURE(key);
+      REQUIRE(j.contains(key));
+      CHECK(j[key].is_number());
+      CHECK(j[key].get<double>() > 0);
+    }
+    CHECK(j["batch"] == 3);
+    CHECK(j["prompt"] == 16);
+    CHECK(j["gen"] == 4);
+    CHECK(j["reps"] == 2);
+    CHECK(j["threads"] == 2);
+    CHECK(j["type"] == "F32");
+    CHECK(j["decode_tok_s_samples"].size() == 2);
+    CHECK(j["read_buffer_bytes"] == 16 << 20);
+    // Medians lie within their spreads.
+    for (const char* key : {"prefill_tok_s", "decode_tok_s", "batched_decode_tok_s"}) {
+      CAPTURE(key);
+      CHECK(j[std::string(key) + "_min"].get<double>() <= j[key].get<double>());
+      CHECK(j[key].get<double>() <= j[std::string(key) + "_max"].get<double>());
+    }
+    CHECK(j["decode_vs_ceiling"].get<double>() ==
+          doctest::Approx(j["decode_gb_s"].get<double>() / j["read_ceiling_gb_s"].get<double>()));
+  }
+
+  TEST_CASE("the table names every figure") {
+    const auto r = test::run_tandem(bench_cmd("--prompt 8 --gen 2 --batch 2 --reps 1"));
+    REQUIRE(r.exit_code == 0);
+    for (const char* s : {"prefill", "decode", "batched", "tok/s", "GB/s", "read ceiling", "threads 2", "x single decode"}) {
+      CAPTURE(s);
+      CHECK(r.out.find(s) != std::string::npos);
+    }
+  }
+
+  TEST_CASE("bad arguments give a clear error and a non-zero exit") {
+    struct bad_case {
+      const char* args;
+      const char* says;
+    };
+    for (const auto& c : {bad_case{"--prompt 0", "--prompt"}, bad_case{"--gen -1", "--gen"}, bad_case{"--batch 0", "--batch"},
+                          bad_case{"--batch 100000", "--batch"}, bad_case{"--reps 0", "--reps"},
+                          bad_case{"--threads -2", "--threads"}}) {
+      CAPTURE(c.args);
+      const auto r = test::run_tandem(bench_cmd(c.args));
+      CHECK(r.exit_code != 0);
+      CHECK(r.err.find(c.says) != std::string::npos);
+      CHECK(r.out.empty());
+    }
+    const auto r = test::run_tandem("bench -m /nonexistent.gguf");
+    CHECK(r.exit_code != 0);
+    CHECK(r.err.find("/nonexistent.gguf") != std::string::npos);
+  }
+}
