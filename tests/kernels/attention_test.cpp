@@ -11,6 +11,7 @@
 #include "kernels/cpu/quants.h"
 #include "kernels/cpu/thread_pool.h"
 #include "tests/test_support.h"
+#include "tests/kernels/kernel_test_util.h"
 
 using namespace tandem::kernels::cpu;
 
@@ -98,18 +99,6 @@ std::vector<float> random_vector(std::mt19937& rng, size_t n, float sd) {
   return v;
 }
 
-// Restores automatic ISA choice when a test ends, whatever it forced.
-struct isa_guard {
-  ~isa_guard() { set_isa(isa::best); }
-};
-
-// Every path this CPU can run, the scalar reference first.
-std::vector<isa> paths() {
-  std::vector<isa> out{isa::scalar};
-  for (const isa p : {isa::avx2, isa::avx512})
-    if (isa_supported(p)) out.push_back(p);
-  return out;
-}
 
 struct shape {
   int n_heads, n_kv_heads, head_dim;
@@ -167,7 +156,7 @@ std::vector<float> run(problem& p, const shape& sh, kv_type kt, thread_pool* poo
 
 TEST_SUITE("attention") {
   TEST_CASE("every path matches a double-precision reference") {
-    isa_guard guard;
+    tandem::test::isa_guard guard;
     std::mt19937 rng(777);
     thread_pool pool2(2);
     for (const auto& sh : k_shapes)
@@ -186,7 +175,7 @@ TEST_SUITE("attention") {
         const auto exact =
             f16 ? reference_attention(p.q, sh.n_q, sh.pos0, p.k, p.v, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale, false)
                 : ref;
-        for (const isa path : paths())
+        for (const isa path : tandem::test::supported_isas())
           for (thread_pool* pool : {static_cast<thread_pool*>(nullptr), &pool2}) {
             CAPTURE(isa_name(path));
             CAPTURE(pool != nullptr);
@@ -210,7 +199,7 @@ TEST_SUITE("attention") {
     // attention_impl.h: every path performs the reference's operations in its order, so on an
     // f16 cache the results are identical; on an f32 cache only softmax's exponentials differ
     // (expf against a vector e^x within 2 ulp), a few float ulps of the output.
-    isa_guard guard;
+    tandem::test::isa_guard guard;
     std::mt19937 rng(4242);
     thread_pool pool2(2), pool4(4);  // 4 threads split a KV head's group over two tasks
     for (const auto& sh : k_shapes)
@@ -224,7 +213,7 @@ TEST_SUITE("attention") {
         auto p = make_problem(rng, sh, kt);
         set_isa(isa::scalar);
         const auto want = run(p, sh, kt, nullptr);
-        for (const isa path : paths()) {
+        for (const isa path : tandem::test::supported_isas()) {
           if (path == isa::scalar) continue;
           for (thread_pool* pool : {static_cast<thread_pool*>(nullptr), &pool2, &pool4}) {
             CAPTURE(isa_name(path));
@@ -247,10 +236,10 @@ TEST_SUITE("attention") {
 
   TEST_CASE("repeated calls give the same result (scratch is reused, not stale)") {
     // A long context then a short one through the same thread's scratch, and back.
-    isa_guard guard;
+    tandem::test::isa_guard guard;
     std::mt19937 rng(31);
     const shape long_sh{8, 2, 64, 1, 500}, short_sh{8, 2, 64, 1, 3};
-    for (const isa path : paths())
+    for (const isa path : tandem::test::supported_isas())
       for (kv_type kt : {kv_type::f32, kv_type::f16}) {
         CAPTURE(isa_name(path));
         CAPTURE(int(kt));
@@ -265,10 +254,10 @@ TEST_SUITE("attention") {
   }
 
   TEST_CASE("a single key returns its value row") {
-    isa_guard guard;
+    tandem::test::isa_guard guard;
     const int n_heads = 4, n_kv_heads = 2, head_dim = 8;
     std::mt19937 rng(8);
-    for (const isa path : paths())
+    for (const isa path : tandem::test::supported_isas())
       for (kv_type kt : {kv_type::f32, kv_type::f16}) {
         CAPTURE(isa_name(path));
         CAPTURE(int(kt));
@@ -289,8 +278,8 @@ TEST_SUITE("attention") {
     // first with weight 1; key 1 (score 8 q0) raises the running max, so the accumulator is
     // rescaled by exp(-8 q0) and rounded to f16, then divided by the sum 1 + exp(-8 q0).
     // q0 = 1 + 1.9 * 2^-12 rounds to 1.0 in f16, so the expected value uses exp(-8) exactly.
-    isa_guard guard;
-    for (const isa path : paths()) {
+    tandem::test::isa_guard guard;
+    for (const isa path : tandem::test::supported_isas()) {
       CAPTURE(isa_name(path));
       set_isa(path);
       const int head_dim = 8;

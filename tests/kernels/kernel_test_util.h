@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/quants.h"
 #include "kernels/weight_type.h"
 
@@ -50,6 +51,19 @@ inline std::vector<float> dequantize_matrix(kernels::weight_type t, const std::v
   const auto rb = static_cast<size_t>(kernels::row_bytes(t, cols));
   std::vector<float> out(static_cast<size_t>(rows * cols));
   for (int64_t r = 0; r < rows; ++r) kernels::cpu::dequantize_row(t, q.data() + r * rb, out.data() + r * cols, cols);
+  return out;
+}
+
+// Restores the automatic ISA choice when a test ends, whatever it forced.
+struct isa_guard {
+  ~isa_guard() { kernels::cpu::set_isa(kernels::cpu::isa::best); }
+};
+
+// Every ISA path this CPU can run, the scalar reference first.
+inline std::vector<kernels::cpu::isa> supported_isas() {
+  std::vector<kernels::cpu::isa> out{kernels::cpu::isa::scalar};
+  for (const auto p : {kernels::cpu::isa::avx2, kernels::cpu::isa::avx512})
+    if (kernels::cpu::isa_supported(p)) out.push_back(p);
   return out;
 }
 

@@ -12,23 +12,12 @@
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/quants.h"
 #include "tests/test_support.h"
+#include "tests/kernels/kernel_test_util.h"
 
 using namespace tandem::kernels::cpu;
 
 namespace {
 
-// Restores automatic ISA choice when a test ends, whatever it forced.
-struct isa_guard {
-  ~isa_guard() { set_isa(isa::best); }
-};
-
-// Every path this CPU can run, the scalar reference first.
-std::vector<isa> paths() {
-  std::vector<isa> out{isa::scalar};
-  for (const isa p : {isa::avx2, isa::avx512})
-    if (isa_supported(p)) out.push_back(p);
-  return out;
-}
 
 float from_bits(uint32_t u) {
   float f;
@@ -40,7 +29,7 @@ float from_bits(uint32_t u) {
 
 TEST_SUITE("kv_store") {
   TEST_CASE("writes rows at their position and leaves the rest alone") {
-    isa_guard guard;
+    tandem::test::isa_guard guard;
     const int64_t row = 24;  // e.g. 3 kv heads x head_dim 8
     const int64_t n_ctx = 10;
     std::mt19937 rng(5);
@@ -48,7 +37,7 @@ TEST_SUITE("kv_store") {
     std::vector<float> rows(static_cast<size_t>(3 * row));
     for (auto& v : rows) v = dist(rng);
 
-    for (const isa path : paths()) {
+    for (const isa path : tandem::test::supported_isas()) {
       CAPTURE(isa_name(path));
       set_isa(path);
       // f32 copies exactly.
@@ -90,7 +79,7 @@ TEST_SUITE("kv_store") {
     // Random values over the whole f16 range and beyond, plus the edge cases of the rounding:
     // ties between neighbours (both parities), the overflow threshold 65520 and its
     // neighbours, f16 subnormals and the underflow threshold 2^-25, zeros and infinities.
-    isa_guard guard;
+    tandem::test::isa_guard guard;
     std::mt19937 rng(99);
     std::uniform_real_distribution<float> mant(1.0f, 2.0f);
     std::uniform_int_distribution<int> expo(-30, 17);
@@ -113,7 +102,7 @@ TEST_SUITE("kv_store") {
       for (size_t start = 0; start + size_t(n) <= x.size(); start += 97) {
         std::vector<uint16_t> want(static_cast<size_t>(n)), got(static_cast<size_t>(n));
         for (int64_t i = 0; i < n; ++i) want[size_t(i)] = fp32_to_fp16(x[start + size_t(i)]);
-        for (const isa path : paths()) {
+        for (const isa path : tandem::test::supported_isas()) {
           CAPTURE(isa_name(path));
           CAPTURE(n);
           set_isa(path);
@@ -126,7 +115,7 @@ TEST_SUITE("kv_store") {
     const float* last = x.data() + x.size() - tail;
     std::vector<uint16_t> want(tail), got(tail);
     for (int64_t i = 0; i < tail; ++i) want[size_t(i)] = fp32_to_fp16(last[i]);
-    for (const isa path : paths()) {
+    for (const isa path : tandem::test::supported_isas()) {
       CAPTURE(isa_name(path));
       set_isa(path);
       kv_store(got.data(), kv_type::f16, 0, last, 1, tail);

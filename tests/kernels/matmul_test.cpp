@@ -70,10 +70,6 @@ std::vector<float> run(const problem& p, int64_t n_x, thread_pool* pool) {
   return y;
 }
 
-// Restores automatic ISA choice when a test ends, whatever it forced.
-struct isa_guard {
-  ~isa_guard() { set_isa(isa::best); }
-};
 
 bool has_offset(weight_type t) { return t == weight_type::q4_1 || t == weight_type::q5_1; }
 
@@ -103,7 +99,7 @@ double activation_error(weight_type act, const float* block, int64_t block_len, 
 
 TEST_SUITE("matmul") {
   TEST_CASE("isa selection") {
-    isa_guard guard;
+    tandem::test::isa_guard guard;
     CHECK(std::string(isa_name(isa::scalar)) == "scalar");
     CHECK(std::string(isa_name(isa::avx2)) == "avx2");
     CHECK(std::string(isa_name(isa::best)) == "best");
@@ -129,7 +125,7 @@ TEST_SUITE("matmul") {
     }
     std::vector<isa> paths{isa::avx2};
     if (isa_supported(isa::avx512)) paths.push_back(isa::avx512);
-    isa_guard guard;
+    tandem::test::isa_guard guard;
     // Both paths sum the same integers per block and differ only in float accumulation
     // order: |avx2 - scalar| <= 1e-5 * sum_i |w_i * a_i| over the converted activations a
     // (for Q4_1/Q5_1 the offset terms |m| * |s| are added to that sum).
@@ -187,7 +183,7 @@ TEST_SUITE("matmul") {
     // to the activation type, so the bound is sum_i |W[o, i]| * (worst-case conversion error
     // of x[r, i]) + 1e-5 * sum_i |W x| for float accumulation; Q4_1/Q5_1 also carry the fp16
     // rounding of each block's s (<= 2^-9 of |m| * sum |x| over the block).
-    isa_guard guard;
+    tandem::test::isa_guard guard;
     uint32_t seed = 500;
     for (const auto t : tandem::test::computable_types()) {
       const weight_type act = activation_type(t);

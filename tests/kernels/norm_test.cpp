@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/isa.h"
 #include "tests/test_support.h"
+#include "tests/kernels/kernel_test_util.h"
 
 using namespace tandem::kernels::cpu;
 
@@ -29,24 +30,12 @@ std::vector<double> reference_rms_norm(const std::vector<float>& x, const float*
   return out;
 }
 
-// Restores automatic ISA choice when a test ends, whatever it forced.
-struct isa_guard {
-  ~isa_guard() { set_isa(isa::best); }
-};
-
-// Every path this CPU can run, the scalar reference first.
-std::vector<isa> paths() {
-  std::vector<isa> out{isa::scalar};
-  for (const isa p : {isa::avx2, isa::avx512})
-    if (isa_supported(p)) out.push_back(p);
-  return out;
-}
 
 }  // namespace
 
 TEST_SUITE("norm") {
   TEST_CASE("rms_norm matches a double-precision reference on every path") {
-    isa_guard guard;
+    tandem::test::isa_guard guard;
     std::mt19937 rng(1234);
     for (int64_t n : {1, 7, 8, 9, 64, 100, 576, 4096, 4099}) {
       CAPTURE(n);
@@ -56,7 +45,7 @@ TEST_SUITE("norm") {
       const auto ref_w = reference_rms_norm(x, w.data(), eps);
       const auto ref = reference_rms_norm(x, nullptr, eps);
       std::vector<float> scalar_out;
-      for (const isa path : paths()) {
+      for (const isa path : tandem::test::supported_isas()) {
         CAPTURE(isa_name(path));
         set_isa(path);
         // With weight; the tail beyond n must stay untouched.
@@ -77,8 +66,8 @@ TEST_SUITE("norm") {
   }
 
   TEST_CASE("unweighted output has unit mean square and eps guards zero input") {
-    isa_guard guard;
-    for (const isa path : paths()) {
+    tandem::test::isa_guard guard;
+    for (const isa path : tandem::test::supported_isas()) {
       CAPTURE(isa_name(path));
       set_isa(path);
       std::mt19937 rng(99);

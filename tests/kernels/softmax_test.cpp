@@ -10,23 +10,12 @@
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/ops_simd.h"
 #include "tests/test_support.h"
+#include "tests/kernels/kernel_test_util.h"
 
 using namespace tandem::kernels::cpu;
 
 namespace {
 
-// Restores automatic ISA choice when a test ends, whatever it forced.
-struct isa_guard {
-  ~isa_guard() { set_isa(isa::best); }
-};
-
-// Every path this CPU can run, the scalar reference first.
-std::vector<isa> paths() {
-  std::vector<isa> out{isa::scalar};
-  for (const isa p : {isa::avx2, isa::avx512})
-    if (isa_supported(p)) out.push_back(p);
-  return out;
-}
 
 // |got - exact| in units of the float spacing at the exact value (subnormal spacing below).
 double ulp_error(float got, double exact) {
@@ -41,7 +30,7 @@ double ulp_error(float got, double exact) {
 
 TEST_SUITE("softmax") {
   TEST_CASE("every path matches a double-precision reference and sums to 1") {
-    isa_guard guard;
+    tandem::test::isa_guard guard;
     std::mt19937 rng(42);
     for (int64_t n : {1, 2, 7, 9, 17, 256, 1000, 32000}) {
       for (float sd : {1.0f, 10.0f}) {
@@ -57,7 +46,7 @@ TEST_SUITE("softmax") {
         for (size_t i = 0; i < x.size(); ++i) sum += ref[i] = std::exp(x[i] - max_v);
         for (auto& r : ref) r /= sum;
 
-        for (const isa path : paths()) {
+        for (const isa path : tandem::test::supported_isas()) {
           CAPTURE(isa_name(path));
           set_isa(path);
           // Trailing sentinels: the vector tail must not write past n.
@@ -80,9 +69,9 @@ TEST_SUITE("softmax") {
   }
 
   TEST_CASE("huge logits do not overflow and -inf entries get zero") {
-    isa_guard guard;
+    tandem::test::isa_guard guard;
     const float inf = std::numeric_limits<float>::infinity();
-    for (const isa path : paths()) {
+    for (const isa path : tandem::test::supported_isas()) {
       CAPTURE(isa_name(path));
       set_isa(path);
       std::vector<float> x = {1000.0f, 999.0f, -inf, 1000.0f};
@@ -106,8 +95,8 @@ TEST_SUITE("softmax") {
   }
 
   TEST_CASE("shifting every input leaves the output unchanged") {
-    isa_guard guard;
-    for (const isa path : paths()) {
+    tandem::test::isa_guard guard;
+    for (const isa path : tandem::test::supported_isas()) {
       CAPTURE(isa_name(path));
       set_isa(path);
       std::vector<float> a = {0.5f, -1.25f, 2.0f, 0.0f};
