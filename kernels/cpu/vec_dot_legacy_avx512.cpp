@@ -197,7 +197,9 @@ void tile(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* act, siz
   for (int r = 0; r < NR; ++r)
     for (int o = 0; o < NW; ++o) {
       const __m512 v = acc[o / 2][r];
-      const __m256 half = _mm512_mask_extractf32x8_ps(_mm256_setzero_ps(), 0xFF, v, o % 2);
+      // The immediate must be a literal: unoptimised and sanitizer builds do not fold o % 2.
+      const __m256 half = o % 2 == 0 ? _mm512_mask_extractf32x8_ps(_mm256_setzero_ps(), 0xFF, v, 0)
+                                     : _mm512_mask_extractf32x8_ps(_mm256_setzero_ps(), 0xFF, v, 1);
       out[r * out_stride + o] = hsum(half) + ms[o][r];
     }
 }
