@@ -1,11 +1,13 @@
 #include "kernels/cpu/matmul.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/act_quant.h"
+#include "kernels/cpu/panel.h"
 #include "kernels/cpu/vec_dot.h"
 
 namespace tandem::kernels::cpu {
@@ -29,6 +31,20 @@ void run(thread_pool* pool, int64_t n, int64_t grain, range_fn body) {
     body(0, n);
 }
 
+// Whether many-row products of `wt` take packed panels. Q4_1 / Q5_1 keep the row tiles:
+// llama.cpp has no repacked form of them, so its prefill rounds as its plain kernels do, and
+// SmolLM2-135M's greedy tokens (a Q4_1 file with near-ties) follow llama.cpp's only that way.
+bool use_panels(weight_type wt) {
+  return panel_supported(wt) && wt != weight_type::q4_1 && wt != weight_type::q5_1;
+}
+
+// A per-thread buffer of at least `bytes` bytes at a 64-byte boundary, reused across calls.
+uint8_t* aligned_scratch(std::vector<uint8_t>& buf, size_t bytes) {
+  if (buf.size() < bytes + 64) buf.resize(bytes + 64);
+  const auto p = reinterpret_cast<uintptr_t>(buf.data());
+  return buf.data() + ((64 - p % 64) % 64);
+}
+
 }  // namespace
 
 void matmul(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
@@ -48,7 +64,9 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
     const dot_kernel* kernel;
     dot_fn dot;
     size_t w_row, a_row;
-    int act_slot;  // which converted copy of x it reads
+    int act_slot;    // which converted copy of x it reads
+    bool panel;      // packed panels of k_panel_rows rows instead of row tiles
+    int panel_slot;  // which panel form of that copy (panel path only)
     int64_t first_group, groups;
   };
   plan plans[k_max_matmul_jobs];
@@ -57,6 +75,11 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
   int n_act_types = 0;
   int64_t total_groups = 0;
   const isa path = active_isa();
+  // Many activation rows against quantized weights: packed panels of 16 rows (panel.h).
+  const bool panel_path = path == isa::avx512;
+  // Panel forms of the activations, one per distinct (activation type, sub-block size).
+  weight_type panel_types[k_max_matmul_jobs];
+  int n_panel_slots = 0;
   for (int j = 0; j < n_jobs; ++j) {
     const matmul_job& job = jobs[j];
     if (job.rows < 0) throw std::invalid_argument("matmul: negative shape (rows " + std::to_string(job.rows) + ")");
@@ -77,8 +100,18 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
       act_offsets[n_act_types + 1] = act_offsets[n_act_types] + p.a_row * static_cast<size_t>(n_x);
       ++n_act_types;
     }
+    p.panel = panel_path && use_panels(job.wt) && n_x >= panel_min_act_rows(job.wt);
+    p.panel_slot = 0;
+    if (p.panel) {
+      auto same_form = [&](weight_type o) {
+        return activation_type(o) == kernel.act && panel_sub_elems(o) == panel_sub_elems(job.wt);
+      };
+      while (p.panel_slot < n_panel_slots && !same_form(panel_types[p.panel_slot])) ++p.panel_slot;
+      if (p.panel_slot == n_panel_slots) panel_types[n_panel_slots++] = job.wt;
+    }
     p.first_group = total_groups;
-    p.groups = (job.rows + k_max_weight_rows - 1) / k_max_weight_rows;
+    const int64_t group_rows = p.panel ? k_panel_rows : k_max_weight_rows;
+    p.groups = (job.rows + group_rows - 1) / group_rows;
     total_groups += p.groups;
   }
   if (n_x == 0 || total_groups == 0) return;
@@ -110,16 +143,66 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
     });
   }
 
+  // Panel forms: int8 codes and per-sub-block {da, da * sum} of every converted row.
+  thread_local std::vector<uint8_t> panel_act_scratch;
+  int8_t* panel_codes[k_max_matmul_jobs] = {};
+  float* panel_aux[k_max_matmul_jobs] = {};
+  if (n_panel_slots > 0) {
+    const size_t code_bytes = (panel_act_code_bytes(cols, n_x) + 63) / 64 * 64;
+    size_t total = 0;
+    for (int k = 0; k < n_panel_slots; ++k)
+      total += code_bytes + panel_act_aux_floats(panel_types[k], cols, n_x) * sizeof(float);
+    uint8_t* base = aligned_scratch(panel_act_scratch, total);
+    for (int k = 0; k < n_panel_slots; ++k) {
+      panel_codes[k] = reinterpret_cast<int8_t*>(base);
+      panel_aux[k] = reinterpret_cast<float*>(base + code_bytes);
+      base += code_bytes + panel_act_aux_floats(panel_types[k], cols, n_x) * sizeof(float);
+    }
+    run(pool, n_x * n_panel_slots, std::max<int64_t>(1, k_min_chunk_convert / cols), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const auto k = static_cast<int>(i / n_x);
+        const int64_t r = i % n_x;
+        const weight_type wt = panel_types[k];
+        int slot = 0;
+        while (act_types[slot] != activation_type(wt)) ++slot;
+        const size_t a_row = static_cast<size_t>(row_bytes(act_types[slot], cols));
+        const int64_t aux_per_row = static_cast<int64_t>(panel_act_aux_floats(wt, cols, 1));
+        panel_acts(wt, act[slot] + r * a_row, a_row, 1, cols, panel_codes[k] + r * cols, panel_aux[k] + r * aux_per_row);
+      }
+    });
+  }
+
   // Row groups [b, e) of the joint numbering, job by job. Decode (one activation row)
   // streams each group's weights once; prefill walks each job's part in tiles small enough to
   // stay in cache while every group of k_max_act_rows activation rows passes over the tile,
   // each kernel call decoding a group of weight rows once for the whole activation group.
+  // Panel jobs: each group is a panel of k_panel_rows weight rows, packed once and then run
+  // against every activation row, k_panel_max_act_rows at a time.
   auto body = [&](int64_t b, int64_t e) {
+    thread_local std::vector<uint8_t> panel_scratch;
     for (int j = 0; j < n_jobs; ++j) {
       const plan& p = plans[j];
       const int64_t g_begin = std::max(b, p.first_group) - p.first_group;
       const int64_t g_end = std::min(e, p.first_group + p.groups) - p.first_group;
       if (g_begin >= g_end) continue;
+      if (p.panel) {
+        const matmul_job& job = jobs[j];
+        uint8_t* panel = aligned_scratch(panel_scratch, panel_bytes(job.wt, cols));
+        const int8_t* codes = panel_codes[p.panel_slot];
+        const float* aux = panel_aux[p.panel_slot];
+        const auto aux_per_row = static_cast<int64_t>(panel_act_aux_floats(job.wt, cols, 1));
+        for (int64_t g = g_begin; g < g_end; ++g) {
+          const int64_t o = g * k_panel_rows;
+          const int n_w = static_cast<int>(std::min<int64_t>(k_panel_rows, job.rows - o));
+          pack_panel_avx512(job.wt, static_cast<const uint8_t*>(job.w) + o * p.w_row, p.w_row, n_w, cols, panel);
+          for (int64_t r0 = 0; r0 < n_x; r0 += k_panel_max_act_rows) {
+            const int nr = static_cast<int>(std::min<int64_t>(k_panel_max_act_rows, n_x - r0));
+            panel_dot_avx512(job.wt, panel, cols, codes + r0 * cols, aux + r0 * aux_per_row, nr,
+                             job.y + r0 * job.rows + o, job.rows, n_w);
+          }
+        }
+        continue;
+      }
       const int64_t rows = jobs[j].rows;
       const auto* wb = static_cast<const uint8_t*>(jobs[j].w);
       const uint8_t* a = act[p.act_slot];

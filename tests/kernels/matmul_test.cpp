@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/cpu/act_quant.h"
+#include "kernels/cpu/panel.h"
 #include "kernels/cpu/thread_pool.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -260,16 +261,30 @@ TEST_SUITE("matmul") {
   }
 
   TEST_CASE("a prefill row equals the decode of that row") {
+    // Bit for bit on the row-tile kernels. Quantized weights on AVX-512 (but Q4_1/Q5_1) take
+    // packed panels from panel_min_act_rows rows on, which round differently: there the
+    // rows agree to 1e-5 of sum |w * x|.
     thread_pool pool(2);
     uint32_t seed = 1200;
     for (const auto t : tandem::test::computable_types()) {
       CAPTURE(display_name(t));
+      const bool exact = active_isa() != isa::avx512 || !panel_supported(t) || has_offset(t) || 7 < panel_min_act_rows(t);
       const auto p = make_problem(t, 19, 512, ++seed);
       const auto all = run(p, 7, &pool);
       for (int64_t r = 0; r < 7; ++r) {
         std::vector<float> one(static_cast<size_t>(p.rows));
         matmul(t, p.w.data(), p.rows, p.cols, p.x.data() + r * p.cols, 1, one.data(), &pool);
-        for (int64_t o = 0; o < p.rows; ++o) REQUIRE(one[static_cast<size_t>(o)] == all[static_cast<size_t>(r * p.rows + o)]);
+        for (int64_t o = 0; o < p.rows; ++o) {
+          const float a = one[static_cast<size_t>(o)], b = all[static_cast<size_t>(r * p.rows + o)];
+          if (exact) {
+            REQUIRE(a == b);
+            continue;
+          }
+          double mag = 0;
+          for (int64_t i = 0; i < p.cols; ++i)
+            mag += std::fabs(static_cast<double>(p.wd[static_cast<size_t>(o * p.cols + i)]) * p.x[static_cast<size_t>(r * p.cols + i)]);
+          REQUIRE(std::fabs(a - b) <= 1.1e-5 * mag);
+        }
       }
     }
   }

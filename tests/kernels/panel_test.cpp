@@ -1,0 +1,193 @@
+#include "kernels/cpu/panel.h"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/act_quant.h"
+#include "kernels/cpu/isa.h"
+#include "tests/kernels/kernel_test_util.h"
+
+using namespace tandem::kernels;
+using namespace tandem::kernels::cpu;
+
+namespace {
+
+const std::vector<weight_type>& panel_types() {
+  static const std::vector<weight_type> types{weight_type::q4_0, weight_type::q4_1, weight_type::q5_0,
+                                              weight_type::q5_1, weight_type::q8_0, weight_type::q4_k,
+                                              weight_type::q5_k, weight_type::q6_k};
+  return types;
+}
+
+// A 64-byte aligned byte buffer (the panel kernels use aligned loads).
+struct aligned_bytes {
+  explicit aligned_bytes(size_t n, uint8_t fill = 0) : raw(n + 64, fill) {
+    const auto p = reinterpret_cast<uintptr_t>(raw.data());
+    data = raw.data() + (64 - p % 64) % 64;
+  }
+  std::vector<uint8_t> raw;
+  uint8_t* data;
+};
+
+struct case_data {
+  weight_type wt;
+  int64_t cols;
+  int n_rows, n_act;
+  std::vector<uint8_t> w;  // n_rows weight rows
+  std::vector<float> wd;   // dequantized
+  std::vector<uint8_t> a;  // n_act converted activation rows
+  std::vector<float> ad;   // dequantized activations
+  size_t w_row, a_row;
+};
+
+case_data make_case(weight_type wt, int64_t cols, int n_rows, int n_act, uint32_t seed) {
+  case_data c{wt, cols, n_rows, n_act, {}, {}, {}, {}, 0, 0};
+  c.w_row = static_cast<size_t>(row_bytes(wt, cols));
+  const auto wf = tandem::test::gaussian(static_cast<size_t>(cols * n_rows), seed, 0.05f, 0.01f);
+  c.w = tandem::test::quantize_matrix(wt, wf, n_rows, cols);
+  c.wd = tandem::test::dequantize_matrix(wt, c.w, n_rows, cols);
+  const weight_type at = activation_type(wt);
+  c.a_row = static_cast<size_t>(row_bytes(at, cols));
+  c.a.resize(c.a_row * static_cast<size_t>(n_act) + 4);
+  c.ad.resize(static_cast<size_t>(cols * n_act));
+  const auto x = tandem::test::gaussian(static_cast<size_t>(cols * n_act), seed + 1, 1.0f);
+  for (int r = 0; r < n_act; ++r) {
+    quantize_activation_row(at, x.data() + r * cols, c.a.data() + r * c.a_row, cols);
+    dequantize_activation_row(at, c.a.data() + r * c.a_row, c.ad.data() + r * cols, cols);
+  }
+  return c;
+}
+
+// Exact dot of the dequantized rows (what the panel computes up to float rounding), and a
+// bound of its rounding error: 1e-5 of the sum of |w*a|, plus for Q4_1 / Q5_1 the fp16
+// rounding of the activation blocks' stored d * sum (ggml's Q8_1, which carries the weights'
+// offset term): 2^-11 of the sum of |min * a|.
+void reference(const case_data& c, int r, int o, double& dot, double& tol) {
+  dot = 0;
+  double mag = 0, offset = 0;
+  const int sub = panel_sub_elems(c.wt);
+  std::vector<uint8_t> codes(static_cast<size_t>(c.cols));
+  std::vector<float> scale(static_cast<size_t>(c.cols / sub)), min(scale.size());
+  panel_decode_row(c.wt, c.w.data() + o * c.w_row, c.cols, codes.data(), scale.data(), min.data());
+  for (int64_t i = 0; i < c.cols; ++i) {
+    const double a = c.ad[static_cast<size_t>(r * c.cols + i)];
+    const double p = static_cast<double>(c.wd[static_cast<size_t>(o * c.cols + i)]) * a;
+    dot += p;
+    mag += std::fabs(p);
+    offset += std::fabs(min[static_cast<size_t>(i / sub)] * a);
+  }
+  const bool q8_1 = activation_type(c.wt) == weight_type::q8_1;
+  tol = 1e-5 * mag + (q8_1 ? offset / 2048.0 : 0.0) + 1e-6;
+}
+
+std::vector<int64_t> col_counts(weight_type wt) {
+  if (info(wt).block_elems == 256) return {256, 768};
+  return {32, 96, 288};
+}
+
+}  // namespace
+
+TEST_CASE("panel_decode_row reproduces the dequantized weights as scale * code + min") {
+  for (const weight_type wt : panel_types()) {
+    CAPTURE(display_name(wt));
+    const case_data c = make_case(wt, 512, 1, 1, 3);
+    const int sub = panel_sub_elems(wt);
+    std::vector<uint8_t> codes(512);
+    std::vector<float> scale(static_cast<size_t>(512 / sub)), min(static_cast<size_t>(512 / sub));
+    panel_decode_row(wt, c.w.data(), 512, codes.data(), scale.data(), min.data());
+    for (int64_t i = 0; i < 512; ++i) {
+      const float v = scale[static_cast<size_t>(i / sub)] * codes[static_cast<size_t>(i)] + min[static_cast<size_t>(i / sub)];
+      CHECK(v == doctest::Approx(c.wd[static_cast<size_t>(i)]).epsilon(1e-5).scale(1e-3));
+    }
+  }
+}
+
+TEST_CASE("panel_dot_ref matches the exact dot of the dequantized rows for every type and shape") {
+  for (const weight_type wt : panel_types()) {
+    for (const int64_t cols : col_counts(wt)) {
+      for (const int n_rows : {1, 7, 16}) {
+        CAPTURE(display_name(wt));
+        CAPTURE(cols);
+        CAPTURE(n_rows);
+        const int n_act = 3;
+        const case_data c = make_case(wt, cols, n_rows, n_act, static_cast<uint32_t>(cols + n_rows));
+        aligned_bytes panel(panel_bytes(wt, cols));
+        pack_panel_ref(wt, c.w.data(), c.w_row, n_rows, cols, panel.data);
+        std::vector<int8_t> codes(panel_act_code_bytes(cols, n_act));
+        std::vector<float> aux(panel_act_aux_floats(wt, cols, n_act));
+        panel_acts(wt, c.a.data(), c.a_row, n_act, cols, codes.data(), aux.data());
+        const int64_t stride = 17;
+        std::vector<float> out(static_cast<size_t>(stride * n_act), -7.0f);
+        panel_dot_ref(wt, panel.data, cols, codes.data(), aux.data(), n_act, out.data(), stride, n_rows);
+        for (int r = 0; r < n_act; ++r) {
+          for (int o = 0; o < stride; ++o) {
+            const float got = out[static_cast<size_t>(r * stride + o)];
+            if (o >= n_rows) {
+              CHECK(got == -7.0f);  // outside the tile: untouched
+              continue;
+            }
+            double dot, tol;
+            reference(c, r, o, dot, tol);
+            CHECK(std::fabs(got - dot) <= tol);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("pack_panel_avx512 writes the bytes of pack_panel_ref, and panel_dot_avx512 its results") {
+  if (!isa_supported(isa::avx512)) return;
+  for (const weight_type wt : panel_types()) {
+    for (const int64_t cols : col_counts(wt)) {
+      for (const int n_rows : {1, 5, 16}) {
+        CAPTURE(display_name(wt));
+        CAPTURE(cols);
+        CAPTURE(n_rows);
+        const int max_act = k_panel_max_act_rows;
+        const case_data c = make_case(wt, cols, n_rows, max_act, static_cast<uint32_t>(7 * cols + n_rows));
+        aligned_bytes ref(panel_bytes(wt, cols)), fast(panel_bytes(wt, cols), 0xAB);
+        pack_panel_ref(wt, c.w.data(), c.w_row, n_rows, cols, ref.data);
+        pack_panel_avx512(wt, c.w.data(), c.w_row, n_rows, cols, fast.data);
+        CHECK(std::memcmp(ref.data, fast.data, panel_bytes(wt, cols)) == 0);
+
+        std::vector<int8_t> codes(panel_act_code_bytes(cols, max_act));
+        std::vector<float> aux(panel_act_aux_floats(wt, cols, max_act));
+        panel_acts(wt, c.a.data(), c.a_row, max_act, cols, codes.data(), aux.data());
+        for (int n_act = 1; n_act <= max_act; ++n_act) {
+          const int64_t stride = 19;
+          std::vector<float> want(static_cast<size_t>(stride * n_act), -7.0f), got(want);
+          panel_dot_ref(wt, ref.data, cols, codes.data(), aux.data(), n_act, want.data(), stride, n_rows);
+          panel_dot_avx512(wt, fast.data, cols, codes.data(), aux.data(), n_act, got.data(), stride, n_rows);
+          for (int r = 0; r < n_act; ++r) {
+            for (int o = 0; o < stride; ++o) {
+              const size_t i = static_cast<size_t>(r * stride + o);
+              if (o >= n_rows) {
+                CHECK(got[i] == -7.0f);
+                continue;
+              }
+              double dot, tol;
+              reference(c, r, o, dot, tol);
+              CHECK(std::fabs(got[i] - want[i]) <= tol);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("panel helpers reject types without a panel form") {
+  CHECK_FALSE(panel_supported(weight_type::f16));
+  CHECK(panel_bytes(weight_type::f32, 256) == 0);
+  std::vector<uint8_t> row(1024);
+  std::vector<uint8_t> codes(256);
+  float s[16], m[16];
+  CHECK_THROWS_WITH_AS(panel_decode_row(weight_type::bf16, row.data(), 256, codes.data(), s, m),
+                       doctest::Contains("BF16"), std::invalid_argument);
+}
