@@ -31,12 +31,6 @@ void run(thread_pool* pool, int64_t n, int64_t grain, range_fn body) {
     body(0, n);
 }
 
-// Whether many-row products of `wt` take packed panels. Q4_1 / Q5_1 keep the row tiles:
-// llama.cpp has no repacked form of them, so its prefill rounds as its plain kernels do, and
-// SmolLM2-135M's greedy tokens (a Q4_1 file with near-ties) follow llama.cpp's only that way.
-bool use_panels(weight_type wt) {
-  return panel_supported(wt) && wt != weight_type::q4_1 && wt != weight_type::q5_1;
-}
 
 // A per-thread buffer of at least `bytes` bytes at a 64-byte boundary, reused across calls.
 uint8_t* aligned_scratch(std::vector<uint8_t>& buf, size_t bytes) {
@@ -100,7 +94,7 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
       act_offsets[n_act_types + 1] = act_offsets[n_act_types] + p.a_row * static_cast<size_t>(n_x);
       ++n_act_types;
     }
-    p.panel = panel_path && use_panels(job.wt) && n_x >= panel_min_act_rows(job.wt);
+    p.panel = panel_path && panel_supported(job.wt) && n_x >= panel_min_act_rows(job.wt);
     p.panel_slot = 0;
     if (p.panel) {
       auto same_form = [&](weight_type o) {

@@ -59,6 +59,9 @@ int64_t panel_min_act_rows(weight_type wt) {
       return 4;
     case weight_type::q6_k:
       return 8;
+    case weight_type::q4_1:
+    case weight_type::q5_1:
+      return 10;  // their ggml-order kernel carries two activation rows at a time
     default:
       return 6;
   }

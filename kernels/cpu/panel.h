@@ -14,7 +14,9 @@
 // min = -128 d, -8 d, -32 d sc). With activations as int8 a, scale da and sum per sub-block:
 //   out = sum over sub-blocks of (scale * da) * (codes . a) + min * (da * sum a)
 // The integer dots are exact; results differ from the row-tile kernels only in float rounding
-// (as llama.cpp's repacked kernels differ from its plain ones).
+// (as llama.cpp's repacked kernels differ from its plain ones), except for Q4_1 / Q5_1: their
+// panel kernel keeps ggml's x86 float order and equals the row tiles bit for bit, because
+// llama.cpp has no repacked form of them and the SmolLM2 fixtures sit on near-ties.
 #pragma once
 
 #include <cstddef>
@@ -27,7 +29,8 @@ namespace tandem::kernels::cpu {
 inline constexpr int k_panel_rows = 16;  // weight rows per panel: the int32 lanes of a zmm
 // Activation rows from which matmul uses panels; below, packing costs more than it saves.
 // Measured crossovers against the row tiles (weights from DRAM, 2 threads, 2816 x 1024):
-// about 4 rows for Q4_0, 6 for Q8_0 and Q4_K, 8 for Q6_K, whose scales cost more to pack.
+// about 4 rows for Q4_0, 6 for Q8_0 and Q4_K, 8 for Q6_K, whose scales cost more to pack,
+// and 8-10 for Q4_1/Q5_1, whose kernel keeps ggml's float order (see panel_avx512.cpp).
 int64_t panel_min_act_rows(weight_type wt);
 // Activation rows one kernel call carries (its int and float accumulators fill the registers).
 inline constexpr int k_panel_max_act_rows = 8;

@@ -6,6 +6,8 @@
 // tile's FMAs do not wait on each other.
 #include <immintrin.h>
 
+#include <cmath>
+
 #include "kernels/cpu/simd_avx2.h"
 #include "kernels/cpu/vec_dot.h"
 
@@ -98,7 +100,8 @@ void tile(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* act, siz
       }
       if constexpr (with_m) {
         const float mx = half_to_float(x.m);
-        for (int r = 0; r < NR; ++r) min_sum[o][r] += mx * sy[r];
+        // Fused, as GCC contracts ggml's `summs += m * s` (and the AVX-512 tiles do).
+        for (int r = 0; r < NR; ++r) min_sum[o][r] = std::fma(mx, sy[r], min_sum[o][r]);
       }
     }
   }

@@ -182,12 +182,12 @@ void tile(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* act, siz
         }
       }
       if constexpr (with_m) {
-        // Per lane the scalar m * s, then the add: the same roundings as the AVX2 kernel.
+        // Per lane m * s fused into the sum: the same roundings as the AVX2 kernel.
         const float* sk = ys + H * W * k;  // d0 s0 d1 s1 d2 s2 d3 s3
         const __m128 s = _mm_shuffle_ps(_mm_load_ps(sk), _mm_load_ps(sk + 4), _MM_SHUFFLE(3, 1, 3, 1));
         TANDEM_UNROLL
         for (int o = 0; o < NW; ++o)
-          min_sum[o] = _mm_add_ps(min_sum[o], _mm_mul_ps(_mm_set1_ps(xs[H * (W * k + o) + 1]), s));
+          min_sum[o] = _mm_fmadd_ps(_mm_set1_ps(xs[H * (W * k + o) + 1]), s, min_sum[o]);
       }
     }
     if (next > 0) convert(set ^ 1, next);

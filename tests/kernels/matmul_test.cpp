@@ -261,9 +261,9 @@ TEST_SUITE("matmul") {
   }
 
   TEST_CASE("a prefill row equals the decode of that row") {
-    // Bit for bit on the row-tile kernels. Quantized weights on AVX-512 (but Q4_1/Q5_1) take
-    // packed panels from panel_min_act_rows rows on, which round differently: there the
-    // rows agree to 1e-5 of sum |w * x|.
+    // Bit for bit on the row-tile kernels, and on the Q4_1/Q5_1 panels (ggml's order). The
+    // other quantized types on AVX-512 take packed panels from panel_min_act_rows rows on,
+    // which round differently: there the rows agree to 1e-5 of sum |w * x|.
     thread_pool pool(2);
     uint32_t seed = 1200;
     for (const auto t : tandem::test::computable_types()) {

@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/act_quant.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/vec_dot.h"
 #include "tests/kernels/kernel_test_util.h"
 
 using namespace tandem::kernels;
@@ -190,4 +191,34 @@ TEST_CASE("panel helpers reject types without a panel form") {
   float s[16], m[16];
   CHECK_THROWS_WITH_AS(panel_decode_row(weight_type::bf16, row.data(), 256, codes.data(), s, m),
                        doctest::Contains("BF16"), std::invalid_argument);
+}
+
+TEST_CASE("Q4_1 and Q5_1 panels equal the row tiles bit for bit (ggml's float order)") {
+  if (!isa_supported(isa::avx512)) return;
+  for (const weight_type wt : {weight_type::q4_1, weight_type::q5_1}) {
+    for (const int64_t cols : {32, 96, 288}) {
+      for (const int n_rows : {1, 5, 16}) {
+        CAPTURE(display_name(wt));
+        CAPTURE(cols);
+        CAPTURE(n_rows);
+        const int n_act = 5;
+        const case_data c = make_case(wt, cols, n_rows, n_act, static_cast<uint32_t>(11 * cols + n_rows));
+        aligned_bytes panel(panel_bytes(wt, cols));
+        pack_panel_avx512(wt, c.w.data(), c.w_row, n_rows, cols, panel.data);
+        std::vector<int8_t> codes(panel_act_code_bytes(cols, n_act));
+        std::vector<float> aux(panel_act_aux_floats(wt, cols, n_act));
+        panel_acts(wt, c.a.data(), c.a_row, n_act, cols, codes.data(), aux.data());
+        std::vector<float> got(static_cast<size_t>(16 * n_act), -7.0f);
+        panel_dot_avx512(wt, panel.data, cols, codes.data(), aux.data(), n_act, got.data(), 16, n_rows);
+        const dot_fn tile = wt == weight_type::q4_1 ? dot_q4_1_avx512 : dot_q5_1_avx512;
+        for (int r = 0; r < n_act; ++r) {
+          for (int o = 0; o < n_rows; ++o) {
+            float want = 0;
+            tile(cols, c.w.data() + o * c.w_row, c.w_row, 1, c.a.data() + r * c.a_row, c.a_row, 1, &want, 1);
+            CHECK(got[static_cast<size_t>(r * 16 + o)] == want);
+          }
+        }
+      }
+    }
+  }
 }
