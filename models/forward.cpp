@@ -22,19 +22,20 @@ namespace {
 using kernels::cpu::matmul;
 
 void project(const weight_view& w, const float* x, int64_t n, float* y, kernels::cpu::thread_pool* pool) {
-  matmul(w.type, w.data, w.rows, w.cols, x, n, y, pool);
+  matmul(w.type, w.data, w.rows, w.cols, x, n, y, pool, w.layout);
 }
 
 // Projections of one input through two or three matrices (gate/up, Q/K/V) in one pass over the
 // pool; the matrices share their column count (the input width).
 void project2(const weight_view& a, float* ya, const weight_view& b, float* yb, const float* x, int64_t n,
               kernels::cpu::thread_pool* pool) {
-  const kernels::cpu::matmul_job jobs[2] = {{a.type, a.data, a.rows, ya}, {b.type, b.data, b.rows, yb}};
+  const kernels::cpu::matmul_job jobs[2] = {{a.type, a.data, a.rows, ya, a.layout}, {b.type, b.data, b.rows, yb, b.layout}};
   kernels::cpu::matmul_many(jobs, 2, a.cols, x, n, pool);
 }
 void project3(const weight_view& a, float* ya, const weight_view& b, float* yb, const weight_view& c, float* yc,
               const float* x, int64_t n, kernels::cpu::thread_pool* pool) {
-  const kernels::cpu::matmul_job jobs[3] = {{a.type, a.data, a.rows, ya}, {b.type, b.data, b.rows, yb}, {c.type, c.data, c.rows, yc}};
+  const kernels::cpu::matmul_job jobs[3] = {
+      {a.type, a.data, a.rows, ya, a.layout}, {b.type, b.data, b.rows, yb, b.layout}, {c.type, c.data, c.rows, yc, c.layout}};
   kernels::cpu::matmul_many(jobs, 3, a.cols, x, n, pool);
 }
 
@@ -370,10 +371,7 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
   const auto& w = model_.weights();
   const int64_t D = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), F = c.n_ff, hd = c.head_dim;
 
-  for (int64_t r = 0; r < n; ++r) {
-    const auto* row = static_cast<const std::byte*>(w.token_embd.data) + tokens[r] * kernels::row_bytes(w.token_embd.type, D);
-    kernels::cpu::dequantize_row(w.token_embd.type, row, x_ + r * D, D);
-  }
+  for (int64_t r = 0; r < n; ++r) dequantize_weight_row(w.token_embd, tokens[r], x_ + r * D);
 
   const float attn_scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (int64_t l = 0; l < c.n_layer; ++l) {

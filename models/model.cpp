@@ -1,6 +1,7 @@
 #include "models/model.h"
 
 #include <cmath>
+#include <cstddef>
 
 #include "kernels/cpu/quants.h"
 #include "models/tokenizer.h"
@@ -47,9 +48,27 @@ const float* bind_rope_freqs(const gguf_file& f, model_weights& w) {
   return v;
 }
 
+// Repacks a matrix into panels owned by the weights when the kernels gain from it.
+void pack(weight_view& v, model_weights& w) {
+  if (!kernels::cpu::pack_at_load(v.type) || v.layout == kernels::cpu::weight_layout::packed) return;
+  auto& buf = w.packed.emplace_back(kernels::cpu::packed_bytes(v.type, v.rows, v.cols));
+  kernels::cpu::pack_weights(v.type, v.data, v.rows, v.cols, buf.data());
+  v.data = buf.data();
+  v.layout = kernels::cpu::weight_layout::packed;
+}
+
 }  // namespace
 
-model::model(const std::string& path) : file_(path), config_(read_model_config(file_)) {
+void dequantize_weight_row(const weight_view& w, int64_t row, float* out) {
+  if (w.layout == kernels::cpu::weight_layout::packed) {
+    kernels::cpu::dequantize_packed_row(w.type, w.data, w.cols, row, out);
+    return;
+  }
+  const auto* p = static_cast<const std::byte*>(w.data) + row * kernels::row_bytes(w.type, w.cols);
+  kernels::cpu::dequantize_row(w.type, p, out, w.cols);
+}
+
+model::model(const std::string& path, const load_options& options) : file_(path), config_(read_model_config(file_)) {
   const auto& c = config_;
   auto& w = weights_;
   w.token_embd = bind_matrix(file_, "token_embd.weight");
@@ -78,6 +97,13 @@ model::model(const std::string& path) : file_(path), config_(read_model_config(f
     L.w_gate = bind_matrix(file_, b + "ffn_gate.weight");
     L.w_up = bind_matrix(file_, b + "ffn_up.weight");
     L.w_down = bind_matrix(file_, b + "ffn_down.weight");
+  }
+  if (options.pack_weights) {
+    // A tied output head is the embedding table: packed once, looked up through the panels.
+    pack(w.output, w);
+    if (c.tied_embeddings) w.token_embd = w.output;
+    for (auto& L : w.layers)
+      for (weight_view* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) pack(*v, w);
   }
 }
 

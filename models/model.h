@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/packed.h"
 #include "kernels/weight_type.h"
 #include "models/gguf_reader.h"
 #include "models/model_config.h"
@@ -13,13 +14,25 @@ namespace tandem::models {
 
 class tokenizer;
 
-// A weight matrix as the kernels see it: `rows` rows of `cols` elements of `type`, contiguous
-// (GGUF ne = {cols, rows}). data points into the mapped file.
+// A weight matrix as the kernels see it: `rows` rows of `cols` elements of `type`. With the
+// rows layout, contiguous GGUF rows (ne = {cols, rows}) in the mapped file; with the packed
+// layout, 16-row panels owned by model_weights::packed (kernels/cpu/packed.h).
 struct weight_view {
   const void* data = nullptr;
   kernels::weight_type type = kernels::weight_type::f32;
   int64_t rows = 0;
   int64_t cols = 0;
+  kernels::cpu::weight_layout layout = kernels::cpu::weight_layout::rows;
+};
+
+// Row `row` of a weight matrix as floats, whatever its layout (the token embedding lookup).
+void dequantize_weight_row(const weight_view& w, int64_t row, float* out);
+
+// How a model is loaded.
+struct load_options {
+  // Repack matrices into 16-row panels at load where the kernels gain from it
+  // (kernels::cpu::pack_at_load); off keeps every matrix in the file mapping.
+  bool pack_weights = true;
 };
 
 struct layer_weights {
@@ -46,8 +59,10 @@ struct model_weights {
   const float* rope_freqs = nullptr; // [n_rot/2] llama3 frequency divisors, or null
   std::vector<layer_weights> layers;
   // 1-D tensors (norms, biases, rope_freqs) converted to F32 at load; the pointers above
-  // point into these buffers. Matrices stay in the file mapping.
+  // point into these buffers. Matrices stay in the file mapping unless packed.
   std::vector<std::vector<float>> owned;
+  // Packed matrices (load_options::pack_weights); packed views point into these.
+  std::vector<std::vector<uint8_t>> packed;
 };
 
 class model {
@@ -56,7 +71,7 @@ class model {
   // key or tensor; a matrix of a type tandem cannot compute is an error naming the tensor, so
   // is a 1-D tensor (norm, bias, rope_freqs) that is not F32, F16 or BF16, and rope_freqs
   // holding a divisor that is not finite and positive.
-  explicit model(const std::string& path);
+  explicit model(const std::string& path, const load_options& options = {});
   model(const model&) = delete;
   model& operator=(const model&) = delete;
 

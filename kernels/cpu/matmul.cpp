@@ -42,8 +42,8 @@ uint8_t* aligned_scratch(std::vector<uint8_t>& buf, size_t bytes) {
 }  // namespace
 
 void matmul(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
-            thread_pool* pool) {
-  const matmul_job job{wt, w, rows, y};
+            thread_pool* pool, weight_layout layout) {
+  const matmul_job job{wt, w, rows, y, layout};
   matmul_many(&job, 1, cols, x, n_x, pool);
 }
 
@@ -59,7 +59,8 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
     dot_fn dot;
     size_t w_row, a_row;
     int act_slot;    // which converted copy of x it reads
-    bool panel;      // packed panels of k_panel_rows rows instead of row tiles
+    bool packed;     // the weights are packed panels (packed.h)
+    bool panel;      // panels of k_panel_rows rows, packed per call, instead of row tiles
     int panel_slot;  // which panel form of that copy (panel path only)
     int64_t first_group, groups;
   };
@@ -94,7 +95,10 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
       act_offsets[n_act_types + 1] = act_offsets[n_act_types] + p.a_row * static_cast<size_t>(n_x);
       ++n_act_types;
     }
-    p.panel = panel_path && panel_supported(job.wt) && n_x >= panel_min_act_rows(job.wt);
+    p.packed = job.layout == weight_layout::packed;
+    if (p.packed && !packable(job.wt))
+      throw std::invalid_argument("matmul: " + display_name(job.wt) + " weights have no packed layout");
+    p.panel = p.packed || (panel_path && panel_supported(job.wt) && n_x >= panel_min_act_rows(job.wt));
     p.panel_slot = 0;
     if (p.panel) {
       auto same_form = [&](weight_type o) {
@@ -179,6 +183,38 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
       const int64_t g_begin = std::max(b, p.first_group) - p.first_group;
       const int64_t g_end = std::min(e, p.first_group + p.groups) - p.first_group;
       if (g_begin >= g_end) continue;
+      if (p.packed) {
+        const matmul_job& job = jobs[j];
+        const int8_t* codes = panel_codes[p.panel_slot];
+        const float* aux = panel_aux[p.panel_slot];
+        const auto aux_per_row = static_cast<int64_t>(panel_act_aux_floats(job.wt, cols, 1));
+        const size_t pb = packed_panel_bytes(job.wt, cols);
+        for (int64_t g = g_begin; g < g_end; ++g) {
+          const int64_t o = g * k_panel_rows;
+          const int n_w = static_cast<int>(std::min<int64_t>(k_panel_rows, job.rows - o));
+          const uint8_t* panel = static_cast<const uint8_t*>(job.w) + g * pb;
+          if (path != isa::avx512) {
+            packed_dot_ref(job.wt, panel, cols, codes, aux, static_cast<int>(n_x), job.y + o, job.rows, n_w);
+            continue;
+          }
+          if (n_x >= k_expand_min_act_rows) {
+            uint8_t* wide = aligned_scratch(panel_scratch, panel_bytes(job.wt, cols));
+            expand_packed_avx512(job.wt, panel, cols, wide);
+            for (int64_t r0 = 0; r0 < n_x; r0 += k_panel_max_act_rows) {
+              const int nr = static_cast<int>(std::min<int64_t>(k_panel_max_act_rows, n_x - r0));
+              panel_dot_avx512(job.wt, wide, cols, codes + r0 * cols, aux + r0 * aux_per_row, nr,
+                               job.y + r0 * job.rows + o, job.rows, n_w);
+            }
+            continue;
+          }
+          for (int64_t r0 = 0; r0 < n_x; r0 += k_panel_max_act_rows) {
+            const int nr = static_cast<int>(std::min<int64_t>(k_panel_max_act_rows, n_x - r0));
+            packed_dot_avx512(job.wt, panel, cols, codes + r0 * cols, aux + r0 * aux_per_row, nr,
+                              job.y + r0 * job.rows + o, job.rows, n_w);
+          }
+        }
+        continue;
+      }
       if (p.panel) {
         const matmul_job& job = jobs[j];
         uint8_t* panel = aligned_scratch(panel_scratch, panel_bytes(job.wt, cols));

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/packed.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/weight_type.h"
 
@@ -22,8 +23,10 @@ namespace tandem::kernels::cpu {
 // Throws std::invalid_argument (naming the type) when wt has no kernels or cols is not a
 // multiple of its block size. Activation scratch is a per-thread buffer that grows to the
 // largest n_x * cols seen and is reused, so steady-state calls do not allocate.
+// layout: weight_layout::packed when w holds pack_weights' panels instead of GGUF rows
+// (packed.h; results as the packed kernels round them, on every ISA path).
 void matmul(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
-            thread_pool* pool);
+            thread_pool* pool, weight_layout layout = weight_layout::rows);
 
 // One weight matrix of a matmul_many call: `rows` rows of type wt at w; output y as in matmul.
 struct matmul_job {
@@ -31,6 +34,7 @@ struct matmul_job {
   const void* w;
   int64_t rows;
   float* y;
+  weight_layout layout = weight_layout::rows;
 };
 inline constexpr int k_max_matmul_jobs = 4;
 

@@ -46,7 +46,7 @@ namespace {
 
 // Weights plus k_max_x activation rows; a test runs it with the first n_x <= k_max_x rows,
 // so the (slow to quantize) weights are shared across n_x.
-constexpr int64_t k_max_x = 8;
+constexpr int64_t k_max_x = 24;
 
 struct problem {
   weight_type wt;
@@ -287,6 +287,47 @@ TEST_SUITE("matmul") {
         }
       }
     }
+  }
+
+  TEST_CASE("packed weights give the row layout's products, on every path and thread count") {
+    // Packed panels round as the panel kernels do: within 1e-5 of sum |w * a| of the row
+    // layout's results (plus Q4_1's offset terms), and Q4_1 bit for bit on AVX-512.
+    tandem::test::isa_guard guard;
+    thread_pool pool(2);
+    uint32_t seed = 2000;
+    for (const auto t : {weight_type::q4_0, weight_type::q4_1, weight_type::q8_0, weight_type::q4_k, weight_type::q6_k}) {
+      const int64_t rows = 37, cols = info(t).block_elems == 256 ? 512 : 96;
+      const auto p = make_problem(t, rows, cols, ++seed);
+      std::vector<uint8_t> packed(packed_bytes(t, rows, cols));
+      pack_weights(t, p.w.data(), rows, cols, packed.data());
+      for (const isa path : tandem::test::supported_isas()) {
+        set_isa(path);
+        for (const int64_t n_x : {int64_t{1}, int64_t{3}, int64_t{8}, k_expand_min_act_rows + 4}) {
+          CAPTURE(display_name(t));
+          CAPTURE(isa_name(path));
+          CAPTURE(n_x);
+          const auto want = run(p, n_x, &pool);
+          std::vector<float> got(static_cast<size_t>(rows * n_x), -7.0f);
+          matmul(t, packed.data(), rows, cols, p.x.data(), n_x, got.data(), &pool, weight_layout::packed);
+          for (int64_t r = 0; r < n_x; ++r)
+            for (int64_t o = 0; o < rows; ++o) {
+              const size_t k = static_cast<size_t>(r * rows + o);
+              if (t == weight_type::q4_1 && path == isa::avx512) {
+                REQUIRE(got[k] == want[k]);
+                continue;
+              }
+              double mag = 0;
+              for (int64_t i = 0; i < cols; ++i)
+                mag += std::fabs(static_cast<double>(p.wd[static_cast<size_t>(o * cols + i)]) * p.x[static_cast<size_t>(r * cols + i)]);
+              REQUIRE(std::fabs(got[k] - want[k]) <= 1.1e-5 * mag * (has_offset(t) ? 4.0 : 1.0));
+            }
+        }
+      }
+    }
+    std::vector<float> y(4);
+    std::vector<uint8_t> w(1024);
+    CHECK_THROWS_WITH_AS(matmul(weight_type::q5_0, w.data(), 1, 32, y.data(), 1, y.data(), nullptr, weight_layout::packed),
+                         doctest::Contains("Q5_0"), std::invalid_argument);
   }
 
   TEST_CASE("matmul_many equals separate matmuls bit for bit") {

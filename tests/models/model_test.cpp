@@ -37,11 +37,22 @@ std::vector<float> file_floats(const models::gguf_file& f, const std::string& na
   return v;
 }
 
-// The view must be the file's tensor itself (no copy), with rows = ne[1], cols = ne[0].
+// The view must be the file's tensor itself (no copy), with rows = ne[1], cols = ne[0] -- or,
+// where the model packed it at load, packed panels holding the same rows.
 void check_view(const models::model& m, const models::weight_view& v, const std::string& name, int64_t rows, int64_t cols) {
   CAPTURE(name);
   const auto& t = m.file().tensor(name);
-  CHECK(v.data == t.data.data());
+  if (v.layout == kernels::cpu::weight_layout::packed) {
+    CHECK(kernels::cpu::packable(t.type));
+    std::vector<float> got(static_cast<size_t>(cols)), want(got);
+    for (const int64_t r : {int64_t{0}, rows / 2, rows - 1}) {
+      models::dequantize_weight_row(v, r, got.data());
+      kernels::cpu::dequantize_row(t.type, t.data.data() + r * kernels::row_bytes(t.type, cols), want.data(), cols);
+      CHECK(got == want);
+    }
+  } else {
+    CHECK(v.data == t.data.data());
+  }
   CHECK(v.type == t.type);
   CHECK(v.rows == rows);
   CHECK(v.cols == cols);
@@ -119,6 +130,19 @@ TEST_SUITE("model") {
     CHECK(m.weight_bytes() == sum);
     CHECK(m.weight_bytes() < m.file().file_size());
     check_view(m, m.weights().layers[2].w_down, "blk.2.ffn_down.weight", 64, 172);
+  }
+
+  TEST_CASE("packing at load: packable matrices become panels with the same rows, or stay mapped when off") {
+    const auto path = test::data_path("stories260K-q8_0.gguf").string();
+    const models::model packed(path), mapped(path, {.pack_weights = false});
+    const auto& t = packed.file().tensor("blk.1.attn_q.weight");
+    REQUIRE(t.type == weight_type::q8_0);
+    const auto& v = packed.weights().layers[1].wq;
+    CHECK((v.layout == kernels::cpu::weight_layout::packed) == kernels::cpu::pack_at_load(weight_type::q8_0));
+    check_view(packed, v, "blk.1.attn_q.weight", 64, 64);
+    const auto& u = mapped.weights().layers[1].wq;
+    CHECK(u.layout == kernels::cpu::weight_layout::rows);
+    CHECK(u.data == mapped.file().tensor("blk.1.attn_q.weight").data.data());
   }
 
   TEST_CASE("a tiny F32 model: views, values and tied embeddings") {

@@ -1,6 +1,6 @@
 // A plain double-precision Llama-family forward pass over the same weights, for tests: no
 // activation quantization, no F16 KV cache, no batching, no threads. Weights are dequantized
-// with the scalar reference (kernels::cpu::dequantize_row). Only what tests need: full
+// with the scalar reference (models::dequantize_weight_row). Only what tests need: full
 // recomputation over the whole token sequence, returning the last position's logits.
 #pragma once
 
@@ -16,8 +16,7 @@ namespace tandem::test {
 
 inline std::vector<double> ref_matrix_row(const models::weight_view& w, int64_t row) {
   std::vector<float> f(static_cast<size_t>(w.cols));
-  const auto* p = static_cast<const std::byte*>(w.data) + row * kernels::row_bytes(w.type, w.cols);
-  kernels::cpu::dequantize_row(w.type, p, f.data(), w.cols);
+  models::dequantize_weight_row(w, row, f.data());  // GGUF rows or packed panels
   return {f.begin(), f.end()};
 }
 

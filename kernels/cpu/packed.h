@@ -1,0 +1,66 @@
+// Weights repacked once, at load, into 16-row panels (llama.cpp's "repacked" CPU buffers do
+// the same). The panels of panel.h are built per call from GGUF rows and hold one byte per
+// code plus float scales: fine when many activation rows share them, too big and too slow to
+// build for decode. Packed weights keep the panel arrangement (16 rows across the int32 lanes
+// of a register) in a compact form about as large as the GGUF blocks, so every product reads
+// one sequential stream of bytes and needs no packing at all:
+//  - decode (one activation row) spends ~4x fewer instructions per weight byte than the row
+//    tiles and runs at memory speed;
+//  - batched decode and prefill skip the packing pass.
+//
+// Layout: panels of 16 rows (the last one padded with zero rows), one after another; within
+// a panel, 32-column chunks. Group k of a chunk (columns 4k..4k+3) decodes to 64 bytes, byte
+// 4r + e = code of row r, column 4k + e, as in panel.h.
+//   Q4_0  per chunk: 4 x 64 nibble bytes (byte i of register q: group q low, group q+4 high),
+//         16 fp16 d                                                           288 B (= GGUF)
+//   Q4_1  per chunk: nibbles, 16 fp16 d, 16 fp16 m                            320 B (= GGUF)
+//   Q8_0  per chunk: 8 x 64 code bytes (q + 128), 16 fp16 d                   544 B (= GGUF)
+//   Q4_K  per 256 columns: 8 chunks of nibbles, 16 fp16 d, 16 fp16 dmin, 8 x 16 scales,
+//         8 x 16 mins (6-bit values in bytes)                              2368 B (GGUF 2304)
+//   Q6_K  per 256 columns: 8 chunks of low nibbles, 8 x 2 x 64 bytes of high 2-bit pairs
+//         (register h holds groups 4h..4h+3 at bits 2j), 16 fp16 d, 16 x 16 int8 scales
+//                                                                             3360 B (= GGUF)
+// Other types are not packed and keep the row layout.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/weight_type.h"
+
+namespace tandem::kernels::cpu {
+
+// How a weight matrix lies in memory: GGUF rows, or packed panels (this header).
+enum class weight_layout { rows, packed };
+
+// Whether `wt` has a packed form (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K).
+bool packable(weight_type wt);
+// Whether load-time packing pays: a packed type and the AVX-512 VNNI path active. (Packed
+// weights compute on every path, but elsewhere only through the slow portable kernel.)
+bool pack_at_load(weight_type wt);
+// Bytes of a packed rows x cols matrix (cols a multiple of the type's block size).
+size_t packed_bytes(weight_type wt, int64_t rows, int64_t cols);
+// Packs `rows` GGUF rows (row_bytes(wt, cols) apart) into dst (packed_bytes(wt, rows, cols)).
+// Throws std::invalid_argument for types without a packed form.
+void pack_weights(weight_type wt, const void* src, int64_t rows, int64_t cols, void* dst);
+// Row `row` of a packed matrix as floats: the same values as dequantize_row of the GGUF row.
+void dequantize_packed_row(weight_type wt, const void* packed, int64_t cols, int64_t row, float* out);
+
+// Products over packed panels: out[r * out_stride + o] = dot(row o of the panel at `panel`,
+// activation row r) for r < n_act, o < n_w (1..16). Activations in panel.h's form
+// (panel_acts: int8 codes, per sub-block {da, da * sum}). The AVX-512 kernel carries up to
+// k_panel_max_act_rows rows per call; the reference any number.
+void packed_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
+                    int n_act, float* out, int64_t out_stride, int n_w);
+void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
+                       int n_act, float* out, int64_t out_stride, int n_w);
+// Widens one packed panel into panel.h's form (64-byte aligned panel, panel_bytes(wt, cols)):
+// the same values pack_panel_* writes from the GGUF rows, for products with many activation
+// rows (panel_dot_avx512 then reuses the wide codes on every pass).
+void expand_packed_avx512(weight_type wt, const uint8_t* packed, int64_t cols, uint8_t* panel);
+// Activation rows from which matmul expands packed panels instead of reading them directly.
+inline constexpr int64_t k_expand_min_act_rows = 16;
+// Bytes of one packed panel of `cols` columns.
+size_t packed_panel_bytes(weight_type wt, int64_t cols);
+
+}  // namespace tandem::kernels::cpu

@@ -1,0 +1,296 @@
+// AVX-512 VNNI products over packed weights (packed.h). Per 32-column chunk the compact
+// codes are widened to the 8 group registers of panel.h (nibble masks and shifts, Q6_K's high
+// pairs shifted into bits 4-5), each row's activation bytes meet them as vpdpbusd broadcasts,
+// and per sub-block one conversion and a few FMAs apply the 16 rows' scales. The panel is one
+// sequential stream; decode still asks for every line a few KiB ahead (the hardware prefetcher
+// alone leaves it waiting on memory, measured).
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/cpu/packed.h"
+#include "kernels/cpu/panel.h"
+#include "kernels/cpu/simd_avx512.h"
+
+namespace tandem::kernels::cpu {
+namespace {
+
+constexpr int R16 = k_panel_rows;
+constexpr __mmask16 k_all16 = 0xFFFF;
+constexpr size_t k_prefetch_ahead = 4096;
+
+static inline __m512 f16x16(const uint8_t* p) { return avx512::cvt_f16(avx512::load32(p)); }
+static inline __m512 u8x16(const uint8_t* p) {
+  return _mm512_maskz_cvtepi32_ps(k_all16, _mm512_maskz_cvtepu8_epi32(k_all16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+static inline __m512 i8x16(const uint8_t* p) {
+  return _mm512_maskz_cvtepi32_ps(k_all16, _mm512_maskz_cvtepi8_epi32(k_all16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+static inline int32_t act4(const int8_t* p) {
+  int32_t a;
+  std::memcpy(&a, p, 4);
+  return a;
+}
+
+template <weight_type WT>
+constexpr size_t unit_bytes() {
+  return WT == weight_type::q4_0 ? 4 * 64 + 2 * R16
+       : WT == weight_type::q4_1 ? 4 * 64 + 4 * R16
+       : WT == weight_type::q8_0 ? 8 * 64 + 2 * R16
+       : WT == weight_type::q4_k ? 8 * 4 * 64 + 20 * R16
+                                 : 8 * 4 * 64 + 8 * 2 * 64 + 18 * R16;
+}
+
+// R activation rows against one packed panel (every type but Q4_1 / Q5_1's ggml order).
+template <weight_type WT, int R>
+void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, float* out,
+                 int64_t out_stride, __mmask16 lanes) {
+  constexpr bool k_quant = WT == weight_type::q4_k || WT == weight_type::q6_k;
+  constexpr int64_t uc = k_quant ? 256 : 32;
+  constexpr int sub = WT == weight_type::q6_k ? 16 : 32;
+  constexpr size_t ub = unit_bytes<WT>();
+  const int64_t nsub = cols / sub;
+  const __m512i low4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  __m512 f[R];
+  TANDEM_UNROLL for (int r = 0; r < R; ++r) f[r] = _mm512_setzero_ps();
+  for (int64_t u = 0; u < cols / uc; ++u) {
+    const uint8_t* unit = panel + u * ub;
+    __m512 d = _mm512_setzero_ps(), dmin = _mm512_setzero_ps();
+    if constexpr (WT == weight_type::q4_k) {
+      d = f16x16(unit + 2048);
+      dmin = f16x16(unit + 2048 + 2 * R16);
+    } else if constexpr (WT == weight_type::q6_k) {
+      d = f16x16(unit + 3072);
+    }
+    for (int ch = 0; ch < uc / 32; ++ch) {
+      // Every line of this chunk's share of the stream, k_prefetch_ahead bytes on.
+      constexpr size_t share = ub / (uc / 32);
+      for (size_t b = 0; b < share; b += 64) avx512::prefetch(unit, ch * share + k_prefetch_ahead + b);
+      const int64_t col0 = u * uc + ch * 32;
+      // Integer sums: acc0 for the chunk (or its first 16 columns for Q6_K), acc1 the rest.
+      __m512i acc0[R], acc1[R];
+      TANDEM_UNROLL for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_si512();
+      TANDEM_UNROLL for (int q = 0; q < (WT == weight_type::q8_0 ? 8 : 4); ++q) {
+        __m512i lo, hi = _mm512_setzero_si512();
+        if constexpr (WT == weight_type::q8_0) {
+          lo = avx512::load64(unit + 64 * q);
+        } else {
+          const __m512i z = avx512::load64(unit + ch * 256 + 64 * q);
+          lo = _mm512_and_si512(z, low4);
+          hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
+          if constexpr (WT == weight_type::q6_k) {
+            const __m512i h0 = avx512::load64(unit + 2048 + ch * 128), h1 = avx512::load64(unit + 2048 + ch * 128 + 64);
+            __m512i b0, b1;  // bits 2q, 2q+1 moved to 4, 5 (shifts by a literal per q)
+            if (q == 0) { b0 = _mm512_slli_epi16(h0, 4); b1 = _mm512_slli_epi16(h1, 4); }
+            else if (q == 1) { b0 = _mm512_slli_epi16(h0, 2); b1 = _mm512_slli_epi16(h1, 2); }
+            else if (q == 2) { b0 = h0; b1 = h1; }
+            else { b0 = _mm512_srli_epi16(h0, 2); b1 = _mm512_srli_epi16(h1, 2); }
+            lo = _mm512_or_si512(lo, _mm512_and_si512(b0, m30));
+            hi = _mm512_or_si512(hi, _mm512_and_si512(b1, m30));
+          }
+        }
+        TANDEM_UNROLL for (int r = 0; r < R; ++r) {
+          const int8_t* a = codes + r * cols + col0;
+          if constexpr (WT == weight_type::q8_0) {
+            acc0[r] = _mm512_dpbusd_epi32(acc0[r], lo, _mm512_set1_epi32(act4(a + 4 * q)));
+          } else {
+            acc0[r] = _mm512_dpbusd_epi32(acc0[r], lo, _mm512_set1_epi32(act4(a + 4 * q)));
+            if constexpr (WT == weight_type::q6_k)
+              acc1[r] = _mm512_dpbusd_epi32(acc1[r], hi, _mm512_set1_epi32(act4(a + 16 + 4 * q)));
+            else
+              acc0[r] = _mm512_dpbusd_epi32(acc0[r], hi, _mm512_set1_epi32(act4(a + 16 + 4 * q)));
+          }
+        }
+      }
+      // Scales and mins of the chunk's sub-blocks, then the float update per row.
+      auto update = [&](const __m512i (&acc)[R], __m512 scale, __m512 min, int64_t s) {
+        TANDEM_UNROLL for (int r = 0; r < R; ++r) {
+          const float* x = aux + r * nsub * 2 + 2 * s;
+          const __m512 t = _mm512_maskz_cvtepi32_ps(k_all16, acc[r]);
+          f[r] = _mm512_fmadd_ps(t, _mm512_mul_ps(scale, _mm512_set1_ps(x[0])), f[r]);
+          f[r] = _mm512_fmadd_ps(min, _mm512_set1_ps(x[1]), f[r]);
+        }
+      };
+      if constexpr (WT == weight_type::q4_0) {
+        const __m512 s = f16x16(unit + 256);
+        update(acc0, s, _mm512_mul_ps(s, _mm512_set1_ps(-8.0f)), col0 / 32);
+      } else if constexpr (WT == weight_type::q8_0) {
+        const __m512 s = f16x16(unit + 512);
+        update(acc0, s, _mm512_mul_ps(s, _mm512_set1_ps(-128.0f)), col0 / 32);
+      } else if constexpr (WT == weight_type::q4_k) {
+        const uint8_t* at = unit + 2048 + 4 * R16;
+        const __m512 s = _mm512_mul_ps(d, u8x16(at + R16 * ch));
+        const __m512 m = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, u8x16(at + 8 * R16 + R16 * ch)));
+        update(acc0, s, m, col0 / 32);
+      } else {
+        const uint8_t* at = unit + 3072 + 2 * R16;
+        const __m512 s0 = _mm512_mul_ps(d, i8x16(at + R16 * (2 * ch)));
+        const __m512 s1 = _mm512_mul_ps(d, i8x16(at + R16 * (2 * ch + 1)));
+        update(acc0, s0, _mm512_mul_ps(s0, _mm512_set1_ps(-32.0f)), col0 / 16);
+        update(acc1, s1, _mm512_mul_ps(s1, _mm512_set1_ps(-32.0f)), col0 / 16 + 1);
+      }
+    }
+  }
+  TANDEM_UNROLL for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + r * out_stride, lanes, f[r]);
+}
+
+// Q4_1 in ggml's x86 float order, bit for bit equal to the row tiles; see panel_tile_ggml in
+// panel_avx512.cpp for the argument. Two activation rows per pass (9 accumulators each).
+template <int R>
+void packed_tile_q4_1(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, float* out,
+                      int64_t out_stride, __mmask16 lanes) {
+  constexpr size_t ub = unit_bytes<weight_type::q4_1>();
+  const int64_t nb = cols / 32;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512 f[R][8], msum[R];
+  TANDEM_UNROLL for (int r = 0; r < R; ++r) {
+    msum[r] = _mm512_setzero_ps();
+    TANDEM_UNROLL for (int g = 0; g < 8; ++g) f[r][g] = _mm512_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* unit = panel + b * ub;
+    for (size_t l = 0; l < ub; l += 64) avx512::prefetch(unit, k_prefetch_ahead + l);
+    const __m512 d = f16x16(unit + 256), m = f16x16(unit + 256 + 2 * R16);
+    __m512 dd[R];
+    TANDEM_UNROLL for (int r = 0; r < R; ++r) {
+      const float* x = aux + r * nb * 2 + 2 * b;
+      dd[r] = _mm512_mul_ps(d, _mm512_set1_ps(x[0]));
+      msum[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(x[1]), msum[r]);
+    }
+    TANDEM_UNROLL for (int q = 0; q < 4; ++q) {
+      const __m512i z = avx512::load64(unit + 64 * q);
+      const __m512i c[2] = {_mm512_and_si512(z, low4), _mm512_and_si512(_mm512_srli_epi16(z, 4), low4)};
+      TANDEM_UNROLL for (int h = 0; h < 2; ++h) {
+        const int g = q + 4 * h;
+        TANDEM_UNROLL for (int r = 0; r < R; ++r) {
+          const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c[h], _mm512_set1_epi32(act4(codes + r * cols + b * 32 + 4 * g)));
+          f[r][g] = _mm512_fmadd_ps(dd[r], _mm512_maskz_cvtepi32_ps(k_all16, dot), f[r][g]);
+        }
+      }
+    }
+  }
+  TANDEM_UNROLL for (int r = 0; r < R; ++r) {
+    const __m512 t0 = _mm512_add_ps(f[r][0], f[r][4]), t1 = _mm512_add_ps(f[r][1], f[r][5]);
+    const __m512 t2 = _mm512_add_ps(f[r][2], f[r][6]), t3 = _mm512_add_ps(f[r][3], f[r][7]);
+    const __m512 sum = _mm512_add_ps(_mm512_add_ps(t0, t2), _mm512_add_ps(t1, t3));
+    _mm512_mask_storeu_ps(out + r * out_stride, lanes, _mm512_add_ps(sum, msum[r]));
+  }
+}
+
+template <weight_type WT>
+void packed_rows(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act, float* out,
+                 int64_t out_stride, __mmask16 lanes) {
+  switch (n_act) {
+    case 1: return packed_tile<WT, 1>(panel, cols, codes, aux, out, out_stride, lanes);
+    case 2: return packed_tile<WT, 2>(panel, cols, codes, aux, out, out_stride, lanes);
+    case 3: return packed_tile<WT, 3>(panel, cols, codes, aux, out, out_stride, lanes);
+    case 4: return packed_tile<WT, 4>(panel, cols, codes, aux, out, out_stride, lanes);
+    case 5: return packed_tile<WT, 5>(panel, cols, codes, aux, out, out_stride, lanes);
+    case 6: return packed_tile<WT, 6>(panel, cols, codes, aux, out, out_stride, lanes);
+    case 7: return packed_tile<WT, 7>(panel, cols, codes, aux, out, out_stride, lanes);
+    case 8: return packed_tile<WT, 8>(panel, cols, codes, aux, out, out_stride, lanes);
+    default: return;
+  }
+}
+
+// Widens one packed panel into panel.h's byte-per-code form (no transpose: the panel
+// arrangement is already there), for products with many activation rows, which then reuse
+// the wide codes instead of unpacking them on every pass.
+template <weight_type WT>
+void expand(const uint8_t* packed, int64_t cols, uint8_t* panel) {
+  constexpr bool k_quant = WT == weight_type::q4_k || WT == weight_type::q6_k;
+  constexpr int64_t uc = k_quant ? 256 : 32;
+  constexpr int sub = WT == weight_type::q6_k ? 16 : 32;
+  constexpr size_t ub = unit_bytes<WT>();
+  constexpr size_t sub_bytes = sub / 4 * 64 + 128;
+  const __m512i low4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  for (int64_t u = 0; u < cols / uc; ++u) {
+    const uint8_t* unit = packed + u * ub;
+    for (int ch = 0; ch < uc / 32; ++ch) {
+      const int64_t col0 = u * uc + ch * 32;
+      auto group_at = [&](int g) { return panel + ((col0 + 4 * g) / sub) * sub_bytes + ((col0 + 4 * g) % sub) / 4 * 64; };
+      auto scales_at = [&](int64_t c) { return reinterpret_cast<float*>(panel + (c / sub) * sub_bytes + sub / 4 * 64); };
+      if constexpr (WT == weight_type::q8_0) {
+        for (int g = 0; g < 8; ++g) _mm512_store_si512(group_at(g), avx512::load64(unit + 64 * g));
+      } else {
+        for (int q = 0; q < 4; ++q) {
+          const __m512i z = avx512::load64(unit + ch * 256 + 64 * q);
+          __m512i lo = _mm512_and_si512(z, low4), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
+          if constexpr (WT == weight_type::q6_k) {
+            const __m512i h0 = avx512::load64(unit + 2048 + ch * 128), h1 = avx512::load64(unit + 2048 + ch * 128 + 64);
+            __m512i b0, b1;
+            if (q == 0) { b0 = _mm512_slli_epi16(h0, 4); b1 = _mm512_slli_epi16(h1, 4); }
+            else if (q == 1) { b0 = _mm512_slli_epi16(h0, 2); b1 = _mm512_slli_epi16(h1, 2); }
+            else if (q == 2) { b0 = h0; b1 = h1; }
+            else { b0 = _mm512_srli_epi16(h0, 2); b1 = _mm512_srli_epi16(h1, 2); }
+            lo = _mm512_or_si512(lo, _mm512_and_si512(b0, m30));
+            hi = _mm512_or_si512(hi, _mm512_and_si512(b1, m30));
+          }
+          _mm512_store_si512(group_at(q), lo);
+          _mm512_store_si512(group_at(q + 4), hi);
+        }
+      }
+      // Scales and mins, with the formulas of panel_decode_row.
+      if constexpr (WT == weight_type::q4_0 || WT == weight_type::q8_0) {
+        const __m512 d = f16x16(unit + (WT == weight_type::q4_0 ? 256 : 512));
+        _mm512_store_ps(scales_at(col0), d);
+        // 0 - k*d rather than -k*d: padded rows (d = 0) get +0, as the reference packer writes.
+        _mm512_store_ps(scales_at(col0) + 16, _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(d, _mm512_set1_ps(WT == weight_type::q4_0 ? 8.0f : 128.0f))));
+      } else if constexpr (WT == weight_type::q4_1) {
+        _mm512_store_ps(scales_at(col0), f16x16(unit + 256));
+        _mm512_store_ps(scales_at(col0) + 16, f16x16(unit + 256 + 2 * R16));
+      } else if constexpr (WT == weight_type::q4_k) {
+        const uint8_t* at = unit + 2048 + 4 * R16;
+        _mm512_store_ps(scales_at(col0), _mm512_mul_ps(f16x16(unit + 2048), u8x16(at + R16 * ch)));
+        const __m512 m = _mm512_mul_ps(f16x16(unit + 2048 + 2 * R16), u8x16(at + 8 * R16 + R16 * ch));
+        _mm512_store_ps(scales_at(col0) + 16, _mm512_sub_ps(_mm512_setzero_ps(), m));
+      } else {
+        const uint8_t* at = unit + 3072 + 2 * R16;
+        const __m512 d = f16x16(unit + 3072);
+        for (int h = 0; h < 2; ++h) {
+          const __m512 sc = _mm512_mul_ps(d, i8x16(at + R16 * (2 * ch + h)));
+          _mm512_store_ps(scales_at(col0 + 16 * h), sc);
+          _mm512_store_ps(scales_at(col0 + 16 * h) + 16, _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(sc, _mm512_set1_ps(32.0f))));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void expand_packed_avx512(weight_type wt, const uint8_t* packed, int64_t cols, uint8_t* panel) {
+  switch (wt) {
+    case weight_type::q4_0: return expand<weight_type::q4_0>(packed, cols, panel);
+    case weight_type::q4_1: return expand<weight_type::q4_1>(packed, cols, panel);
+    case weight_type::q8_0: return expand<weight_type::q8_0>(packed, cols, panel);
+    case weight_type::q4_k: return expand<weight_type::q4_k>(packed, cols, panel);
+    case weight_type::q6_k: return expand<weight_type::q6_k>(packed, cols, panel);
+    default: return;
+  }
+}
+
+void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
+                       int n_act, float* out, int64_t out_stride, int n_w) {
+  const __mmask16 lanes = avx512::first16(n_w);
+  switch (wt) {
+    case weight_type::q4_0: return packed_rows<weight_type::q4_0>(panel, cols, codes, aux, n_act, out, out_stride, lanes);
+    case weight_type::q8_0: return packed_rows<weight_type::q8_0>(panel, cols, codes, aux, n_act, out, out_stride, lanes);
+    case weight_type::q4_k: return packed_rows<weight_type::q4_k>(panel, cols, codes, aux, n_act, out, out_stride, lanes);
+    case weight_type::q6_k: return packed_rows<weight_type::q6_k>(panel, cols, codes, aux, n_act, out, out_stride, lanes);
+    case weight_type::q4_1: {
+      const int64_t per_row = cols / 32 * 2;
+      for (int r = 0; r < n_act; r += 2) {
+        if (n_act - r >= 2)
+          packed_tile_q4_1<2>(panel, cols, codes + r * cols, aux + r * per_row, out + r * out_stride, out_stride, lanes);
+        else
+          packed_tile_q4_1<1>(panel, cols, codes + r * cols, aux + r * per_row, out + r * out_stride, out_stride, lanes);
+      }
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+}  // namespace tandem::kernels::cpu

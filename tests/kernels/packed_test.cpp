@@ -1,0 +1,197 @@
+#include "kernels/cpu/packed.h"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "kernels/cpu/act_quant.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/panel.h"
+#include "kernels/cpu/vec_dot.h"
+#include "tests/kernels/kernel_test_util.h"
+
+using namespace tandem::kernels;
+using namespace tandem::kernels::cpu;
+
+namespace {
+
+const std::vector<weight_type>& packed_types() {
+  static const std::vector<weight_type> types{weight_type::q4_0, weight_type::q4_1, weight_type::q8_0,
+                                              weight_type::q4_k, weight_type::q6_k};
+  return types;
+}
+
+std::vector<int64_t> col_counts(weight_type wt) {
+  if (info(wt).block_elems == 256) return {256, 768};
+  return {32, 96, 288};
+}
+
+struct matrix {
+  weight_type wt;
+  int64_t rows, cols;
+  std::vector<uint8_t> w;       // GGUF rows
+  std::vector<float> wd;        // dequantized
+  std::vector<uint8_t> packed;  // pack_weights
+};
+
+matrix make_matrix(weight_type wt, int64_t rows, int64_t cols, uint32_t seed) {
+  matrix m{wt, rows, cols, {}, {}, {}};
+  const auto wf = tandem::test::gaussian(static_cast<size_t>(rows * cols), seed, 0.05f, 0.01f);
+  m.w = tandem::test::quantize_matrix(wt, wf, rows, cols);
+  m.wd = tandem::test::dequantize_matrix(wt, m.w, rows, cols);
+  m.packed.assign(packed_bytes(wt, rows, cols), 0xCD);
+  pack_weights(wt, m.w.data(), rows, cols, m.packed.data());
+  return m;
+}
+
+struct acts {
+  std::vector<uint8_t> converted;  // activation_type rows
+  std::vector<float> ad;           // their dequantized values
+  std::vector<int8_t> codes;
+  std::vector<float> aux;
+  size_t a_row = 0;
+};
+
+acts make_acts(weight_type wt, int64_t cols, int n, uint32_t seed) {
+  acts a;
+  const weight_type at = activation_type(wt);
+  a.a_row = static_cast<size_t>(row_bytes(at, cols));
+  a.converted.resize(a.a_row * static_cast<size_t>(n) + 4);
+  a.ad.resize(static_cast<size_t>(cols * n));
+  const auto x = tandem::test::gaussian(static_cast<size_t>(cols * n), seed, 1.0f);
+  for (int r = 0; r < n; ++r) {
+    quantize_activation_row(at, x.data() + r * cols, a.converted.data() + r * a.a_row, cols);
+    dequantize_activation_row(at, a.converted.data() + r * a.a_row, a.ad.data() + r * cols, cols);
+  }
+  a.codes.resize(panel_act_code_bytes(cols, n));
+  a.aux.resize(panel_act_aux_floats(wt, cols, n));
+  panel_acts(wt, a.converted.data(), a.a_row, n, cols, a.codes.data(), a.aux.data());
+  return a;
+}
+
+// |got - exact| bound as in panel_test.cpp: 1e-5 of sum |w * a|, plus for Q4_1 the fp16
+// rounding of Q8_1's stored s (2^-11 of sum |m * a|, with |m| <= the block's largest |w|).
+void check_dot(const matrix& m, const acts& a, int64_t o, int r, float got) {
+  double dot = 0, mag = 0, offset = 0;
+  for (int64_t b = 0; b < m.cols; b += 32) {
+    double wmax = 0;
+    for (int64_t i = b; i < b + 32; ++i) wmax = std::max(wmax, std::fabs(static_cast<double>(m.wd[static_cast<size_t>(o * m.cols + i)])));
+    for (int64_t i = b; i < b + 32; ++i) {
+      const double x = a.ad[static_cast<size_t>(r * m.cols + i)];
+      const double p = m.wd[static_cast<size_t>(o * m.cols + i)] * x;
+      dot += p;
+      mag += std::fabs(p);
+      offset += wmax * std::fabs(x);
+    }
+  }
+  const double tol = 1e-5 * mag + (m.wt == weight_type::q4_1 ? offset / 2048.0 : 0.0) + 1e-6;
+  CHECK(std::fabs(got - dot) <= tol);
+}
+
+}  // namespace
+
+TEST_CASE("packed sizes: the GGUF size for Q4_0/Q4_1/Q8_0/Q6_K, 64 bytes more per 16 x 256 for Q4_K") {
+  for (const weight_type wt : {weight_type::q4_0, weight_type::q4_1, weight_type::q8_0, weight_type::q6_k})
+    CHECK(packed_bytes(wt, 32, 512) == static_cast<size_t>(32 * row_bytes(wt, 512)));
+  CHECK(packed_bytes(weight_type::q4_k, 32, 512) == static_cast<size_t>(32 * row_bytes(weight_type::q4_k, 512)) + 2 * 2 * 64);
+  // The last panel is padded to 16 rows.
+  CHECK(packed_bytes(weight_type::q4_0, 17, 64) == 2 * packed_panel_bytes(weight_type::q4_0, 64));
+  CHECK_FALSE(packable(weight_type::q5_0));
+  CHECK_FALSE(packable(weight_type::f16));
+  std::vector<uint8_t> buf(1024);
+  CHECK_THROWS_AS(pack_weights(weight_type::q5_k, buf.data(), 1, 256, buf.data()), std::invalid_argument);
+}
+
+TEST_CASE("dequantize_packed_row gives the GGUF row's values exactly") {
+  for (const weight_type wt : packed_types()) {
+    for (const int64_t cols : col_counts(wt)) {
+      CAPTURE(display_name(wt));
+      CAPTURE(cols);
+      const matrix m = make_matrix(wt, 37, cols, static_cast<uint32_t>(cols + 5));
+      std::vector<float> row(static_cast<size_t>(cols));
+      for (int64_t o = 0; o < m.rows; ++o) {
+        dequantize_packed_row(wt, m.packed.data(), cols, o, row.data());
+        for (int64_t i = 0; i < cols; ++i) REQUIRE(row[static_cast<size_t>(i)] == m.wd[static_cast<size_t>(o * cols + i)]);
+      }
+    }
+  }
+}
+
+TEST_CASE("packed products match the exact dot of the dequantized rows, on every path") {
+  for (const weight_type wt : packed_types()) {
+    for (const int64_t cols : col_counts(wt)) {
+      CAPTURE(display_name(wt));
+      CAPTURE(cols);
+      const int64_t rows = 21;  // one full panel and one of 5 rows
+      const matrix m = make_matrix(wt, rows, cols, static_cast<uint32_t>(3 * cols + 1));
+      const int n_act = k_panel_max_act_rows;
+      const acts a = make_acts(wt, cols, n_act, static_cast<uint32_t>(cols + 9));
+      const size_t pb = packed_panel_bytes(wt, cols);
+      for (int64_t p = 0; p < (rows + 15) / 16; ++p) {
+        const int n_w = static_cast<int>(std::min<int64_t>(16, rows - 16 * p));
+        for (const int n : {1, 3, n_act}) {
+          CAPTURE(n);
+          const int64_t stride = 17;
+          std::vector<float> ref(static_cast<size_t>(stride * n), -7.0f), fast(ref);
+          packed_dot_ref(wt, m.packed.data() + p * pb, cols, a.codes.data(), a.aux.data(), n, ref.data(), stride, n_w);
+          if (isa_supported(isa::avx512))
+            packed_dot_avx512(wt, m.packed.data() + p * pb, cols, a.codes.data(), a.aux.data(), n, fast.data(), stride, n_w);
+          for (int r = 0; r < n; ++r)
+            for (int o = 0; o < stride; ++o) {
+              const size_t i = static_cast<size_t>(r * stride + o);
+              if (o >= n_w) {
+                CHECK(ref[i] == -7.0f);
+                if (isa_supported(isa::avx512)) CHECK(fast[i] == -7.0f);
+                continue;
+              }
+              check_dot(m, a, 16 * p + o, r, ref[i]);
+              if (isa_supported(isa::avx512)) check_dot(m, a, 16 * p + o, r, fast[i]);
+            }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("packed Q4_1 equals the row tiles bit for bit (ggml's float order)") {
+  if (!isa_supported(isa::avx512)) return;
+  const weight_type wt = weight_type::q4_1;
+  for (const int64_t cols : col_counts(wt)) {
+    CAPTURE(cols);
+    const matrix m = make_matrix(wt, 16, cols, static_cast<uint32_t>(cols + 77));
+    const int n_act = 3;
+    const acts a = make_acts(wt, cols, n_act, 5);
+    std::vector<float> got(static_cast<size_t>(16 * n_act));
+    packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n_act, got.data(), 16, 16);
+    const size_t w_row = static_cast<size_t>(row_bytes(wt, cols));
+    for (int r = 0; r < n_act; ++r)
+      for (int o = 0; o < 16; ++o) {
+        float want = 0;
+        dot_q4_1_avx512(cols, m.w.data() + o * w_row, w_row, 1, a.converted.data() + r * a.a_row, a.a_row, 1, &want, 1);
+        CHECK(got[static_cast<size_t>(r * 16 + o)] == want);
+      }
+  }
+}
+
+TEST_CASE("expand_packed_avx512 writes the panel that pack_panel_ref builds from the GGUF rows") {
+  if (!isa_supported(isa::avx512)) return;
+  for (const weight_type wt : packed_types()) {
+    for (const int64_t cols : col_counts(wt)) {
+      CAPTURE(display_name(wt));
+      CAPTURE(cols);
+      const matrix m = make_matrix(wt, 21, cols, static_cast<uint32_t>(cols + 31));
+      const size_t bytes = panel_bytes(wt, cols), w_row = static_cast<size_t>(row_bytes(wt, cols));
+      std::vector<uint8_t> want_raw(bytes + 64), got_raw(bytes + 64, 0xAB);
+      auto aligned = [](std::vector<uint8_t>& v) { return v.data() + (64 - reinterpret_cast<uintptr_t>(v.data()) % 64) % 64; };
+      for (int64_t p = 0; p < 2; ++p) {
+        const int n = static_cast<int>(std::min<int64_t>(16, m.rows - 16 * p));
+        pack_panel_ref(wt, m.w.data() + 16 * p * w_row, w_row, n, cols, aligned(want_raw));
+        expand_packed_avx512(wt, m.packed.data() + p * packed_panel_bytes(wt, cols), cols, aligned(got_raw));
+        CHECK(std::memcmp(aligned(want_raw), aligned(got_raw), bytes) == 0);
+      }
+    }
+  }
+}
