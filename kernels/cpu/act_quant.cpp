@@ -6,7 +6,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cpu/act_quant_impl.h"
 #include "kernels/cpu/blocks.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/quants.h"
 #include "kernels/cpu/quants_impl.h"
 
@@ -102,6 +104,14 @@ weight_type activation_type(weight_type weights) {
 }
 
 void quantize_activation_row(weight_type act, const float* src, void* dst, int64_t n) {
+  if (active_isa() == isa::avx512) {
+    switch (act) {
+      case weight_type::q8_0: quantize_q8_0_act_avx512(src, dst, n); return;
+      case weight_type::q8_1: quantize_q8_1_avx512(src, dst, n); return;
+      case weight_type::q8_k: quantize_q8_k_avx512(src, dst, n); return;
+      default: break;
+    }
+  }
   switch (act) {
     case weight_type::q8_0: quantize_q8_0_act(src, dst, n); return;
     case weight_type::q8_1: quantize_q8_1(src, dst, n); return;

@@ -137,6 +137,33 @@ TEST_SUITE("act_quant") {
     }
   }
 
+  TEST_CASE("the AVX-512 quantizers write the scalar ones' bytes") {
+    if (!isa_supported(isa::avx512)) return;
+    tandem::test::isa_guard guard;
+    for (const weight_type act : {weight_type::q8_0, weight_type::q8_1, weight_type::q8_k}) {
+      for (const int64_t n : {int64_t{256}, int64_t{1024}}) {
+        CAPTURE(display_name(act));
+        // Gaussian data, plus ties at the extremes (+a and -a) and exact .5 steps.
+        auto x = tandem::test::gaussian(static_cast<size_t>(n), static_cast<uint32_t>(n + 3), 2.0f);
+        x[3] = 4.0f;
+        x[40] = -4.0f;
+        x[300 % n] = 0.0f;
+        for (int64_t j = 512 % n; j < 512 % n + 32; ++j) x[static_cast<size_t>(j)] = 0.0f;  // an all-zero block
+        std::vector<float> halves(static_cast<size_t>(n));
+        for (int64_t j = 0; j < n; ++j) halves[static_cast<size_t>(j)] = 0.5f * static_cast<float>(j % 255 - 127);
+        for (const auto& data : {x, halves}) {
+          const size_t bytes = static_cast<size_t>(row_bytes(act, n));
+          std::vector<uint8_t> a(bytes, 0xEE), b(bytes, 0x11);
+          set_isa(isa::scalar);
+          quantize_activation_row(act, data.data(), a.data(), n);
+          set_isa(isa::avx512);
+          quantize_activation_row(act, data.data(), b.data(), n);
+          CHECK(a == b);
+        }
+      }
+    }
+  }
+
   TEST_CASE("only activation types are accepted") {
     std::vector<float> x(256);
     std::vector<uint8_t> q(1024);
