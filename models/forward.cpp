@@ -273,6 +273,7 @@ forward_context::forward_context(const model& m, const context_params& p, kernel
   n_layer_ = c.n_layer;
   pos_.assign(static_cast<size_t>(sizes.n_seq), 0);
   row_seq_.resize(static_cast<size_t>(max_batch_));
+  runs_.reserve(static_cast<size_t>(max_batch_));  // at most one run per row: no allocation per step
   row_pos_.resize(static_cast<size_t>(max_batch_));
   // new T[n] without () leaves the bytes uninitialised: the OS commits pages as they are written.
   kv_.reset(new std::byte[sizes.kv]);
@@ -393,24 +394,26 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
       kernels::cpu::rope(k, static_cast<int>(c.n_head_kv), static_cast<int>(hd), positions[r], rope_);
     }
     // Attention per run of rows of one sequence (the whole chunk for a prompt, one row per
-    // sequence in a batched decode).
+    // sequence in a batched decode), all runs in one pass over the pool.
+    runs_.clear();
     for (int64_t r0 = 0; r0 < n;) {
       int64_t r1 = r0 + 1;
       while (r1 < n && seqs[r1] == seqs[r0]) ++r1;
       const int64_t s = seqs[r0], len = r1 - r0, p0 = positions[r0];
       kernels::cpu::kv_store(k_cache(s, l), kv_type_, p0, k_ + r0 * KV, len, KV);
       kernels::cpu::kv_store(v_cache(s, l), kv_type_, p0, v_ + r0 * KV, len, KV);
-      kernels::cpu::attention(q_ + r0 * Q, len, p0, k_cache(s, l), v_cache(s, l), kv_type_, static_cast<int>(c.n_head),
-                              static_cast<int>(c.n_head_kv), static_cast<int>(hd), attn_scale, attn_ + r0 * Q, pool_);
+      runs_.push_back({q_ + r0 * Q, len, p0, k_cache(s, l), v_cache(s, l), attn_ + r0 * Q});
       r0 = r1;
     }
+    kernels::cpu::attention_many(runs_.data(), static_cast<int64_t>(runs_.size()), kv_type_, static_cast<int>(c.n_head),
+                                 static_cast<int>(c.n_head_kv), static_cast<int>(hd), attn_scale, pool_);
     project(L.wo, attn_, n, xb_, pool_);
     for (int64_t i = 0; i < n * D; ++i) x_[i] += xb_[i];
 
     // Feed-forward block (SwiGLU).
     for (int64_t r = 0; r < n; ++r) kernels::cpu::rms_norm(x_ + r * D, L.ffn_norm, xb_ + r * D, D, c.rms_eps);
     project2(L.w_gate, ff_gate_, L.w_up, ff_up_, xb_, n, pool_);
-    kernels::cpu::swiglu(ff_gate_, ff_up_, n * F);
+    kernels::cpu::swiglu(ff_gate_, ff_up_, n * F, pool_);
     project(L.w_down, ff_gate_, n, xb_, pool_);
     for (int64_t i = 0; i < n * D; ++i) x_[i] += xb_[i];
   }

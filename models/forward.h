@@ -120,6 +120,7 @@ class forward_context {
   std::vector<int64_t> pos_;  // next position of each sequence
   int64_t n_logit_rows_ = 1;
   std::vector<int64_t> row_seq_, row_pos_;  // per scratch row: sequence and position (eval_chunk)
+  std::vector<kernels::cpu::attention_run> runs_;  // one per sequence of a chunk (reserved)
 
   // KV cache: one allocation, left uninitialised so pages are committed only as positions
   // are written (attention never reads past pos()). Per sequence, per layer,

@@ -8,13 +8,22 @@ void swiglu(float* gate, const float* up, int64_t n) {
   // silu(g) = g * sigmoid(g), written as g / (1 + e^-g) like ggml: for very negative g,
   // e^-g overflows to inf and the result is a clean -0 instead of inf * 0 = NaN.
   // Scalar on purpose, with expf: an AVX2 version with the vector e^x of simd_math_avx2.h
-  // (within 2 ulp) flips greedy tokens of the SmolLM2 llama.cpp fixtures (tests/models), and
-  // swiglu is under 1% of a forward pass (0.3% of decode, 0.7% of a 400-token prefill on a
-  // 250M model).
+  // (within 2 ulp) flips greedy tokens of the SmolLM2 llama.cpp fixtures (tests/models).
+  // Large calls (batched decode, prefill) are split over the pool instead.
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
     gate[i] = g / (1.0f + std::exp(-g)) * up[i];
   }
+}
+
+void swiglu(float* gate, const float* up, int64_t n, thread_pool* pool) {
+  // Below this many elements a wakeup of the workers costs more than the expf calls it saves.
+  constexpr int64_t k_min_chunk = 4096;
+  if (!pool || n < 2 * k_min_chunk) {
+    swiglu(gate, up, n);
+    return;
+  }
+  pool->parallel_for(n, k_min_chunk, [&](int64_t b, int64_t e) { swiglu(gate + b, up + b, e - b); });
 }
 
 }  // namespace tandem::kernels::cpu

@@ -123,26 +123,44 @@ int64_t zigzag_row(int64_t u, int64_t n_q) { return u % 2 == 0 ? u / 2 : n_q - 1
 
 void attention(const float* q, int64_t n_q, int64_t pos0, const void* k_cache, const void* v_cache, kv_type kt,
                int n_heads, int n_kv_heads, int head_dim, float scale, float* out, thread_pool* pool) {
-  if (n_q <= 0 || n_heads <= 0) return;
+  const attention_run run{q, n_q, pos0, k_cache, v_cache, out};
+  attention_many(&run, 1, kt, n_heads, n_kv_heads, head_dim, scale, pool);
+}
+
+void attention_many(const attention_run* runs, int64_t n_runs, kv_type kt, int n_heads, int n_kv_heads, int head_dim,
+                    float scale, thread_pool* pool) {
+  if (n_runs <= 0 || n_heads <= 0) return;
+  int64_t total_rows = 0, max_keys = 0;
+  for (int64_t i = 0; i < n_runs; ++i) {
+    total_rows += std::max<int64_t>(runs[i].n_q, 0);
+    max_keys = std::max(max_keys, runs[i].pos0 + runs[i].n_q);
+  }
+  if (total_rows == 0) return;
   const int group = n_heads / n_kv_heads;
   const int threads = pool ? pool->size() : 1;
-  // A task is (row, KV head, part of its query heads). Heads sharing a KV head stay in one
-  // task unless that leaves threads idle (decode: one row); then the group is split into
-  // `parts` equal parts.
+  // A task is (run, row, KV head, part of its query heads). Heads sharing a KV head stay in
+  // one task unless that leaves threads idle (decode of one sequence: one row); then the group
+  // is split into `parts` equal parts.
   int parts = 1;
-  while (parts < group && n_q * n_kv_heads * parts < threads) {
+  while (parts < group && total_rows * n_kv_heads * parts < threads) {
     ++parts;
     while (group % parts != 0) ++parts;
   }
   const int per_task = group / parts;
-  const int64_t units = n_q * n_kv_heads * parts;
+  const int64_t per_row = static_cast<int64_t>(n_kv_heads) * parts;
+  // Units of run i: [first[i], first[i + 1]) (a per-thread buffer: no allocation once warm).
+  thread_local std::vector<int64_t> first;
+  first.assign(static_cast<size_t>(n_runs + 1), 0);
+  for (int64_t i = 0; i < n_runs; ++i) first[static_cast<size_t>(i + 1)] = first[static_cast<size_t>(i)] + std::max<int64_t>(runs[i].n_q, 0) * per_row;
+  const int64_t units = first[static_cast<size_t>(n_runs)];
+  const int64_t* firsts = first.data();
 
   const attend_fn attend = select_attend(active_isa());
   const int dp = (head_dim + k_attention_pad - 1) / k_attention_pad * k_attention_pad;
   const int64_t kv_stride = static_cast<int64_t>(n_kv_heads) * head_dim;
   const size_t elem = kt == kv_type::f32 ? sizeof(float) : sizeof(uint16_t);
   // Scores of a whole row for an f32 cache (two-pass softmax), one key block for f16.
-  const int64_t score_len = kt == kv_type::f32 ? pos0 + n_q : k_attention_key_block;
+  const int64_t score_len = kt == kv_type::f32 ? max_keys : k_attention_key_block;
   const size_t scratch_floats = static_cast<size_t>(2 * per_task * dp + 2 * k_attention_key_block * dp +
                                                     per_task * (score_len + 2 * k_attention_key_block) + 2 * per_task);
 
@@ -160,19 +178,24 @@ void attention(const float* q, int64_t n_q, int64_t pos0, const void* k_cache, c
     s.w = s.ms + per_task * k_attention_key_block;
     s.m = s.w + per_task * k_attention_key_block;
     s.sum = s.m + per_task;
+    // The run of `begin` by binary search, then forward as the units advance.
+    int64_t i = std::upper_bound(firsts, firsts + n_runs + 1, begin) - firsts - 1;
     for (int64_t u = begin; u < end; ++u) {
-      const int64_t row = zigzag_row(u / (n_kv_heads * parts), n_q);
-      const int kv_head = static_cast<int>(u % (n_kv_heads * parts)) / parts;
-      const int part = static_cast<int>(u % parts);
+      while (u >= firsts[i + 1]) ++i;
+      const attention_run& run = runs[i];
+      const int64_t local = u - firsts[i];
+      const int64_t row = zigzag_row(local / per_row, run.n_q);
+      const int kv_head = static_cast<int>(local % per_row) / parts;
+      const int part = static_cast<int>(local % parts);
       const int64_t head = static_cast<int64_t>(kv_head) * group + part * per_task;
       const int64_t q_offset = (row * n_heads + head) * head_dim;
       attention_task t;
-      t.q = q + q_offset;
-      t.out = out + q_offset;
-      t.k = static_cast<const char*>(k_cache) + static_cast<size_t>(kv_head) * head_dim * elem;
-      t.v = static_cast<const char*>(v_cache) + static_cast<size_t>(kv_head) * head_dim * elem;
+      t.q = run.q + q_offset;
+      t.out = run.out + q_offset;
+      t.k = static_cast<const char*>(run.k_cache) + static_cast<size_t>(kv_head) * head_dim * elem;
+      t.v = static_cast<const char*>(run.v_cache) + static_cast<size_t>(kv_head) * head_dim * elem;
       t.kv_stride = kv_stride;
-      t.n_keys = pos0 + row + 1;  // causal: this row sees itself and everything before it
+      t.n_keys = run.pos0 + row + 1;  // causal: this row sees itself and everything before it
       t.n_group = per_task;
       t.head_dim = head_dim;
       t.padded_dim = dp;

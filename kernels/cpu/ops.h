@@ -47,6 +47,8 @@ void rope(float* x, int n_heads, int head_dim, int64_t pos, const rope_params& p
 
 // gate[i] = silu(gate[i]) * up[i]
 void swiglu(float* gate, const float* up, int64_t n);
+// The same, split over the pool when n is large enough to pay for it (same results).
+void swiglu(float* gate, const float* up, int64_t n, thread_pool* pool);
 
 // In-place softmax of n floats (max-subtracted, F32 exponentials, sum kept in double).
 // Needs at least one finite value.
@@ -70,6 +72,23 @@ enum class kv_type { f32, f16 };
 // longest context has been seen).
 void attention(const float* q, int64_t n_q, int64_t pos0, const void* k_cache, const void* v_cache, kv_type kt,
                int n_heads, int n_kv_heads, int head_dim, float scale, float* out, thread_pool* pool);
+
+// One sequence's part of attention_many: n_q query rows at positions pos0 .. pos0+n_q-1 over
+// its own caches, as attention() takes them.
+struct attention_run {
+  const float* q;
+  int64_t n_q;
+  int64_t pos0;
+  const void* k_cache;
+  const void* v_cache;
+  float* out;
+};
+
+// attention() for several sequences at once (a batched decode step: one row each) in one pass
+// over the pool, so the step synchronises once rather than once per sequence. Each run's
+// results equal a separate attention() call bit for bit.
+void attention_many(const attention_run* runs, int64_t n_runs, kv_type kt, int n_heads, int n_kv_heads, int head_dim,
+                    float scale, thread_pool* pool);
 
 // Writes n rows of row_elems (= n_kv_heads * head_dim) floats into a cache at positions
 // pos .. pos+n-1, converting to the cache type (f16: round to nearest even).

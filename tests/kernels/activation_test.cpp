@@ -41,3 +41,19 @@ TEST_SUITE("activation") {
     CHECK(g[4] == doctest::Approx(600.0));
   }
 }
+
+TEST_CASE("swiglu on a pool equals the single-threaded result bit for bit") {
+  tandem::kernels::cpu::thread_pool pool(3);
+  for (const int64_t n : {int64_t{100}, int64_t{8191}, int64_t{8192}, int64_t{45000}}) {
+    CAPTURE(n);
+    std::vector<float> g(static_cast<size_t>(n)), u(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      g[static_cast<size_t>(i)] = static_cast<float>((i * 37) % 201 - 100) / 10.0f;
+      u[static_cast<size_t>(i)] = static_cast<float>((i * 11) % 17 - 8) / 4.0f;
+    }
+    std::vector<float> a = g, b = g;
+    tandem::kernels::cpu::swiglu(a.data(), u.data(), n);
+    tandem::kernels::cpu::swiglu(b.data(), u.data(), n, &pool);
+    CHECK(a == b);
+  }
+}

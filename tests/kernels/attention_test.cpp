@@ -234,6 +234,39 @@ TEST_SUITE("attention") {
       }
   }
 
+  TEST_CASE("attention_many equals one attention call per run, bit for bit") {
+    // Runs of one shape family (same heads) but different lengths and positions: a batched
+    // decode step (one row each) and a mix with prefill chunks, on a pool and inline.
+    std::mt19937 rng(77);
+    thread_pool pool(3);
+    for (const kv_type kt : {kv_type::f16, kv_type::f32}) {
+      for (const std::vector<std::pair<int64_t, int64_t>>& lens :
+           {std::vector<std::pair<int64_t, int64_t>>{{1, 0}, {1, 5}, {1, 40}, {1, 17}, {1, 3}, {1, 99}, {1, 1}, {1, 64}},
+            std::vector<std::pair<int64_t, int64_t>>{{7, 0}, {1, 30}, {3, 12}}}) {
+        std::vector<problem> ps;
+        std::vector<shape> shapes;
+        for (const auto& [n_q, pos0] : lens) {
+          shapes.push_back({8, 2, 64, n_q, pos0});
+          ps.push_back(make_problem(rng, shapes.back(), kt));
+        }
+        for (thread_pool* pl : {static_cast<thread_pool*>(nullptr), &pool}) {
+          std::vector<std::vector<float>> outs;
+          std::vector<attention_run> runs;
+          outs.reserve(ps.size());
+          for (size_t i = 0; i < ps.size(); ++i) {
+            outs.emplace_back(ps[i].q.size(), -1.0f);
+            runs.push_back({ps[i].q.data(), shapes[i].n_q, shapes[i].pos0, ps[i].k.data(), ps[i].v.data(), outs.back().data()});
+          }
+          attention_many(runs.data(), static_cast<int64_t>(runs.size()), kt, 8, 2, 64, ps[0].scale, pl);
+          for (size_t i = 0; i < ps.size(); ++i) {
+            CAPTURE(i);
+            CHECK(outs[i] == run(ps[i], shapes[i], kt, pl));
+          }
+        }
+      }
+    }
+  }
+
   TEST_CASE("repeated calls give the same result (scratch is reused, not stale)") {
     // A long context then a short one through the same thread's scratch, and back.
     tandem::test::isa_guard guard;
