@@ -10,10 +10,14 @@
 
 #include "kernels/cpu/packed.h"
 #include "kernels/cpu/panel.h"
+#include "kernels/cpu/panel_avx512.h"
 #include "kernels/cpu/simd_avx512.h"
 
 namespace tandem::kernels::cpu {
 namespace {
+
+using avx512::act4;
+using avx512::q6_high_pair;
 
 constexpr int R16 = k_panel_rows;
 constexpr __mmask16 k_all16 = 0xFFFF;
@@ -25,11 +29,6 @@ static inline __m512 u8x16(const uint8_t* p) {
 }
 static inline __m512 i8x16(const uint8_t* p) {
   return _mm512_maskz_cvtepi32_ps(k_all16, _mm512_maskz_cvtepi8_epi32(k_all16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-static inline int32_t act4(const int8_t* p) {
-  int32_t a;
-  std::memcpy(&a, p, 4);
-  return a;
 }
 
 template <weight_type WT>
@@ -50,7 +49,7 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
   constexpr int sub = WT == weight_type::q6_k ? 16 : 32;
   constexpr size_t ub = unit_bytes<WT>();
   const int64_t nsub = cols / sub;
-  const __m512i low4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
   __m512 f[R];
   TANDEM_UNROLL for (int r = 0; r < R; ++r) f[r] = _mm512_setzero_ps();
   for (int64_t u = 0; u < cols / uc; ++u) {
@@ -79,14 +78,8 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
           lo = _mm512_and_si512(z, low4);
           hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
           if constexpr (WT == weight_type::q6_k) {
-            const __m512i h0 = avx512::load64(unit + 2048 + ch * 128), h1 = avx512::load64(unit + 2048 + ch * 128 + 64);
-            __m512i b0, b1;  // bits 2q, 2q+1 moved to 4, 5 (shifts by a literal per q)
-            if (q == 0) { b0 = _mm512_slli_epi16(h0, 4); b1 = _mm512_slli_epi16(h1, 4); }
-            else if (q == 1) { b0 = _mm512_slli_epi16(h0, 2); b1 = _mm512_slli_epi16(h1, 2); }
-            else if (q == 2) { b0 = h0; b1 = h1; }
-            else { b0 = _mm512_srli_epi16(h0, 2); b1 = _mm512_srli_epi16(h1, 2); }
-            lo = _mm512_or_si512(lo, _mm512_and_si512(b0, m30));
-            hi = _mm512_or_si512(hi, _mm512_and_si512(b1, m30));
+            lo = _mm512_or_si512(lo, q6_high_pair(avx512::load64(unit + 2048 + ch * 128), q));
+            hi = _mm512_or_si512(hi, q6_high_pair(avx512::load64(unit + 2048 + ch * 128 + 64), q));
           }
         }
         TANDEM_UNROLL for (int r = 0; r < R; ++r) {
@@ -134,65 +127,6 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
   TANDEM_UNROLL for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + r * out_stride, lanes, f[r]);
 }
 
-// Q4_1 in ggml's x86 float order, bit for bit equal to the row tiles; see panel_tile_ggml in
-// panel_avx512.cpp for the argument. Two activation rows per pass (9 accumulators each).
-template <int R>
-void packed_tile_q4_1(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, float* out,
-                      int64_t out_stride, __mmask16 lanes) {
-  constexpr size_t ub = unit_bytes<weight_type::q4_1>();
-  const int64_t nb = cols / 32;
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  __m512 f[R][8], msum[R];
-  TANDEM_UNROLL for (int r = 0; r < R; ++r) {
-    msum[r] = _mm512_setzero_ps();
-    TANDEM_UNROLL for (int g = 0; g < 8; ++g) f[r][g] = _mm512_setzero_ps();
-  }
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* unit = panel + b * ub;
-    for (size_t l = 0; l < ub; l += 64) avx512::prefetch(unit, k_prefetch_ahead + l);
-    const __m512 d = f16x16(unit + 256), m = f16x16(unit + 256 + 2 * R16);
-    __m512 dd[R];
-    TANDEM_UNROLL for (int r = 0; r < R; ++r) {
-      const float* x = aux + r * nb * 2 + 2 * b;
-      dd[r] = _mm512_mul_ps(d, _mm512_set1_ps(x[0]));
-      msum[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(x[1]), msum[r]);
-    }
-    TANDEM_UNROLL for (int q = 0; q < 4; ++q) {
-      const __m512i z = avx512::load64(unit + 64 * q);
-      const __m512i c[2] = {_mm512_and_si512(z, low4), _mm512_and_si512(_mm512_srli_epi16(z, 4), low4)};
-      TANDEM_UNROLL for (int h = 0; h < 2; ++h) {
-        const int g = q + 4 * h;
-        TANDEM_UNROLL for (int r = 0; r < R; ++r) {
-          const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c[h], _mm512_set1_epi32(act4(codes + r * cols + b * 32 + 4 * g)));
-          f[r][g] = _mm512_fmadd_ps(dd[r], _mm512_maskz_cvtepi32_ps(k_all16, dot), f[r][g]);
-        }
-      }
-    }
-  }
-  TANDEM_UNROLL for (int r = 0; r < R; ++r) {
-    const __m512 t0 = _mm512_add_ps(f[r][0], f[r][4]), t1 = _mm512_add_ps(f[r][1], f[r][5]);
-    const __m512 t2 = _mm512_add_ps(f[r][2], f[r][6]), t3 = _mm512_add_ps(f[r][3], f[r][7]);
-    const __m512 sum = _mm512_add_ps(_mm512_add_ps(t0, t2), _mm512_add_ps(t1, t3));
-    _mm512_mask_storeu_ps(out + r * out_stride, lanes, _mm512_add_ps(sum, msum[r]));
-  }
-}
-
-template <weight_type WT>
-void packed_rows(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act, float* out,
-                 int64_t out_stride, __mmask16 lanes) {
-  switch (n_act) {
-    case 1: return packed_tile<WT, 1>(panel, cols, codes, aux, out, out_stride, lanes);
-    case 2: return packed_tile<WT, 2>(panel, cols, codes, aux, out, out_stride, lanes);
-    case 3: return packed_tile<WT, 3>(panel, cols, codes, aux, out, out_stride, lanes);
-    case 4: return packed_tile<WT, 4>(panel, cols, codes, aux, out, out_stride, lanes);
-    case 5: return packed_tile<WT, 5>(panel, cols, codes, aux, out, out_stride, lanes);
-    case 6: return packed_tile<WT, 6>(panel, cols, codes, aux, out, out_stride, lanes);
-    case 7: return packed_tile<WT, 7>(panel, cols, codes, aux, out, out_stride, lanes);
-    case 8: return packed_tile<WT, 8>(panel, cols, codes, aux, out, out_stride, lanes);
-    default: return;
-  }
-}
-
 // Widens one packed panel into panel.h's byte-per-code form (no transpose: the panel
 // arrangement is already there), for products with many activation rows, which then reuse
 // the wide codes instead of unpacking them on every pass.
@@ -203,7 +137,7 @@ void expand(const uint8_t* packed, int64_t cols, uint8_t* panel) {
   constexpr int sub = WT == weight_type::q6_k ? 16 : 32;
   constexpr size_t ub = unit_bytes<WT>();
   constexpr size_t sub_bytes = sub / 4 * 64 + 128;
-  const __m512i low4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
   for (int64_t u = 0; u < cols / uc; ++u) {
     const uint8_t* unit = packed + u * ub;
     for (int ch = 0; ch < uc / 32; ++ch) {
@@ -217,14 +151,8 @@ void expand(const uint8_t* packed, int64_t cols, uint8_t* panel) {
           const __m512i z = avx512::load64(unit + ch * 256 + 64 * q);
           __m512i lo = _mm512_and_si512(z, low4), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
           if constexpr (WT == weight_type::q6_k) {
-            const __m512i h0 = avx512::load64(unit + 2048 + ch * 128), h1 = avx512::load64(unit + 2048 + ch * 128 + 64);
-            __m512i b0, b1;
-            if (q == 0) { b0 = _mm512_slli_epi16(h0, 4); b1 = _mm512_slli_epi16(h1, 4); }
-            else if (q == 1) { b0 = _mm512_slli_epi16(h0, 2); b1 = _mm512_slli_epi16(h1, 2); }
-            else if (q == 2) { b0 = h0; b1 = h1; }
-            else { b0 = _mm512_srli_epi16(h0, 2); b1 = _mm512_srli_epi16(h1, 2); }
-            lo = _mm512_or_si512(lo, _mm512_and_si512(b0, m30));
-            hi = _mm512_or_si512(hi, _mm512_and_si512(b1, m30));
+            lo = _mm512_or_si512(lo, q6_high_pair(avx512::load64(unit + 2048 + ch * 128), q));
+            hi = _mm512_or_si512(hi, q6_high_pair(avx512::load64(unit + 2048 + ch * 128 + 64), q));
           }
           _mm512_store_si512(group_at(q), lo);
           _mm512_store_si512(group_at(q + 4), hi);
@@ -273,19 +201,30 @@ void expand_packed_avx512(weight_type wt, const uint8_t* packed, int64_t cols, u
 void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
                        int n_act, float* out, int64_t out_stride, int n_w) {
   const __mmask16 lanes = avx512::first16(n_w);
+  auto rows = [&]<weight_type WT>() {
+    avx512::with_act_rows(n_act, [&]<int R>() { packed_tile<WT, R>(panel, cols, codes, aux, out, out_stride, lanes); });
+  };
   switch (wt) {
-    case weight_type::q4_0: return packed_rows<weight_type::q4_0>(panel, cols, codes, aux, n_act, out, out_stride, lanes);
-    case weight_type::q8_0: return packed_rows<weight_type::q8_0>(panel, cols, codes, aux, n_act, out, out_stride, lanes);
-    case weight_type::q4_k: return packed_rows<weight_type::q4_k>(panel, cols, codes, aux, n_act, out, out_stride, lanes);
-    case weight_type::q6_k: return packed_rows<weight_type::q6_k>(panel, cols, codes, aux, n_act, out, out_stride, lanes);
+    case weight_type::q4_0: return rows.template operator()<weight_type::q4_0>();
+    case weight_type::q8_0: return rows.template operator()<weight_type::q8_0>();
+    case weight_type::q4_k: return rows.template operator()<weight_type::q4_k>();
+    case weight_type::q6_k: return rows.template operator()<weight_type::q6_k>();
     case weight_type::q4_1: {
-      const int64_t per_row = cols / 32 * 2;
-      for (int r = 0; r < n_act; r += 2) {
-        if (n_act - r >= 2)
-          packed_tile_q4_1<2>(panel, cols, codes + r * cols, aux + r * per_row, out + r * out_stride, out_stride, lanes);
-        else
-          packed_tile_q4_1<1>(panel, cols, codes + r * cols, aux + r * per_row, out + r * out_stride, out_stride, lanes);
-      }
+      constexpr size_t ub = unit_bytes<weight_type::q4_1>();
+      const __m512i low4 = _mm512_set1_epi8(0x0F);
+      avx512::ggml_order_rows(
+          cols / 32, codes, cols, aux, n_act, out, out_stride, lanes,
+          [&](int64_t b, int g) {
+            const uint8_t* unit = panel + b * ub;
+            const __m512i z = avx512::load64(unit + 64 * (g % 4));
+            return g < 4 ? _mm512_and_si512(z, low4) : _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
+          },
+          [&](int64_t b, __m512& d, __m512& m) {
+            const uint8_t* unit = panel + b * ub;
+            for (size_t l = 0; l < ub; l += 64) avx512::prefetch(unit, k_prefetch_ahead + l);
+            d = f16x16(unit + 256);
+            m = f16x16(unit + 256 + 2 * R16);
+          });
       return;
     }
     default:

@@ -20,6 +20,7 @@
 
 #include "kernels/cpu/blocks.h"
 #include "kernels/cpu/panel.h"
+#include "kernels/cpu/panel_avx512.h"
 #include "kernels/cpu/simd_avx512.h"
 
 namespace tandem::kernels::cpu {
@@ -204,66 +205,6 @@ void panel_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const f
   TANDEM_UNROLL for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + r * out_stride, lanes, f[r]);
 }
 
-// Q4_1 / Q5_1 in ggml's x86 float order, bit for bit equal to the row tiles
-// (vec_dot_legacy_avx512.cpp): there, output (o, r) keeps 8 float lanes, lane j summing
-// fma(d * dy, float(dot of the block's columns 4j..4j+3), lane) block by block, plus a scalar
-// sum of m * s, and ends with the AVX2 lane-sum tree. Group j's vpdpbusd here yields exactly
-// lane j's integer for all 16 rows, so one float accumulator per group and activation row
-// (8 + 1 for the m * s sum: R <= 2 fits the registers) reproduces every rounding. The m * s
-// sum is fused, as the row tiles state it (and as GCC contracts ggml's `summs += m * s`).
-template <int R>
-void panel_tile_ggml(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, float* out,
-                     int64_t out_stride, __mmask16 lanes) {
-  constexpr size_t sub_bytes = 8 * 64 + 2 * 64;
-  const int64_t nb = cols / 32;
-  __m512 f[R][8], msum[R];
-  TANDEM_UNROLL for (int r = 0; r < R; ++r) {
-    msum[r] = _mm512_setzero_ps();
-    TANDEM_UNROLL for (int g = 0; g < 8; ++g) f[r][g] = _mm512_setzero_ps();
-  }
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* p = panel + b * sub_bytes;
-    const __m512 d = _mm512_load_ps(p + 8 * 64), m = _mm512_load_ps(p + 8 * 64 + 64);
-    __m512 dd[R];
-    TANDEM_UNROLL for (int r = 0; r < R; ++r) {
-      const float* x = aux + r * nb * 2 + 2 * b;
-      dd[r] = _mm512_mul_ps(d, _mm512_set1_ps(x[0]));
-      msum[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(x[1]), msum[r]);
-    }
-    TANDEM_UNROLL for (int g = 0; g < 8; ++g) {
-      const __m512i c = _mm512_load_si512(p + 64 * g);
-      TANDEM_UNROLL for (int r = 0; r < R; ++r) {
-        int32_t a;
-        std::memcpy(&a, codes + r * cols + b * 32 + 4 * g, 4);
-        const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c, _mm512_set1_epi32(a));
-        f[r][g] = _mm512_fmadd_ps(dd[r], _mm512_maskz_cvtepi32_ps(k_all16, dot), f[r][g]);
-      }
-    }
-  }
-  TANDEM_UNROLL for (int r = 0; r < R; ++r) {
-    const __m512 t0 = _mm512_add_ps(f[r][0], f[r][4]), t1 = _mm512_add_ps(f[r][1], f[r][5]);
-    const __m512 t2 = _mm512_add_ps(f[r][2], f[r][6]), t3 = _mm512_add_ps(f[r][3], f[r][7]);
-    const __m512 sum = _mm512_add_ps(_mm512_add_ps(t0, t2), _mm512_add_ps(t1, t3));
-    _mm512_mask_storeu_ps(out + r * out_stride, lanes, _mm512_add_ps(sum, msum[r]));
-  }
-}
-
-template <int S>
-void panel_rows(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act, float* out,
-                int64_t out_stride, __mmask16 lanes) {
-  switch (n_act) {
-    case 1: return panel_tile<S, 1>(panel, cols, codes, aux, out, out_stride, lanes);
-    case 2: return panel_tile<S, 2>(panel, cols, codes, aux, out, out_stride, lanes);
-    case 3: return panel_tile<S, 3>(panel, cols, codes, aux, out, out_stride, lanes);
-    case 4: return panel_tile<S, 4>(panel, cols, codes, aux, out, out_stride, lanes);
-    case 5: return panel_tile<S, 5>(panel, cols, codes, aux, out, out_stride, lanes);
-    case 6: return panel_tile<S, 6>(panel, cols, codes, aux, out, out_stride, lanes);
-    case 7: return panel_tile<S, 7>(panel, cols, codes, aux, out, out_stride, lanes);
-    case 8: return panel_tile<S, 8>(panel, cols, codes, aux, out, out_stride, lanes);
-    default: return;
-  }
-}
-
 }  // namespace
 
 namespace {
@@ -395,19 +336,22 @@ void panel_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const 
                       int n_act, float* out, int64_t out_stride, int n_w) {
   const __mmask16 lanes = avx512::first16(n_w);
   if (wt == weight_type::q4_1 || wt == weight_type::q5_1) {
-    for (int r = 0; r < n_act; r += 2) {
-      const auto nb = cols / 32;
-      if (n_act - r >= 2)
-        panel_tile_ggml<2>(panel, cols, codes + r * cols, aux + r * nb * 2, out + r * out_stride, out_stride, lanes);
-      else
-        panel_tile_ggml<1>(panel, cols, codes + r * cols, aux + r * nb * 2, out + r * out_stride, out_stride, lanes);
-    }
+    constexpr size_t sub_bytes = 8 * 64 + 2 * 64;
+    avx512::ggml_order_rows(
+        cols / 32, codes, cols, aux, n_act, out, out_stride, lanes,
+        [&](int64_t b, int g) { return _mm512_load_si512(panel + b * sub_bytes + 64 * g); },
+        [&](int64_t b, __m512& d, __m512& m) {
+          d = _mm512_load_ps(panel + b * sub_bytes + 8 * 64);
+          m = _mm512_load_ps(panel + b * sub_bytes + 8 * 64 + 64);
+        });
     return;
   }
-  if (panel_sub_elems(wt) == 16)
-    panel_rows<16>(panel, cols, codes, aux, n_act, out, out_stride, lanes);
-  else
-    panel_rows<32>(panel, cols, codes, aux, n_act, out, out_stride, lanes);
+  avx512::with_act_rows(n_act, [&]<int R>() {
+    if (panel_sub_elems(wt) == 16)
+      panel_tile<16, R>(panel, cols, codes, aux, out, out_stride, lanes);
+    else
+      panel_tile<32, R>(panel, cols, codes, aux, out, out_stride, lanes);
+  });
 }
 
 }  // namespace tandem::kernels::cpu
