@@ -1,6 +1,8 @@
 // AVX-512 forms of the Q8_0 / Q8_1 / Q8_K activation quantizers of act_quant.cpp, equal to
 // them byte for byte: maxima do not depend on order, x * id is the same float product, and
 // vcvtps2dq rounds to nearest even as nearbyint and nearest_int do in the default FP mode.
+// (NaN activations, garbage either way, may give other bytes: vmaxps and std::max treat NaN
+// differently.)
 #include <immintrin.h>
 
 #include <cstring>

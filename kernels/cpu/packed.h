@@ -55,8 +55,9 @@ void packed_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const in
 void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
                        int n_act, float* out, int64_t out_stride, int n_w);
 // Widens one packed panel into panel.h's form (64-byte aligned panel, panel_bytes(wt, cols)):
-// the same values pack_panel_* writes from the GGUF rows, for products with many activation
-// rows (panel_dot_avx512 then reuses the wide codes on every pass).
+// the codes pack_panel_* writes from the GGUF rows and the same scale and min values (padded
+// rows: -0 where pack_panel_* writes +0), for products with many activation rows
+// (panel_dot_avx512 then reuses the wide codes on every pass).
 void expand_packed_avx512(weight_type wt, const uint8_t* packed, int64_t cols, uint8_t* panel);
 // Activation rows from which matmul expands packed panels instead of reading them directly.
 inline constexpr int64_t k_expand_min_act_rows = 16;

@@ -23,6 +23,9 @@ constexpr int R16 = k_panel_rows;
 constexpr __mmask16 k_all16 = 0xFFFF;
 constexpr size_t k_prefetch_ahead = 4096;
 
+// -x, sign of zero included (0 - x would give +0 for x = +0, where the reference's -k * d
+// gives -0).
+static inline __m512 negate(__m512 x) { return _mm512_xor_ps(x, _mm512_set1_ps(-0.0f)); }
 static inline __m512 f16x16(const uint8_t* p) { return avx512::cvt_f16(avx512::load32(p)); }
 static inline __m512 u8x16(const uint8_t* p) {
   return _mm512_maskz_cvtepi32_ps(k_all16, _mm512_maskz_cvtepu8_epi32(k_all16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
@@ -113,7 +116,7 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
       } else if constexpr (WT == weight_type::q4_k) {
         const uint8_t* at = unit + 2048 + 4 * R16;
         const __m512 s = _mm512_mul_ps(d, u8x16(at + R16 * ch));
-        const __m512 m = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, u8x16(at + 8 * R16 + R16 * ch)));
+        const __m512 m = negate(_mm512_mul_ps(dmin, u8x16(at + 8 * R16 + R16 * ch)));
         update(acc0, s, m, col0 / 32);
       } else {
         const uint8_t* at = unit + 3072 + 2 * R16;
@@ -162,8 +165,7 @@ void expand(const uint8_t* packed, int64_t cols, uint8_t* panel) {
       if constexpr (WT == weight_type::q4_0 || WT == weight_type::q8_0) {
         const __m512 d = f16x16(unit + (WT == weight_type::q4_0 ? 256 : 512));
         _mm512_store_ps(scales_at(col0), d);
-        // 0 - k*d rather than -k*d: padded rows (d = 0) get +0, as the reference packer writes.
-        _mm512_store_ps(scales_at(col0) + 16, _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(d, _mm512_set1_ps(WT == weight_type::q4_0 ? 8.0f : 128.0f))));
+        _mm512_store_ps(scales_at(col0) + 16, _mm512_mul_ps(d, _mm512_set1_ps(WT == weight_type::q4_0 ? -8.0f : -128.0f)));
       } else if constexpr (WT == weight_type::q4_1) {
         _mm512_store_ps(scales_at(col0), f16x16(unit + 256));
         _mm512_store_ps(scales_at(col0) + 16, f16x16(unit + 256 + 2 * R16));
@@ -171,14 +173,14 @@ void expand(const uint8_t* packed, int64_t cols, uint8_t* panel) {
         const uint8_t* at = unit + 2048 + 4 * R16;
         _mm512_store_ps(scales_at(col0), _mm512_mul_ps(f16x16(unit + 2048), u8x16(at + R16 * ch)));
         const __m512 m = _mm512_mul_ps(f16x16(unit + 2048 + 2 * R16), u8x16(at + 8 * R16 + R16 * ch));
-        _mm512_store_ps(scales_at(col0) + 16, _mm512_sub_ps(_mm512_setzero_ps(), m));
+        _mm512_store_ps(scales_at(col0) + 16, negate(m));
       } else {
         const uint8_t* at = unit + 3072 + 2 * R16;
         const __m512 d = f16x16(unit + 3072);
         for (int h = 0; h < 2; ++h) {
           const __m512 sc = _mm512_mul_ps(d, i8x16(at + R16 * (2 * ch + h)));
           _mm512_store_ps(scales_at(col0 + 16 * h), sc);
-          _mm512_store_ps(scales_at(col0 + 16 * h) + 16, _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(sc, _mm512_set1_ps(32.0f))));
+          _mm512_store_ps(scales_at(col0 + 16 * h) + 16, _mm512_mul_ps(sc, _mm512_set1_ps(-32.0f)));
         }
       }
     }

@@ -63,8 +63,9 @@ void panel_acts(weight_type wt, const void* act, size_t a_row, int64_t n_x, int6
 void panel_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
                    int n_act, float* out, int64_t out_stride, int n_w);
 
-// AVX-512 VNNI forms (panel_avx512.cpp); same contracts, n_act <= k_panel_max_act_rows.
-// pack_panel_avx512 gives the same bytes as pack_panel_ref.
+// AVX-512 VNNI forms (panel_avx512.cpp); same contracts, n_act <= k_panel_max_act_rows, and
+// `panel` 64-byte aligned (aligned vector loads and stores). pack_panel_avx512 gives the same
+// bytes as pack_panel_ref and reads nothing outside the n_rows rows.
 void pack_panel_avx512(weight_type wt, const void* w, size_t w_row, int n_rows, int64_t cols, uint8_t* panel);
 void panel_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
                       int n_act, float* out, int64_t out_stride, int n_w);

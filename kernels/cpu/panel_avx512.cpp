@@ -103,45 +103,6 @@ constexpr size_t row_scale_block_bytes() {
                                                                               : sizeof(block_q8_0);
 }
 
-// Scales and mins of one row, one per sub-block (the formulas of panel_decode_row).
-template <weight_type WT>
-void row_scales(const uint8_t* row, int64_t cols, float* scale, float* min) {
-  if constexpr (WT == weight_type::q4_k || WT == weight_type::q5_k || WT == weight_type::q6_k) {
-    const size_t bytes = WT == weight_type::q4_k ? sizeof(block_q4_k) : WT == weight_type::q5_k ? sizeof(block_q5_k) : sizeof(block_q6_k);
-    for (int64_t i = 0; i < cols / 256; ++i) {
-      const uint8_t* b = row + i * bytes;
-      if constexpr (WT == weight_type::q6_k) {
-        const auto* q6 = reinterpret_cast<const block_q6_k*>(b);
-        const float d = half_to_float(q6->d);
-        for (int j = 0; j < 16; ++j) {
-          scale[16 * i + j] = d * static_cast<float>(q6->scales[j]);
-          min[16 * i + j] = -32.0f * scale[16 * i + j];
-        }
-      } else {
-        const auto* q4 = reinterpret_cast<const block_q4_k*>(b);  // Q5_K starts the same way
-        const float d = half_to_float(q4->d), dmin = half_to_float(q4->dmin);
-        for (int j = 0; j < 8; ++j) {
-          uint8_t sc, m;
-          unpack_k_scale(q4->scales, j, sc, m);
-          scale[8 * i + j] = d * sc;
-          min[8 * i + j] = -dmin * m;
-        }
-      }
-    }
-  } else {
-    constexpr size_t bytes = WT == weight_type::q4_0 ? sizeof(block_q4_0) : WT == weight_type::q4_1 ? sizeof(block_q4_1)
-                           : WT == weight_type::q5_0 ? sizeof(block_q5_0) : WT == weight_type::q5_1 ? sizeof(block_q5_1)
-                                                                                                  : sizeof(block_q8_0);
-    constexpr bool has_min = WT == weight_type::q4_1 || WT == weight_type::q5_1;
-    constexpr float offset = WT == weight_type::q4_0 ? -8.0f : WT == weight_type::q5_0 ? -16.0f : -128.0f;
-    for (int64_t i = 0; i < cols / 32; ++i) {
-      const uint8_t* b = row + i * bytes;
-      scale[i] = half_to_float(*reinterpret_cast<const half_bytes*>(b));
-      min[i] = has_min ? half_to_float(*reinterpret_cast<const half_bytes*>(b + 2)) : offset * scale[i];
-    }
-  }
-}
-
 // out[g] dword r = dword g of rows[r] (32 bytes each), g < 8, r < 16.
 static inline void transpose_16x8(const uint8_t* const* rows, __m512i out[8]) {
   const __m512i pair = _mm512_set_epi32(15, 7, 14, 6, 13, 5, 12, 4, 11, 3, 10, 2, 9, 1, 8, 0);
@@ -220,7 +181,6 @@ void pack(const uint8_t* w, size_t w_row, int n_rows, int64_t cols, uint8_t* pan
   alignas(32) uint8_t chunk[k_panel_rows][32];
   const uint8_t* rows[k_panel_rows];
   for (int r = 0; r < k_panel_rows; ++r) rows[r] = r < n_rows ? chunk[r] : zeros;
-  const uint8_t* next = w + k_panel_rows * w_row;
   const size_t slice = (k_panel_rows * w_row / static_cast<size_t>(cols / 32) + 63) / 64 * 64;
   for (int64_t k = 0; k < cols; k += 32) {
     // A panel's rows are one contiguous run of memory, and matmul packs the next run right
@@ -228,7 +188,7 @@ void pack(const uint8_t* w, size_t w_row, int n_rows, int64_t cols, uint8_t* pan
     // it packing waits on memory at each panel's first touches (measured: over a third of
     // its time on the loads).
     for (size_t b = static_cast<size_t>(k / 32) * slice; b < static_cast<size_t>(k / 32 + 1) * slice; b += 64)
-      avx512::prefetch(next, b);
+      avx512::prefetch(w, k_panel_rows * w_row + b);  // an integer address: may lie past the matrix
     for (int r = 0; r < n_rows; ++r)
       _mm256_store_si256(reinterpret_cast<__m256i*>(chunk[r]), codes32<WT>(w + r * w_row, k));
     __m512i g[8];
@@ -278,7 +238,9 @@ void pack(const uint8_t* w, size_t w_row, int n_rows, int64_t cols, uint8_t* pan
     for (int64_t i = 0; i < cols / 256; ++i) {
       if constexpr (WT == weight_type::q6_k) {
         const uint8_t* b = w + i * sizeof(block_q6_k);
-        const __m512 d = lanes_f16(gather(b + offsetof(block_q6_k, d)));
+        // d is the block's last 2 bytes: gather the dword that ends with it (a dword starting
+        // at d would read 2 bytes past the block, past the matrix for the last row).
+        const __m512 d = lanes_f16(_mm512_maskz_srli_epi32(k_all16, gather(b + offsetof(block_q6_k, d) - 2), 16));
         for (int k = 0; k < 4; ++k) {
           const __m512i four = gather(b + offsetof(block_q6_k, scales) + 4 * k);  // scales 4k..4k+3
           for (int j = 0; j < 4; ++j) {
@@ -307,7 +269,8 @@ void pack(const uint8_t* w, size_t w_row, int n_rows, int64_t cols, uint8_t* pan
                                       _mm512_maskz_slli_epi32(k_all16, _mm512_maskz_srli_epi32(k_all16, byte_of(s1, j - 4), 6), 4));
           }
           const __m512 scale = _mm512_mul_ps(d, _mm512_maskz_cvtepi32_ps(k_all16, sc));
-          const __m512 min = _mm512_maskz_mul_ps(live, _mm512_sub_ps(_mm512_setzero_ps(), dmin), _mm512_maskz_cvtepi32_ps(k_all16, m));
+          // (-dmin) * m as the reference computes it (sign of zero included); 0 in missing rows.
+          const __m512 min = _mm512_maskz_mul_ps(live, _mm512_xor_ps(dmin, _mm512_set1_ps(-0.0f)), _mm512_maskz_cvtepi32_ps(k_all16, m));
           store(8 * i + j, scale, min);
         }
       }

@@ -12,7 +12,8 @@
 
 namespace tandem::kernels::cpu::avx512 {
 
-// f.template operator()<R>() for R = n (1..8), the activation rows of one kernel call.
+// f.template operator()<R>() for R = n, the activation rows of one kernel call; callers split
+// larger counts into calls of at most k_panel_max_act_rows (8) rows.
 template <class F>
 static inline void with_act_rows(int n, F&& f) {
   switch (n) {

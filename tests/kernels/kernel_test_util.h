@@ -6,6 +6,13 @@
 #include <random>
 #include <vector>
 
+#if defined(__unix__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+
+#include <doctest/doctest.h>
+
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/quants.h"
 #include "kernels/weight_type.h"
@@ -66,5 +73,31 @@ inline std::vector<kernels::cpu::isa> supported_isas() {
     if (kernels::cpu::isa_supported(p)) out.push_back(p);
   return out;
 }
+
+#if defined(__unix__)
+// `n` bytes that end where an inaccessible page begins, so a kernel that reads past the last
+// row faults instead of passing by luck.
+class guarded_bytes {
+ public:
+  explicit guarded_bytes(size_t n) {
+    const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    span_ = (n + page - 1) / page * page + page;
+    void* base = mmap(nullptr, span_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(base != MAP_FAILED);
+    base_ = static_cast<uint8_t*>(base);
+    REQUIRE(mprotect(base_ + span_ - page, page, PROT_NONE) == 0);
+    data_ = base_ + span_ - page - n;
+  }
+  ~guarded_bytes() { munmap(base_, span_); }
+  guarded_bytes(const guarded_bytes&) = delete;
+  guarded_bytes& operator=(const guarded_bytes&) = delete;
+  uint8_t* data() { return data_; }
+
+ private:
+  uint8_t* base_ = nullptr;
+  uint8_t* data_ = nullptr;
+  size_t span_ = 0;
+};
+#endif
 
 }  // namespace tandem::test

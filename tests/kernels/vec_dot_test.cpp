@@ -9,11 +9,6 @@
 #include <utility>
 #include <vector>
 
-#if defined(__unix__)
-#include <sys/mman.h>
-#include <unistd.h>
-#endif
-
 #include "kernels/cpu/act_quant.h"
 #include "kernels/cpu/blocks.h"
 #include "kernels/cpu/matmul.h"
@@ -132,31 +127,6 @@ void check_against_scalar(const dot_case& c, dot_fn fn, int n_w, int n_act) {
     }
 }
 
-#if defined(__unix__)
-// `n` bytes that end where an inaccessible page begins, so a kernel that reads past the last
-// row faults instead of passing by luck.
-class guarded_bytes {
- public:
-  explicit guarded_bytes(size_t n) {
-    const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    span_ = (n + page - 1) / page * page + page;
-    void* base = mmap(nullptr, span_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    REQUIRE(base != MAP_FAILED);
-    base_ = static_cast<uint8_t*>(base);
-    REQUIRE(mprotect(base_ + span_ - page, page, PROT_NONE) == 0);
-    data_ = base_ + span_ - page - n;
-  }
-  ~guarded_bytes() { munmap(base_, span_); }
-  guarded_bytes(const guarded_bytes&) = delete;
-  guarded_bytes& operator=(const guarded_bytes&) = delete;
-  uint8_t* data() { return data_; }
-
- private:
-  uint8_t* base_ = nullptr;
-  uint8_t* data_ = nullptr;
-  size_t span_ = 0;
-};
-#endif
 
 }  // namespace
 
@@ -381,8 +351,8 @@ TEST_SUITE("vec_dot") {
       const int64_t block = std::max(info(t).block_elems, info(activation_type(t)).block_elems);
       for (const int64_t n : {block, 3 * block, 7 * block}) {
         const auto c = make_case(t, n, ++seed);
-        guarded_bytes w(c.w.size());
-        guarded_bytes a(c.a.size());
+        tandem::test::guarded_bytes w(c.w.size());
+        tandem::test::guarded_bytes a(c.a.size());
         std::memcpy(w.data(), c.w.data(), c.w.size());
         std::memcpy(a.data(), c.a.data(), c.a.size());
         const dot_kernel& k = find_dot_kernel(t);
