@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <stdexcept>
 #include <utility>
@@ -51,6 +53,17 @@ mapped_file& mapped_file::operator=(mapped_file&& other) noexcept {
     size_ = std::exchange(other.size_, 0);
   }
   return *this;
+}
+
+void mapped_file::drop_pages(std::span<const std::byte> range) const noexcept {
+  if (!data_ || range.empty()) return;
+  const auto base = reinterpret_cast<uintptr_t>(data_);
+  const uintptr_t lo = std::max(reinterpret_cast<uintptr_t>(range.data()), base);
+  const uintptr_t hi = std::min(reinterpret_cast<uintptr_t>(range.data()) + range.size(), base + size_);
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (lo + page - 1) / page * page, last = hi / page * page;
+  // A private read-only mapping never holds modified pages, so dropping loses nothing.
+  if (first < last) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 void mapped_file::release() noexcept {

@@ -20,6 +20,10 @@ class mapped_file {
   mapped_file& operator=(const mapped_file&) = delete;
 
   std::span<const std::byte> bytes() const { return {static_cast<const std::byte*>(data_), size_}; }
+  // Lets the kernel reclaim the pages that lie wholly inside `range` (a part of bytes()), as
+  // after copying or repacking them: reading them again faults them back in from the file, so
+  // the bytes stay valid; only residency changes. Parts outside the mapping are ignored.
+  void drop_pages(std::span<const std::byte> range) const noexcept;
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
 

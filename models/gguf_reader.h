@@ -102,6 +102,9 @@ class gguf_file {
   uint64_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }
   size_t file_size() const { return map_.size(); }
+  // Lets the kernel reclaim the mapped pages of a tensor's data that the caller has copied
+  // (see memory::mapped_file::drop_pages); the data stays readable.
+  void drop_pages(std::span<const std::byte> data) const noexcept { map_.drop_pages(data); }
   const std::vector<gguf_kv>& metadata() const { return kvs_; }
   const std::vector<gguf_tensor>& tensors() const { return tensors_; }
 

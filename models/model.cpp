@@ -48,11 +48,13 @@ const float* bind_rope_freqs(const gguf_file& f, model_weights& w) {
   return v;
 }
 
-// Repacks a matrix into panels owned by the weights when the kernels gain from it.
-void pack(weight_view& v, model_weights& w) {
+// Repacks a matrix into panels owned by the weights when the kernels gain from it, then lets
+// the kernel reclaim the file pages it came from, so the weights are not resident twice.
+void pack(weight_view& v, model_weights& w, const gguf_file& f) {
   if (!kernels::cpu::pack_at_load(v.type) || v.layout == kernels::cpu::weight_layout::packed) return;
   auto& buf = w.packed.emplace_back(kernels::cpu::packed_bytes(v.type, v.rows, v.cols));
   kernels::cpu::pack_weights(v.type, v.data, v.rows, v.cols, buf.data());
+  f.drop_pages({static_cast<const std::byte*>(v.data), static_cast<size_t>(v.rows * kernels::row_bytes(v.type, v.cols))});
   v.data = buf.data();
   v.layout = kernels::cpu::weight_layout::packed;
 }
@@ -100,10 +102,10 @@ model::model(const std::string& path, const load_options& options) : file_(path)
   }
   if (options.pack_weights) {
     // A tied output head is the embedding table: packed once, looked up through the panels.
-    pack(w.output, w);
+    pack(w.output, w, file_);
     if (c.tied_embeddings) w.token_embd = w.output;
     for (auto& L : w.layers)
-      for (weight_view* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) pack(*v, w);
+      for (weight_view* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) pack(*v, w, file_);
   }
 }
 

@@ -65,6 +65,25 @@ TEST_SUITE("mapped_file") {
     }
   }
 
+  TEST_CASE("dropped pages read back from the file; ranges outside the mapping are ignored") {
+    test::scratch_dir dir;
+    std::string content(5 * 4096 + 77, '\0');
+    for (size_t i = 0; i < content.size(); ++i) content[i] = static_cast<char>((i * 13 + i / 4096) & 0xff);
+    write_bytes(dir / "c.bin", content);
+    memory::mapped_file m((dir / "c.bin").string());
+    REQUIRE(as_string(m) == content);  // every page resident
+    const auto all = m.bytes();
+    m.drop_pages(all.subspan(100, 3 * 4096));  // partial first and last pages stay, whole ones go
+    m.drop_pages(all);
+    m.drop_pages(all.subspan(0, 0));
+    m.drop_pages(std::span<const std::byte>(reinterpret_cast<const std::byte*>(content.data()), content.size()));
+    CHECK(as_string(m) == content);
+    memory::mapped_file empty_source = std::move(m);
+    memory::mapped_file moved_from = std::move(empty_source);
+    empty_source.drop_pages(all);  // a moved-from mapping has nothing to drop
+    CHECK(as_string(moved_from) == content);
+  }
+
   TEST_CASE("an empty file maps to an empty span") {
     test::scratch_dir dir;
     write_bytes(dir / "empty", "");
