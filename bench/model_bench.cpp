@@ -58,7 +58,17 @@ uint64_t decode_weight_bytes(const models::model& m) {
   bytes += embd.bytes / static_cast<uint64_t>(std::max<int64_t>(embd.rows(), 1));
   // Tied: the output head multiplies by the whole embedding table every step.
   if (m.config().tied_embeddings) bytes += embd.bytes;
-  return bytes;
+  // Matrices packed at load are read as packed (Q4_K's panels are larger; the last panel of a
+  // matrix is padded to 16 rows).
+  auto packed_extra = [](const models::weight_view& v) -> int64_t {
+    if (v.layout != kernels::cpu::weight_layout::packed) return 0;
+    return static_cast<int64_t>(kernels::cpu::packed_bytes(v.type, v.rows, v.cols)) - v.rows * kernels::row_bytes(v.type, v.cols);
+  };
+  const auto& w = m.weights();
+  int64_t extra = packed_extra(w.output);
+  for (const auto& L : w.layers)
+    for (const models::weight_view* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) extra += packed_extra(*v);
+  return bytes + static_cast<uint64_t>(extra);
 }
 
 kernels::weight_type main_weight_type(const models::model& m) {

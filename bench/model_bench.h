@@ -36,9 +36,10 @@ struct model_bench_result {
 // llama-bench feeds random ids too); random ones keep embedding-row reads from repeating.
 std::vector<int32_t> bench_tokens(int64_t n_vocab, int64_t n, uint64_t seed);
 
-// Weight bytes one single-sequence decode step reads, as stored in the file: every tensor in
-// full except token_embd.weight, of which one row is read (plus the whole table again when
-// the output head is tied to it). The KV cache is not counted.
+// Weight bytes one single-sequence decode step reads: every tensor in full except
+// token_embd.weight, of which one row is read (plus the whole table again when the output
+// head is tied to it), at its file size, or at its packed size where the model packed it at
+// load (kernels/cpu/packed.h). The KV cache is not counted.
 uint64_t decode_weight_bytes(const models::model& m);
 
 // The weight type holding the most bytes among the model's tensors (what a file is called

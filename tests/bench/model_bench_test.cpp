@@ -36,11 +36,23 @@ TEST_SUITE("bench_model") {
     CHECK(bench::decode_weight_bytes(m) == 1171200 - 512 * 64 * 4 + 64 * 4);
     CHECK(bench::main_weight_type(m) == kernels::weight_type::f32);
 
-    // The Q8_0 file: Q8_0 holds most bytes though some tensors are F16 / F32.
-    const models::model q(test::data_path("stories260K-q8_0.gguf").string());
+    // The Q8_0 file: Q8_0 holds most bytes though some tensors are F16 / F32. As stored in the
+    // file when nothing is packed; packed matrices count at their packed size (the 172-row
+    // FFN matrices pad to 176 rows).
+    const models::model q(test::data_path("stories260K-q8_0.gguf").string(), {.pack_weights = false});
     CHECK(bench::main_weight_type(q) == kernels::weight_type::q8_0);
     const auto& embd = q.file().tensor("token_embd.weight");
     CHECK(bench::decode_weight_bytes(q) == q.weight_bytes() - embd.bytes + embd.bytes / 512);
+    const models::model packed(test::data_path("stories260K-q8_0.gguf").string());
+    uint64_t extra = 0;
+    for (const auto& L : packed.weights().layers)
+      for (const models::weight_view* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+        if (v->layout == kernels::cpu::weight_layout::packed) {
+          CHECK(v->type == kernels::weight_type::q8_0);
+          extra += kernels::cpu::packed_bytes(v->type, v->rows, v->cols) - static_cast<uint64_t>(v->rows * kernels::row_bytes(v->type, v->cols));
+        }
+    if (kernels::cpu::pack_at_load(kernels::weight_type::q8_0)) CHECK(extra > 0);
+    CHECK(bench::decode_weight_bytes(packed) == bench::decode_weight_bytes(q) + extra);
   }
 
   TEST_CASE("decode_weight_bytes: a tied output head reads the whole table") {
