@@ -1,6 +1,5 @@
 #include "bench/read_ceiling.h"
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include <stdexcept>
 
 #include "bench/read_kernels.h"
+#include "memory/huge_buffer.h"
 #include "models/forward.h"
 
 namespace tandem::bench {
@@ -39,7 +39,7 @@ uint64_t read_sum_scalar(const std::byte* data, size_t bytes) {
 
 namespace {
 
-constexpr uint64_t k_huge_page = uint64_t{2} << 20;
+constexpr uint64_t k_huge_page = memory::k_huge_page;
 
 uint64_t last_level_cache_bytes() {
   for (int name : {_SC_LEVEL4_CACHE_SIZE, _SC_LEVEL3_CACHE_SIZE, _SC_LEVEL2_CACHE_SIZE}) {
@@ -48,10 +48,6 @@ uint64_t last_level_cache_bytes() {
   }
   return uint64_t{64} << 20;  // unknown: assume a large server LLC
 }
-
-struct free_deleter {
-  void operator()(std::byte* p) const { std::free(p); }
-};
 
 }  // namespace
 
@@ -76,16 +72,13 @@ uint64_t default_read_buffer_bytes() {
 read_ceiling_result measure_read_ceiling(kernels::cpu::thread_pool& pool, uint64_t buffer_bytes, int reps) {
   if (reps < 1) throw std::invalid_argument("measure_read_ceiling: reps must be at least 1");
   const uint64_t bytes = std::max<uint64_t>(64 << 10, buffer_bytes / 64 * 64);
-  // 2 MiB alignment and transparent huge pages: streaming through 4 KiB pages would add TLB
-  // misses that a true ceiling should not pay.
-  const uint64_t alloc = (bytes + k_huge_page - 1) / k_huge_page * k_huge_page;
-  std::unique_ptr<std::byte, free_deleter> buf(static_cast<std::byte*>(std::aligned_alloc(k_huge_page, alloc)));
-  if (!buf) throw std::bad_alloc();
-  madvise(buf.get(), alloc, MADV_HUGEPAGE);  // advisory: a failure only costs TLB misses
+  // Huge pages: streaming through 4 KiB pages would add TLB misses that a true ceiling (and
+  // the packed weights decode streams, which live in the same kind of buffer) does not pay.
+  memory::huge_buffer buf(bytes);
 
   // Work is split in 64-byte lines: each thread gets one contiguous run of them.
   const int64_t lines = static_cast<int64_t>(bytes / 64);
-  std::byte* base = buf.get();
+  std::byte* base = buf.data();
   // Filled by the threads that will read it (first touch places pages near them), with a
   // non-zero pattern so no page can be the shared zero page.
   pool.parallel_for(lines, 1, [&](int64_t b, int64_t e) {

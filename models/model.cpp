@@ -48,15 +48,28 @@ const float* bind_rope_freqs(const gguf_file& f, model_weights& w) {
   return v;
 }
 
-// Repacks a matrix into panels owned by the weights when the kernels gain from it, then lets
-// the kernel reclaim the file pages it came from, so the weights are not resident twice.
-void pack(weight_view& v, model_weights& w, const gguf_file& f) {
-  if (!kernels::cpu::pack_at_load(v.type) || v.layout == kernels::cpu::weight_layout::packed) return;
-  auto& buf = w.packed.emplace_back(kernels::cpu::packed_bytes(v.type, v.rows, v.cols));
-  kernels::cpu::pack_weights(v.type, v.data, v.rows, v.cols, buf.data());
-  f.drop_pages({static_cast<const std::byte*>(v.data), static_cast<size_t>(v.rows * kernels::row_bytes(v.type, v.cols))});
-  v.data = buf.data();
-  v.layout = kernels::cpu::weight_layout::packed;
+// Repacks the matrices whose kernels gain from it into panels in one huge-page buffer owned by
+// the weights, then lets the kernel reclaim the file pages they came from, so the weights are
+// not resident twice. A view listed twice (a tied output head) is packed once.
+void pack_all(const std::vector<weight_view*>& views, model_weights& w, const gguf_file& f) {
+  auto wanted = [](const weight_view& v) {
+    return kernels::cpu::pack_at_load(v.type) && v.layout == kernels::cpu::weight_layout::rows;
+  };
+  auto at64 = [](size_t n) { return (n + 63) / 64 * 64; };
+  size_t total = 0;
+  for (const weight_view* v : views)
+    if (wanted(*v)) total += at64(kernels::cpu::packed_bytes(v->type, v->rows, v->cols));
+  if (total == 0) return;
+  w.packed = memory::huge_buffer(total);
+  auto* out = reinterpret_cast<uint8_t*>(w.packed.data());
+  for (weight_view* v : views) {
+    if (!wanted(*v)) continue;
+    kernels::cpu::pack_weights(v->type, v->data, v->rows, v->cols, out);
+    f.drop_pages({static_cast<const std::byte*>(v->data), static_cast<size_t>(v->rows * kernels::row_bytes(v->type, v->cols))});
+    v->data = out;
+    v->layout = kernels::cpu::weight_layout::packed;
+    out += at64(kernels::cpu::packed_bytes(v->type, v->rows, v->cols));
+  }
 }
 
 }  // namespace
@@ -102,10 +115,11 @@ model::model(const std::string& path, const load_options& options) : file_(path)
   }
   if (options.pack_weights) {
     // A tied output head is the embedding table: packed once, looked up through the panels.
-    pack(w.output, w, file_);
-    if (c.tied_embeddings) w.token_embd = w.output;
+    std::vector<weight_view*> views{&w.output};
     for (auto& L : w.layers)
-      for (weight_view* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) pack(*v, w, file_);
+      for (weight_view* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) views.push_back(v);
+    pack_all(views, w, file_);
+    if (c.tied_embeddings) w.token_embd = w.output;
   }
 }
 

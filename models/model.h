@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/packed.h"
 #include "kernels/weight_type.h"
+#include "memory/huge_buffer.h"
 #include "models/gguf_reader.h"
 #include "models/model_config.h"
 
@@ -61,8 +62,9 @@ struct model_weights {
   // 1-D tensors (norms, biases, rope_freqs) converted to F32 at load; the pointers above
   // point into these buffers. Matrices stay in the file mapping unless packed.
   std::vector<std::vector<float>> owned;
-  // Packed matrices (load_options::pack_weights); packed views point into these.
-  std::vector<std::vector<uint8_t>> packed;
+  // Packed matrices (load_options::pack_weights), one after another in one huge-page buffer;
+  // packed views point into it.
+  memory::huge_buffer packed;
 };
 
 class model {
