@@ -43,6 +43,11 @@ bool cpu_has_avx512_bf16() {
   return ok;
 }
 
+bool cpu_has_gfni() {
+  static const bool ok = cpu_has_avx512() && __builtin_cpu_supports("gfni");
+  return ok;
+}
+
 void set_isa(isa which) {
   if (!isa_supported(which))
     throw std::invalid_argument(std::string("set_isa: this CPU cannot run the ") + isa_name(which) + " path (needs " +

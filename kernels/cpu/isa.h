@@ -21,5 +21,7 @@ isa active_isa();
 const char* isa_name(isa which);
 // AVX-512 BF16 (vdpbf16ps), used by the avx512 path for BF16 weights when present.
 bool cpu_has_avx512_bf16();
+// GFNI (vgf2p8affineqb) with AVX-512, used by the avx512 path's packed Q6_K kernel when present.
+bool cpu_has_gfni();
 
 }  // namespace tandem::kernels::cpu

@@ -52,8 +52,13 @@ void dequantize_packed_row(weight_type wt, const void* packed, int64_t cols, int
 // k_panel_max_act_rows rows per call; the reference any number.
 void packed_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
                     int n_act, float* out, int64_t out_stride, int n_w);
+// allow_gfni: Q6_K takes the GFNI kernel where the CPU has GFNI (the same results bit for
+// bit; tests turn it off to compare).
 void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
-                       int n_act, float* out, int64_t out_stride, int n_w);
+                       int n_act, float* out, int64_t out_stride, int n_w, bool allow_gfni = true);
+// The Q6_K kernel with GFNI (packed_q6k_gfni_avx512.cpp); only call when cpu_has_gfni().
+void packed_dot_q6k_gfni_avx512(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act,
+                                float* out, int64_t out_stride, int n_w);
 // Widens one packed panel into panel.h's form (64-byte aligned panel, panel_bytes(wt, cols)):
 // the codes pack_panel_* writes from the GGUF rows and the same scale and min values (padded
 // rows: -0 where pack_panel_* writes +0), for products with many activation rows

@@ -230,3 +230,23 @@ TEST_CASE("packing reads nothing past the last row (a matrix may end at the end 
   }
 }
 #endif
+
+TEST_CASE("packed Q6_K: the GFNI kernel equals the shift-and-mask kernel bit for bit") {
+  if (!isa_supported(isa::avx512) || !cpu_has_gfni()) {
+    MESSAGE("skipped: this CPU lacks GFNI");
+    return;
+  }
+  const weight_type wt = weight_type::q6_k;
+  for (const int64_t cols : col_counts(wt)) {
+    CAPTURE(cols);
+    const matrix m = make_matrix(wt, 16, cols, static_cast<uint32_t>(cols + 5));
+    const int n_act = k_panel_max_act_rows;
+    const acts a = make_acts(wt, cols, n_act, 3);
+    for (int n = 1; n <= n_act; ++n) {
+      std::vector<float> with(static_cast<size_t>(16 * n)), without(with);
+      packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n, with.data(), 16, 16, true);
+      packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n, without.data(), 16, 16, false);
+      CHECK(with == without);
+    }
+  }
+}

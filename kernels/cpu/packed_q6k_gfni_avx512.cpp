@@ -1,0 +1,17 @@
+// The packed Q6_K tile kernel with GFNI (vgf2p8affineqb moves each group's high bit pair into
+// place in one instruction). Built with -mgfni on top of the AVX-512 flags (kernels/
+// CMakeLists.txt); reached only when cpu_has_gfni().
+#include "kernels/cpu/packed.h"
+#include "kernels/cpu/packed_tile_avx512.h"
+
+namespace tandem::kernels::cpu {
+
+void packed_dot_q6k_gfni_avx512(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act,
+                                float* out, int64_t out_stride, int n_w) {
+  const __mmask16 lanes = avx512::first16(n_w);
+  avx512::with_act_rows(n_act, [&]<int R>() {
+    packed_tile<weight_type::q6_k, R, true>(panel, cols, codes, aux, out, out_stride, lanes);
+  });
+}
+
+}  // namespace tandem::kernels::cpu
