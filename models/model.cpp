@@ -1,9 +1,13 @@
 #include "models/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <thread>
+#include <utility>
 
 #include "kernels/cpu/quants.h"
+#include "kernels/cpu/thread_pool.h"
 #include "models/tokenizer.h"
 
 namespace tandem::models {
@@ -61,15 +65,26 @@ void pack_all(const std::vector<weight_view*>& views, model_weights& w, const gg
     if (wanted(*v)) total += at64(kernels::cpu::packed_bytes(v->type, v->rows, v->cols));
   if (total == 0) return;
   w.packed = memory::huge_buffer(total);
+  // Each matrix's place in the buffer, then the matrices packed in parallel (a few GB of
+  // weights would take tens of seconds on one thread).
+  std::vector<std::pair<weight_view*, uint8_t*>> jobs;
   auto* out = reinterpret_cast<uint8_t*>(w.packed.data());
   for (weight_view* v : views) {
     if (!wanted(*v)) continue;
-    kernels::cpu::pack_weights(v->type, v->data, v->rows, v->cols, out);
-    f.drop_pages({static_cast<const std::byte*>(v->data), static_cast<size_t>(v->rows * kernels::row_bytes(v->type, v->cols))});
-    v->data = out;
-    v->layout = kernels::cpu::weight_layout::packed;
+    jobs.emplace_back(v, out);
     out += at64(kernels::cpu::packed_bytes(v->type, v->rows, v->cols));
   }
+  const auto threads = static_cast<int>(std::clamp<size_t>(std::thread::hardware_concurrency(), 1, jobs.size()));
+  kernels::cpu::thread_pool pool(threads);
+  pool.parallel_for(static_cast<int64_t>(jobs.size()), 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      auto [v, dst] = jobs[static_cast<size_t>(i)];
+      kernels::cpu::pack_weights(v->type, v->data, v->rows, v->cols, dst);
+      f.drop_pages({static_cast<const std::byte*>(v->data), static_cast<size_t>(v->rows * kernels::row_bytes(v->type, v->cols))});
+      v->data = dst;
+      v->layout = kernels::cpu::weight_layout::packed;
+    }
+  });
 }
 
 }  // namespace
