@@ -50,6 +50,11 @@ bool running_on_this_thread(const void* pool) {
 // cost more than the work. Kept short so idle pools do not burn a shared CPU.
 constexpr int k_spin_iterations = 2000;
 
+// A job is cut into up to this many pieces per thread, taken by whichever participant is free:
+// on a shared machine one core often runs slower for a while (another tenant, an interrupt),
+// and with one fixed half per thread the other core would wait for it at every call.
+constexpr int64_t k_pieces_per_thread = 4;
+
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -69,10 +74,12 @@ struct thread_pool::impl {
   // the next one cannot overwrite them, until each participant has finished its chunk.
   const range_fn* body = nullptr;
   int64_t n = 0;
-  // generation << 16 | chunk count, in one word so a worker that wakes late never pairs one
-  // job's generation with another job's chunk count.
+  int64_t pieces = 0;                 // the job's range in this many even pieces
+  std::atomic<int64_t> next_piece{0};  // the next piece nobody has taken
+  // generation << 16 | participant count, in one word so a worker that wakes late never pairs
+  // one job's generation with another job's participant count.
   std::atomic<uint64_t> job_word{0};
-  std::atomic<int> pending{0};  // chunks not yet finished by workers
+  std::atomic<int> pending{0};  // participating workers not yet done with the job
   std::exception_ptr error;     // first exception thrown by a worker chunk
   std::mutex error_mutex;
 
@@ -91,13 +98,22 @@ struct thread_pool::impl {
   }
 
   static uint64_t generation_of(uint64_t word) { return word >> 16; }
-  static int chunks_of(uint64_t word) { return static_cast<int>(word & 0xffff); }
+  static int participants_of(uint64_t word) { return static_cast<int>(word & 0xffff); }
 
-  void run_chunk(int c, int chunks) {
-    // Even split; n * c fits in int64 for any n a kernel can be asked to cover.
-    const int64_t begin = n * c / chunks;
-    const int64_t end = n * (c + 1) / chunks;
+  void run_piece(int64_t p) {
+    // Even split; n * p fits in int64 for any n a kernel can be asked to cover.
+    const int64_t begin = n * p / pieces;
+    const int64_t end = n * (p + 1) / pieces;
     if (begin < end) (*body)(begin, end);
+  }
+
+  // Participant `index` runs piece `index` first (so every participant gets work even when a
+  // worker wakes late), then takes untaken pieces until none is left.
+  void run_pieces(int index) {
+    run_piece(index);
+    for (int64_t p = next_piece.fetch_add(1, std::memory_order_relaxed); p < pieces;
+         p = next_piece.fetch_add(1, std::memory_order_relaxed))
+      run_piece(p);
   }
 
   void worker_loop(int index) {
@@ -117,11 +133,10 @@ struct thread_pool::impl {
         if (stopping) return;
       }
       seen = generation_of(word);
-      const int chunks = chunks_of(word);
-      if (index >= chunks) continue;  // this job has fewer chunks than threads
+      if (index >= participants_of(word)) continue;  // this job has fewer pieces than threads
       try {
         const running_scope running(this);
-        run_chunk(index, chunks);
+        run_pieces(index);
       } catch (...) {
         std::lock_guard lock(error_mutex);
         if (!error) error = std::current_exception();
@@ -157,10 +172,10 @@ int thread_pool::size() const { return impl_->threads; }
 void thread_pool::parallel_for(int64_t n, int64_t grain, range_fn body) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
-  // floor(n / grain) chunks at most, so the even split never makes one smaller than grain.
-  const int64_t max_chunks = std::max<int64_t>(1, n / grain);
-  const int chunks = static_cast<int>(std::min<int64_t>(impl_->threads, max_chunks));
-  if (chunks <= 1 || running_on_this_thread(impl_.get())) {
+  // floor(n / grain) pieces at most, so the even split never makes one smaller than grain.
+  const int64_t pieces = std::min<int64_t>(std::max<int64_t>(1, n / grain), int64_t{impl_->threads} * k_pieces_per_thread);
+  const int participants = static_cast<int>(std::min<int64_t>(impl_->threads, pieces));
+  if (participants <= 1 || running_on_this_thread(impl_.get())) {
     body(0, n);
     return;
   }
@@ -168,21 +183,23 @@ void thread_pool::parallel_for(int64_t n, int64_t grain, range_fn body) {
   std::lock_guard submit(impl_->submit_mutex);
   impl_->body = &body;
   impl_->n = n;
+  impl_->pieces = pieces;
+  impl_->next_piece.store(participants, std::memory_order_relaxed);
   impl_->error = nullptr;
-  impl_->pending.store(chunks - 1, std::memory_order_relaxed);
+  impl_->pending.store(participants - 1, std::memory_order_relaxed);
   {
     // Publish under the lock so a worker between its predicate check and its wait cannot miss it.
     std::lock_guard lock(impl_->wake_mutex);
     const uint64_t next = impl::generation_of(impl_->job_word.load(std::memory_order_relaxed)) + 1;
-    impl_->job_word.store(next << 16 | static_cast<uint64_t>(chunks), std::memory_order_release);
+    impl_->job_word.store(next << 16 | static_cast<uint64_t>(participants), std::memory_order_release);
   }
   impl_->wake.notify_all();
 
-  // The caller takes chunk 0.
+  // The caller is participant 0.
   std::exception_ptr own_error;
   try {
     const running_scope running(impl_.get());
-    impl_->run_chunk(0, chunks);
+    impl_->run_pieces(0);
   } catch (...) {
     own_error = std::current_exception();
   }

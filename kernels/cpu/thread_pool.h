@@ -39,10 +39,11 @@ class thread_pool {
 
   int size() const;
   // Splits [0, n) into contiguous chunks of at least `grain` items (one chunk, run on the
-  // caller, when n < 2 * grain), at most one per thread, sizes differing by at most one:
-  // body(begin, end). Chunk c always runs on thread c (0 = the caller), so a given (n, grain,
-  // size()) splits the same way every time. The first exception a chunk throws is rethrown
-  // here after all chunks end. Does not allocate.
+  // caller, when n < 2 * grain), at most four per thread, sizes differing by at most one:
+  // body(begin, end). A given (n, grain, size()) always makes the same chunks; which thread
+  // runs which is decided as they go (a thread that finishes early takes the next untaken
+  // one), so a body must not depend on it. The first exception a chunk throws is rethrown here
+  // after all chunks end. Does not allocate.
   // Nesting: a call made from inside a chunk of this pool, directly or through chunks of
   // other pools on the same thread, runs inline on that thread. A chunk may use another pool
   // B; B's chunks must not then call back into this pool (B's workers would wait for this

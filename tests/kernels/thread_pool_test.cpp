@@ -73,7 +73,7 @@ TEST_SUITE("thread_pool") {
           });
           for (const auto& h : hits) REQUIRE(h.load() == 1);
           REQUIRE(!chunks.empty());
-          CHECK(static_cast<int>(chunks.size()) <= threads);
+          CHECK(static_cast<int>(chunks.size()) <= 4 * threads);
           if (chunks.size() > 1)
             for (const auto& [b, e] : chunks) CHECK(e - b >= grain);
         }
@@ -99,6 +99,32 @@ TEST_SUITE("thread_pool") {
       ids.insert(std::this_thread::get_id());
     });
     CHECK(ids == std::set<std::thread::id>{std::this_thread::get_id()});
+  }
+
+  TEST_CASE("a free thread takes the chunks a busy one has not started") {
+    // The caller's first chunk blocks until every other chunk has run: with a fixed share per
+    // thread that could never happen; here the worker must take the caller's remaining ones.
+    thread_pool pool(2);
+    std::mutex m;
+    std::condition_variable cv;
+    int others_done = 0;
+    std::set<std::thread::id> other_ids;
+    const auto caller = std::this_thread::get_id();
+    pool.parallel_for(8, 1, [&](int64_t b, int64_t e) {
+      REQUIRE(e == b + 1);
+      std::unique_lock lock(m);
+      if (b == 0) {
+        CHECK(std::this_thread::get_id() == caller);
+        CHECK(cv.wait_for(lock, std::chrono::seconds(30), [&] { return others_done == 7; }));
+      } else {
+        ++others_done;
+        other_ids.insert(std::this_thread::get_id());
+        cv.notify_all();
+      }
+    });
+    CHECK(others_done == 7);
+    REQUIRE(other_ids.size() == 1);
+    CHECK(*other_ids.begin() != caller);
   }
 
   TEST_CASE("a pool of one runs inline") {
