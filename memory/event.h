@@ -1,0 +1,81 @@
+// Completion of asynchronous work (a copy, a staging job): a cheap shared handle that any
+// thread may poll or wait on. A default-constructed event is already complete.
+#pragma once
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace tandem::memory {
+
+class event {
+ public:
+  // What a backend puts behind an event (a flag set by a copy thread, a CUDA event).
+  struct state {
+    virtual ~state() = default;
+    virtual bool ready() const = 0;
+    virtual void wait() const = 0;
+  };
+
+  event() = default;
+  explicit event(std::shared_ptr<const state> s) : s_(std::move(s)) {}
+
+  bool ready() const { return !s_ || s_->ready(); }
+  void wait() const {
+    if (s_) s_->wait();
+  }
+
+ private:
+  std::shared_ptr<const state> s_;
+};
+
+// An event completed by a host thread calling signal() once.
+class host_event final : public event::state {
+ public:
+  bool ready() const override {
+    std::lock_guard lock(m_);
+    return done_;
+  }
+  void wait() const override {
+    std::unique_lock lock(m_);
+    cv_.wait(lock, [&] { return done_; });
+  }
+  void signal() {
+    {
+      std::lock_guard lock(m_);
+      done_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  mutable std::mutex m_;
+  mutable std::condition_variable cv_;
+  bool done_ = false;
+};
+
+// Complete when every one of `events` is.
+class all_of_event final : public event::state {
+ public:
+  explicit all_of_event(std::vector<event> events) : events_(std::move(events)) {}
+  bool ready() const override {
+    for (const auto& e : events_)
+      if (!e.ready()) return false;
+    return true;
+  }
+  void wait() const override {
+    for (const auto& e : events_) e.wait();
+  }
+
+ private:
+  std::vector<event> events_;
+};
+
+inline event all_of(std::vector<event> events) {
+  if (events.empty()) return {};
+  if (events.size() == 1) return events.front();
+  return event(std::make_shared<all_of_event>(std::move(events)));
+}
+
+}  // namespace tandem::memory
