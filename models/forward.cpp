@@ -15,6 +15,7 @@
 
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quants.h"
+#include "models/weight_plan.h"
 
 namespace tandem::models {
 namespace {
@@ -256,8 +257,9 @@ uint64_t kv_cache_bytes(const model_config& c, int64_t n_ctx, kernels::cpu::kv_t
 
 uint64_t forward_context::memory_bytes(const model_config& c, const context_params& p) { return size_context(c, p).total(); }
 
-forward_context::forward_context(const model& m, const context_params& p, kernels::cpu::thread_pool* pool)
-    : model_(m), pool_(pool), kv_type_(p.kv), rope_(make_rope(m.config(), m.weights())), n_vocab_(m.config().n_vocab) {
+forward_context::forward_context(const model& m, const context_params& p, kernels::cpu::thread_pool* pool,
+                                 weight_residency* residency)
+    : model_(m), pool_(pool), residency_(residency), kv_type_(p.kv), rope_(make_rope(m.config(), m.weights())), n_vocab_(m.config().n_vocab) {
   const auto& c = m.config();
   const auto sizes = size_context(c, p);
   n_ctx_ = sizes.n_ctx;
@@ -372,11 +374,37 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
   const auto& w = model_.weights();
   const int64_t D = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), F = c.n_ff, hd = c.head_dim;
 
-  for (int64_t r = 0; r < n; ++r) dequantize_weight_row(w.token_embd, tokens[r], x_ + r * D);
+  const weight_plan& plan = model_.plan();
+  const int depth = residency_ ? residency_->prefetch_depth() : 0;
+  if (residency_) {
+    // The first layers start copying while the rows are looked up, piece by piece.
+    for (int d = 0; d < depth && d < c.n_layer; ++d) residency_->prefetch(plan.layer_segment(d));
+    for (const auto& piece : plan.token_embd) {
+      const int64_t end = piece.row0 + piece.m.view.rows;
+      bool wanted = false;
+      for (int64_t r = 0; r < n && !wanted; ++r) wanted = tokens[r] >= piece.row0 && tokens[r] < end;
+      if (!wanted) continue;
+      const weight_view embd = bind_matrix_at(piece.m, hold(piece.segment));
+      for (int64_t r = 0; r < n; ++r)
+        if (tokens[r] >= piece.row0 && tokens[r] < end) dequantize_weight_row(embd, tokens[r] - piece.row0, x_ + r * D);
+      residency_->release(piece.segment);
+    }
+  } else {
+    for (int64_t r = 0; r < n; ++r) dequantize_weight_row(w.token_embd, tokens[r], x_ + r * D);
+  }
 
   const float attn_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  layer_weights leased;
+  const std::byte* last_layer = nullptr;  // held past the loop: the output norm is in it
   for (int64_t l = 0; l < c.n_layer; ++l) {
-    const auto& L = w.layers[l];
+    const int seg = plan.layer_segment(l);
+    if (residency_) {
+      last_layer = hold(seg);
+      leased = bind_layer(plan.layers[static_cast<size_t>(l)], last_layer);
+      // The next segments copy while this one computes.
+      for (int d = 1; d <= depth && seg + d <= plan.last_segment(); ++d) residency_->prefetch(seg + d);
+    }
+    const auto& L = residency_ ? leased : w.layers[l];
     // Attention block.
     for (int64_t r = 0; r < n; ++r) kernels::cpu::rms_norm(x_ + r * D, L.attn_norm, xb_ + r * D, D, c.rms_eps);
     project3(L.wq, q_, L.wk, k_, L.wv, v_, xb_, n, pool_);
@@ -416,15 +444,50 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
     kernels::cpu::swiglu(ff_gate_, ff_up_, n * F, pool_);
     project(L.w_down, ff_gate_, n, xb_, pool_);
     for (int64_t i = 0; i < n * D; ++i) x_[i] += xb_[i];
+    if (residency_ && l + 1 < c.n_layer) residency_->release(seg);
   }
 
   for (int64_t r = 0; r < n; ++r) pos_[static_cast<size_t>(seqs[r])] = positions[r] + 1;
-  if (!logits) return;
   // Output head: only the rows whose logits are wanted.
   const int64_t first = all_rows ? 0 : n - 1;
   const int64_t rows = n - first;
-  for (int64_t r = first; r < n; ++r) kernels::cpu::rms_norm(x_ + r * D, w.output_norm, xb_ + (r - first) * D, D, c.rms_eps);
-  project(w.output, xb_, rows, logits, pool_);
+  if (!residency_) {
+    if (!logits) return;
+    for (int64_t r = first; r < n; ++r) kernels::cpu::rms_norm(x_ + r * D, w.output_norm, xb_ + (r - first) * D, D, c.rms_eps);
+    project(w.output, xb_, rows, logits, pool_);
+    return;
+  }
+  const int last_seg = plan.layer_segment(c.n_layer - 1);
+  if (logits) {
+    const float* norm = bind_vector_at(plan.output_norm, last_layer);
+    for (int64_t r = first; r < n; ++r) kernels::cpu::rms_norm(x_ + r * D, norm, xb_ + (r - first) * D, D, c.rms_eps);
+  }
+  residency_->release(last_seg);
+  if (!logits) return;
+  // The head piece by piece; a piece's logits are columns [row0, row0 + its rows) of each row.
+  for (size_t i = 0; i < plan.output.size(); ++i) {
+    const auto& piece = plan.output[i];
+    const weight_view head = bind_matrix_at(piece.m, hold(piece.segment));
+    for (int d = 1; d <= depth && i + static_cast<size_t>(d) < plan.output.size(); ++d)
+      residency_->prefetch(plan.output[i + static_cast<size_t>(d)].segment);
+    if (plan.output.size() == 1) {
+      project(head, xb_, rows, logits, pool_);
+    } else {
+      const int64_t pr = head.rows;
+      head_scratch_.resize(static_cast<size_t>(rows * pr));
+      project(head, xb_, rows, head_scratch_.data(), pool_);
+      for (int64_t r = 0; r < rows; ++r)
+        std::copy_n(head_scratch_.data() + r * pr, pr, logits + r * n_vocab_ + piece.row0);
+    }
+    residency_->release(piece.segment);
+  }
+}
+
+const std::byte* forward_context::hold(int seg) {
+  const std::byte* p = residency_->acquire(seg);
+  if (!p)
+    throw std::logic_error("forward pass: segment " + std::to_string(seg) + " of the model could not be made resident (no stream slot free)");
+  return p;
 }
 
 }  // namespace tandem::models

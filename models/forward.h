@@ -16,6 +16,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/thread_pool.h"
 #include "models/model.h"
+#include "models/weight_residency.h"
 
 namespace tandem::models {
 
@@ -66,7 +67,11 @@ std::optional<uint64_t> parse_cgroup_memory_max(std::string_view memory_max);
 // can get (usable_memory_bytes of read_memory_limits).
 class forward_context {
  public:
-  forward_context(const model& m, const context_params& p, kernels::cpu::thread_pool* pool);
+  // residency: where the weights are read from. Null: the model's own (load_options::
+  // own_weights); otherwise the segments it leases, one at a time, prefetching the next ones
+  // (the model must have been loaded with own_weights off or on, the plan is the same).
+  forward_context(const model& m, const context_params& p, kernels::cpu::thread_pool* pool,
+                  weight_residency* residency = nullptr);
 
   // Bytes a context with these parameters allocates at construction: KV cache (n_seq slots),
   // scratch (rows = max(min(max_batch, n_ctx), n_seq) of every activation) and n_seq rows of
@@ -110,8 +115,13 @@ class forward_context {
                   bool all_rows);
   void check_seq(int64_t seq) const;
 
+  // The device bytes of segment `seg` from residency_ (throws std::logic_error when the
+  // residency cannot provide them: the caller did not prepare streaming).
+  const std::byte* hold(int seg);
+
   const model& model_;
   kernels::cpu::thread_pool* pool_;
+  weight_residency* residency_;
   kernels::cpu::kv_type kv_type_;
   kernels::cpu::rope_params rope_;
   int64_t n_ctx_;
@@ -141,6 +151,7 @@ class forward_context {
   float *x_ = nullptr, *xb_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr, *ff_gate_ = nullptr,
         *ff_up_ = nullptr;
   std::vector<float> logits_;
+  std::vector<float> head_scratch_;  // logits of one piece of a head cut into pieces (weight_plan.h)
 };
 
 }  // namespace tandem::models

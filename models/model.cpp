@@ -9,6 +9,7 @@
 #include "kernels/cpu/quants.h"
 #include "kernels/cpu/thread_pool.h"
 #include "models/tokenizer.h"
+#include "models/weight_plan.h"
 
 namespace tandem::models {
 namespace {
@@ -98,7 +99,10 @@ void dequantize_weight_row(const weight_view& w, int64_t row, float* out) {
   kernels::cpu::dequantize_row(w.type, p, out, w.cols);
 }
 
-model::model(const std::string& path, const load_options& options) : file_(path), config_(read_model_config(file_)) {
+model::~model() = default;
+
+model::model(const std::string& path, const load_options& options)
+    : file_(path), config_(read_model_config(file_)), options_(options) {
   const auto& c = config_;
   auto& w = weights_;
   w.token_embd = bind_matrix(file_, "token_embd.weight");
@@ -128,7 +132,9 @@ model::model(const std::string& path, const load_options& options) : file_(path)
     L.w_up = bind_matrix(file_, b + "ffn_up.weight");
     L.w_down = bind_matrix(file_, b + "ffn_down.weight");
   }
-  if (options.pack_weights) {
+  // After the bindings above, which validate every tensor the plan places.
+  plan_ = std::make_unique<weight_plan>(make_weight_plan(file_, c, options));
+  if (options.pack_weights && options.own_weights) {
     // A tied output head is the embedding table: packed once, looked up through the panels.
     std::vector<weight_view*> views{&w.output};
     for (auto& L : w.layers)

@@ -14,6 +14,7 @@
 namespace tandem::models {
 
 class tokenizer;
+struct weight_plan;
 
 // A weight matrix as the kernels see it: `rows` rows of `cols` elements of `type`. With the
 // rows layout, contiguous GGUF rows (ne = {cols, rows}) in the mapped file; with the packed
@@ -31,9 +32,14 @@ void dequantize_weight_row(const weight_view& w, int64_t row, float* out);
 
 // How a model is loaded.
 struct load_options {
-  // Repack matrices into 16-row panels at load where the kernels gain from it
-  // (kernels::cpu::pack_at_load); off keeps every matrix in the file mapping.
+  // Repack matrices into 16-row panels where the kernels gain from it
+  // (kernels::cpu::pack_at_load); off keeps every matrix in its file layout.
   bool pack_weights = true;
+  // The model holds its weights itself (packed ones in its own buffer, the others viewed in
+  // the file mapping). Off: weights() views only the file, unpacked, and the forward pass
+  // reads the device copies of the model's segments (weight_plan.h) that a memory arbiter
+  // holds (arbiter_residency.h); packing then happens when a segment is filled.
+  bool own_weights = true;
 };
 
 struct layer_weights {
@@ -74,19 +80,25 @@ class model {
   // is a 1-D tensor (norm, bias, rope_freqs) that is not F32, F16 or BF16, and rope_freqs
   // holding a divisor that is not finite and positive.
   explicit model(const std::string& path, const load_options& options = {});
+  ~model();
   model(const model&) = delete;
   model& operator=(const model&) = delete;
 
   const gguf_file& file() const { return file_; }
   const model_config& config() const { return config_; }
   const model_weights& weights() const { return weights_; }
+  // The model's segments and where each tensor sits in them (weight_plan.h).
+  const weight_plan& plan() const { return *plan_; }
+  const load_options& options() const { return options_; }
   // Bytes of all tensor data (what the weights occupy in memory).
   uint64_t weight_bytes() const;
 
  private:
   gguf_file file_;
   model_config config_;
+  load_options options_;
   model_weights weights_;
+  std::unique_ptr<weight_plan> plan_;
 };
 
 // Throws gguf_error naming `path` and both sizes unless the tokenizer has exactly the model's

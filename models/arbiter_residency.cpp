@@ -1,0 +1,58 @@
+#include "models/arbiter_residency.h"
+
+#include <stdexcept>
+
+#include "models/weight_plan.h"
+
+namespace tandem::models {
+
+std::vector<memory::segment_source> segment_sources(const model& m) {
+  std::vector<memory::segment_source> out;
+  for (const auto& s : m.plan().segments) {
+    const segment_layout* layout = &s;
+    out.push_back({s.name, s.bytes, [layout](std::byte* dst) { fill_segment(*layout, dst); }});
+  }
+  return out;
+}
+
+arbiter_residency::arbiter_residency(memory::arbiter& a, const model& m, std::string name, int prefetch_depth)
+    : a_(a), id_(a.add_model(std::move(name), segment_sources(m))), depth_(prefetch_depth) {
+  if (prefetch_depth < 0) throw std::invalid_argument("prefetch depth must be >= 0, got " + std::to_string(prefetch_depth));
+  leases_.resize(m.plan().segments.size());
+  holds_.assign(m.plan().segments.size(), 0);
+}
+
+arbiter_residency::~arbiter_residency() {
+  leases_.clear();
+  a_.remove_model(id_);
+}
+
+memory::status arbiter_residency::prepare_streaming() {
+  const int n = a_.segment_count(id_);
+  for (int s = 0; s < n; ++s)
+    if (a_.residency_of(id_, s, memory::tier::device) == memory::residency::absent) return a_.reserve_stream_slots(id_, depth_ + 1);
+  return memory::status::ok;
+}
+
+const std::byte* arbiter_residency::acquire(int seg) {
+  auto& h = holds_.at(static_cast<size_t>(seg));
+  if (h++ == 0) {
+    leases_[static_cast<size_t>(seg)] = a_.acquire(id_, seg);
+    if (!leases_[static_cast<size_t>(seg)]) {
+      h = 0;
+      return nullptr;
+    }
+  }
+  return leases_[static_cast<size_t>(seg)].data();
+}
+
+void arbiter_residency::release(int seg) {
+  auto& h = holds_.at(static_cast<size_t>(seg));
+  if (h > 0 && --h == 0) leases_[static_cast<size_t>(seg)].reset();
+}
+
+void arbiter_residency::prefetch(int seg) {
+  if (seg >= 0 && seg < static_cast<int>(leases_.size())) a_.prefetch(id_, seg);
+}
+
+}  // namespace tandem::models
