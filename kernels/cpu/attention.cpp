@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/attention_impl.h"
@@ -60,11 +62,11 @@ void attend_scalar(const attention_task& t, const attention_scratch& s) {
     if (t.kt == kv_type::f32) {
       const float* k = static_cast<const float*>(t.k);
       const float* v = static_cast<const float*>(t.v);
-      for (int64_t p = 0; p < n; ++p) s.scores[p] = dot_f32(q, k + p * t.kv_stride, d) * t.scale;
+      for (int64_t p = 0; p < n; ++p) s.scores[p] = dot_f32(q, k + kv_row_offset(t.pages, t.kv_stride, p), d) * t.scale;
       softmax(s.scores, n);
       for (int64_t p = 0; p < n; ++p) {
         const float w = s.scores[p];
-        const float* vr = v + p * t.kv_stride;
+        const float* vr = v + kv_row_offset(t.pages, t.kv_stride, p);
         for (int e = 0; e < d; ++e) out[e] += w * vr[e];
       }
       continue;
@@ -85,7 +87,7 @@ void attend_scalar(const attention_task& t, const attention_scratch& s) {
     float m = -std::numeric_limits<float>::infinity();
     float sum = 0.0f;
     for (int64_t p = 0; p < n; ++p) {
-      const float sc = dot_f16(q16, k + p * t.kv_stride, d, tbl) * t.scale;
+      const float sc = dot_f16(q16, k + kv_row_offset(t.pages, t.kv_stride, p), d, tbl) * t.scale;
       float scale_old = 1.0f;  // factor for what is accumulated so far
       float w = 1.0f;          // weight of this value row
       if (sc > m) {
@@ -95,7 +97,7 @@ void attend_scalar(const attention_task& t, const attention_scratch& s) {
       } else {
         w = std::exp(sc - m);
       }
-      const uint16_t* vr = v + p * t.kv_stride;
+      const uint16_t* vr = v + kv_row_offset(t.pages, t.kv_stride, p);
       for (int e = 0; e < d; ++e) out[e] = round_to_fp16(out[e] + tbl[vr[e]] * w);
       sum = sum * scale_old + w;
     }
@@ -130,6 +132,10 @@ void attention(const float* q, int64_t n_q, int64_t pos0, const void* k_cache, c
 void attention_many(const attention_run* runs, int64_t n_runs, kv_type kt, int n_heads, int n_kv_heads, int head_dim,
                     float scale, thread_pool* pool) {
   if (n_runs <= 0 || n_heads <= 0) return;
+  for (int64_t i = 0; i < n_runs; ++i)
+    if (runs[i].pages.table && (runs[i].pages.block_tokens <= 0 || runs[i].pages.block_tokens % k_attention_key_block != 0))
+      throw std::invalid_argument("attention: a paged cache needs blocks of a multiple of " + std::to_string(k_attention_key_block) +
+                                  " positions, got " + std::to_string(runs[i].pages.block_tokens));
   int64_t total_rows = 0, max_keys = 0;
   for (int64_t i = 0; i < n_runs; ++i) {
     total_rows += std::max<int64_t>(runs[i].n_q, 0);
@@ -195,6 +201,7 @@ void attention_many(const attention_run* runs, int64_t n_runs, kv_type kt, int n
       t.k = static_cast<const char*>(run.k_cache) + static_cast<size_t>(kv_head) * head_dim * elem;
       t.v = static_cast<const char*>(run.v_cache) + static_cast<size_t>(kv_head) * head_dim * elem;
       t.kv_stride = kv_stride;
+      t.pages = run.pages;
       t.n_keys = run.pos0 + row + 1;  // causal: this row sees itself and everything before it
       t.n_group = per_task;
       t.head_dim = head_dim;

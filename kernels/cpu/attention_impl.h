@@ -30,12 +30,19 @@ inline constexpr int k_attention_key_block = 16;  // keys widened and scored per
 
 // Query heads of one query row that share one KV head. They are attended together so that each
 // key and value row is read (and widened from f16) once for all of them.
+// Elements from the task's k (or v) to the row of position p.
+inline int64_t kv_row_offset(const kv_pages& pg, int64_t kv_stride, int64_t p) {
+  if (!pg.table) return p * kv_stride;
+  return pg.table[p / pg.block_tokens] * pg.block_stride + (p % pg.block_tokens) * kv_stride;
+}
+
 struct attention_task {
   const float* q;     // [n_group][head_dim]: consecutive heads of one query row
   float* out;         // [n_group][head_dim]
   const void* k;      // this KV head's key at position 0 (f32 or f16 elements, per kt)
   const void* v;      // this KV head's value at position 0
-  int64_t kv_stride;  // elements from one position to the next
+  int64_t kv_stride;  // elements from one position to the next (within a block when paged)
+  kv_pages pages;     // paged cache: k and v are block 0's rows (ops.h)
   int64_t n_keys;     // positions 0 .. n_keys-1 are attended
   int n_group;        // heads in q / out
   int head_dim;

@@ -153,8 +153,8 @@ struct simd_attention {
     for (int64_t t0 = 0; t0 < t.n_keys; t0 += B) {
       const int nb = t.n_keys - t0 < B ? static_cast<int>(t.n_keys - t0) : B;
       for (int b = 0; b < nb; ++b) {
-        widen_row(k + (t0 + b) * t.kv_stride, s.k + b * dp, d, dp);
-        widen_row(v + (t0 + b) * t.kv_stride, s.v + b * dp, d, dp);
+        widen_row(k + kv_row_offset(t.pages, t.kv_stride, t0 + b), s.k + b * dp, d, dp);
+        widen_row(v + kv_row_offset(t.pages, t.kv_stride, t0 + b), s.v + b * dp, d, dp);
       }
       for (int g = 0; g < G; ++g) {
         float* sc = s.scores + g * B;
@@ -220,10 +220,11 @@ struct simd_attention {
     const bool in_place = d % W == 0;
     auto block = [&](const float* base, float* pad, int64_t t0, int nb, int64_t& stride) -> const float* {
       if (in_place) {
+        // The B keys from t0 (a multiple of B) are in one block: block_tokens is a multiple of B.
         stride = t.kv_stride;
-        return base + t0 * t.kv_stride;
+        return base + kv_row_offset(t.pages, t.kv_stride, t0);
       }
-      for (int b = 0; b < nb; ++b) copy_row(base + (t0 + b) * t.kv_stride, pad + b * dp, d, dp);
+      for (int b = 0; b < nb; ++b) copy_row(base + kv_row_offset(t.pages, t.kv_stride, t0 + b), pad + b * dp, d, dp);
       stride = dp;
       return pad;
     };

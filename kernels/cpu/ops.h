@@ -73,8 +73,19 @@ enum class kv_type { f32, f16 };
 void attention(const float* q, int64_t n_q, int64_t pos0, const void* k_cache, const void* v_cache, kv_type kt,
                int n_heads, int n_kv_heads, int head_dim, float scale, float* out, thread_pool* pool);
 
+// Where a sequence's cache rows are when the cache is paged (blocks of positions from a
+// shared pool, the executor's KV): position p's row is at
+// cache + table[p / block_tokens] * block_stride + (p % block_tokens) * row, in elements.
+// block_tokens must be a multiple of 16 (the attention kernels read keys 16 at a time from one
+// block). A null table means one contiguous cache: position p at cache + p * row.
+struct kv_pages {
+  const int32_t* table = nullptr;
+  int64_t block_tokens = 0;
+  int64_t block_stride = 0;  // elements from one block to the next
+};
+
 // One sequence's part of attention_many: n_q query rows at positions pos0 .. pos0+n_q-1 over
-// its own caches, as attention() takes them.
+// its own caches, as attention() takes them, contiguous or paged.
 struct attention_run {
   const float* q;
   int64_t n_q;
@@ -82,6 +93,7 @@ struct attention_run {
   const void* k_cache;
   const void* v_cache;
   float* out;
+  kv_pages pages = {};
 };
 
 // attention() for several sequences at once (a batched decode step: one row each) in one pass

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -261,6 +262,45 @@ TEST_SUITE("attention") {
           for (size_t i = 0; i < ps.size(); ++i) {
             CAPTURE(i);
             CHECK(outs[i] == run(ps[i], shapes[i], kt, pl));
+          }
+        }
+      }
+    }
+  }
+
+  TEST_CASE("a paged cache gives the contiguous result bit for bit, on every path") {
+    // The rows of each problem copied into blocks of a pool in a scrambled order, with a gap
+    // between blocks; every path must read position p from block table[p / block_tokens].
+    tandem::test::isa_guard guard;
+    std::mt19937 rng(4242);
+    thread_pool pool(2);
+    for (const kv_type kt : {kv_type::f16, kv_type::f32}) {
+      for (const int64_t bt : {16, 32}) {
+        for (const shape sh : {shape{8, 2, 64, 1, 70}, shape{4, 4, 40, 9, 23}, shape{6, 3, 16, 33, 0}}) {
+          CAPTURE(bt);
+          CAPTURE(sh.head_dim);
+          problem p = make_problem(rng, sh, kt);
+          const int64_t row = int64_t(sh.n_kv_heads) * sh.head_dim;
+          const int64_t n_keys = sh.pos0 + sh.n_q;
+          const int64_t n_blocks = (n_keys + bt - 1) / bt;
+          const size_t elem = kt == kv_type::f32 ? 4 : 2;
+          const int64_t stride = bt * row + 8;  // elements per block, with a gap
+          std::vector<int32_t> table(static_cast<size_t>(n_blocks));
+          for (int64_t b = 0; b < n_blocks; ++b) table[size_t(b)] = int32_t((b * 5 + 3) % (n_blocks + 4));
+          std::vector<unsigned char> kpool(size_t((n_blocks + 4) * stride) * elem, 0xFF), vpool(kpool.size(), 0xFF);
+          for (int64_t pos = 0; pos < n_keys; ++pos) {
+            const size_t at = size_t(table[size_t(pos / bt)] * stride + (pos % bt) * row) * elem;
+            std::memcpy(kpool.data() + at, static_cast<unsigned char*>(p.k.data()) + size_t(pos * row) * elem, size_t(row) * elem);
+            std::memcpy(vpool.data() + at, static_cast<unsigned char*>(p.v.data()) + size_t(pos * row) * elem, size_t(row) * elem);
+          }
+          for (const isa path : tandem::test::supported_isas()) {
+            CAPTURE(static_cast<int>(path));
+            set_isa(path);
+            const auto want = run(p, sh, kt, &pool);
+            std::vector<float> out(p.q.size(), -1.0f);
+            attention_run r{p.q.data(), sh.n_q, sh.pos0, kpool.data(), vpool.data(), out.data(), {table.data(), bt, stride}};
+            attention_many(&r, 1, kt, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale, &pool);
+            CHECK(out == want);
           }
         }
       }

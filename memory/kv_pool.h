@@ -1,0 +1,95 @@
+// Paged KV cache of one model: fixed-size blocks of positions carved from one allocation, a
+// block table per sequence, reference counts (a shared prompt prefix is held once), and a free
+// queue in eviction order (blocks freed longest ago are reused first, so recently freed ones
+// stay intact longest for a prefix cache). A sequence's blocks can be swapped out to the host
+// tier and back; its bytes return unchanged, so it continues exactly.
+//
+// What a block holds is the caller's business (the forward pass: every layer's K and V rows of
+// block_tokens positions). Running out of blocks is a returned status, never an exception.
+// Not thread-safe: the engine thread owns it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "memory/arbiter.h"
+
+namespace tandem::memory {
+
+class kv_pool {
+ public:
+  // n_blocks blocks of block_bytes over memory the pool does not own (a context's own cache).
+  // No swapping without an arbiter. Throws std::invalid_argument for block_tokens that is not
+  // a positive multiple of 16 or a zero block size.
+  kv_pool(std::byte* memory, int32_t n_blocks, int64_t block_tokens, size_t block_bytes);
+  // n_blocks blocks in one device allocation of `a`, owned {kv, model}. Null, with *why =
+  // no_space, when the device tier cannot hold them.
+  static std::unique_ptr<kv_pool> make(arbiter& a, const std::string& model, int32_t n_blocks, int64_t block_tokens,
+                                       size_t block_bytes, status* why = nullptr);
+  ~kv_pool();  // returns the device allocation and any swapped-out host copies
+  kv_pool(const kv_pool&) = delete;
+  kv_pool& operator=(const kv_pool&) = delete;
+
+  std::byte* data() const { return memory_; }
+  size_t block_bytes() const { return block_bytes_; }
+  int64_t block_tokens() const { return block_tokens_; }
+  int32_t total_blocks() const { return n_blocks_; }
+  int32_t free_blocks() const { return static_cast<int32_t>(free_.size()); }
+
+  // Grows `seq`'s table to cover `tokens` positions (a new sequence starts empty). no_space,
+  // and nothing taken, when the free blocks do not suffice; busy while it is swapped out.
+  status reserve(int64_t seq, int64_t tokens);
+  // Shrinks `seq` to its first `tokens` positions, returning the blocks past them.
+  void truncate(int64_t seq, int64_t tokens);
+  // Forgets `seq`: its blocks (device or swapped out) return to the pool.
+  void drop(int64_t seq);
+  // `to` (empty) starts with `from`'s first `blocks` blocks, shared: reference counted,
+  // returned to the free queue when the last holder lets go.
+  void share_prefix(int64_t from, int64_t to, int32_t blocks);
+
+  // Block ids of `seq` (empty for an unknown or swapped-out sequence) and the positions they cover.
+  const std::vector<int32_t>& table(int64_t seq) const;
+  int64_t capacity(int64_t seq) const;
+  int32_t refcount(int32_t block) const { return refs_.at(static_cast<size_t>(block)); }
+  bool swapped_out(int64_t seq) const;
+
+  // Copies `seq`'s blocks to one host allocation and frees them on the device (a block shared
+  // with another sequence stays for that one). no_space when the host tier cannot take them;
+  // not_resident without an arbiter. Waits for the copy.
+  status swap_out(int64_t seq);
+  // Brings a swapped-out sequence back into fresh device blocks (ids may differ), then frees
+  // the host copy. no_space when too few blocks are free. Waits for the copy.
+  status swap_in(int64_t seq);
+
+  // Throws std::logic_error unless every block's count equals the tables holding it and the
+  // free queue holds exactly the blocks no one does.
+  void check() const;
+
+ private:
+  kv_pool(arbiter* a, allocation device, int32_t n_blocks, int64_t block_tokens, size_t block_bytes, std::string model);
+  void unref(int32_t block);
+  struct swapped {
+    allocation host;
+    int32_t blocks;
+  };
+
+  arbiter* arbiter_ = nullptr;
+  std::optional<allocation> device_;
+  std::string model_;
+  std::byte* memory_;
+  int32_t n_blocks_;
+  int64_t block_tokens_;
+  size_t block_bytes_;
+  std::vector<int32_t> refs_;
+  std::deque<int32_t> free_;
+  std::map<int64_t, std::vector<int32_t>> tables_;
+  std::map<int64_t, swapped> swapped_;
+};
+
+}  // namespace tandem::memory
