@@ -204,7 +204,7 @@ context_sizes size_context(const model_config& c, const context_params& p) {
   const uint64_t one = kv_cache_bytes(c, s.n_ctx, p.kv);
   if (one > (UINT64_MAX >> 9))
     throw std::invalid_argument("a KV cache of " + std::to_string(s.n_ctx) + " positions is too large");
-  s.kv = one * static_cast<uint64_t>(s.n_seq);
+  s.kv = p.kv_pool ? 0 : one * static_cast<uint64_t>(s.n_seq);
   // Per row: x and xb [n_embd], q and attn [q_dim], k and v [kv_dim], ff_gate and ff_up [n_ff].
   // The config caps (q_dim <= 2^17, n_ff <= 2^18) and rows <= 2^24 keep this far from overflow.
   const auto per_row = static_cast<uint64_t>(2 * (c.n_embd + c.q_dim() + c.kv_dim() + c.n_ff));
@@ -255,6 +255,8 @@ uint64_t kv_cache_bytes(const model_config& c, int64_t n_ctx, kernels::cpu::kv_t
          kv_elem_bytes(kv);
 }
 
+uint64_t kv_bytes_per_token(const model_config& c, kernels::cpu::kv_type kv) { return kv_cache_bytes(c, 1, kv); }
+
 uint64_t forward_context::memory_bytes(const model_config& c, const context_params& p) { return size_context(c, p).total(); }
 
 forward_context::forward_context(const model& m, const context_params& p, kernels::cpu::thread_pool* pool,
@@ -277,8 +279,17 @@ forward_context::forward_context(const model& m, const context_params& p, kernel
   row_seq_.resize(static_cast<size_t>(max_batch_));
   runs_.reserve(static_cast<size_t>(max_batch_));  // at most one run per row: no allocation per step
   row_pos_.resize(static_cast<size_t>(max_batch_));
-  // new T[n] without () leaves the bytes uninitialised: the OS commits pages as they are written.
-  kv_.reset(new std::byte[sizes.kv]);
+  if (p.kv_pool) {
+    kv_pool_ = p.kv_pool;
+    const uint64_t want = kv_bytes_per_token(c, kv_type_) * static_cast<uint64_t>(kv_pool_->block_tokens());
+    if (kv_pool_->block_bytes() != want)
+      throw std::invalid_argument("KV pool blocks are " + std::to_string(kv_pool_->block_bytes()) + " bytes; this model needs " + std::to_string(want) +
+                                  " for " + std::to_string(kv_pool_->block_tokens()) + " positions");
+    paged_part_bytes_ = static_cast<size_t>(kv_pool_->block_tokens() * c.kv_dim()) * kv_elem_bytes(kv_type_);
+  } else {
+    // new T[n] without () leaves the bytes uninitialised: the OS commits pages as they are written.
+    kv_.reset(new std::byte[sizes.kv]);
+  }
   // Scratch: one uninitialised block carved up like the cache, so a context sized for long
   // prompts commits only the rows its prompts use. Every row is written before it is read.
   scratch_.reset(new float[sizes.scratch / sizeof(float)]);
@@ -327,6 +338,7 @@ void forward_context::eval(std::span<const int32_t> tokens, bool all_logits, int
   if (pos0 + static_cast<int64_t>(tokens.size()) > n_ctx_)
     throw std::invalid_argument("context overflow: " + std::to_string(pos0) + " + " + std::to_string(tokens.size()) + " tokens exceed the context size " + std::to_string(n_ctx_));
   const auto n = static_cast<int64_t>(tokens.size());
+  check_capacity(seq, pos0 + n);
   if (all_logits && logits_.size() < static_cast<size_t>(n * n_vocab_)) logits_.resize(static_cast<size_t>(n * n_vocab_));
   n_logit_rows_ = all_logits ? n : 1;
   for (int64_t done = 0; done < n; done += max_batch_) {
@@ -358,6 +370,7 @@ void forward_context::decode(std::span<const int32_t> tokens, std::span<const in
     if (t < 0 || t >= n_vocab_) throw std::invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(n_vocab_) + ")");
     if (pos_[static_cast<size_t>(s)] >= n_ctx_)
       throw std::invalid_argument("context overflow: sequence " + std::to_string(s) + " is full (" + std::to_string(n_ctx_) + " tokens)");
+    check_capacity(s, pos_[static_cast<size_t>(s)] + 1);
   }
   // n <= n_seq <= max_batch_: one chunk.
   for (int64_t i = 0; i < n; ++i) {
@@ -428,9 +441,16 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
       int64_t r1 = r0 + 1;
       while (r1 < n && seqs[r1] == seqs[r0]) ++r1;
       const int64_t s = seqs[r0], len = r1 - r0, p0 = positions[r0];
-      kernels::cpu::kv_store(k_cache(s, l), kv_type_, p0, k_ + r0 * KV, len, KV);
-      kernels::cpu::kv_store(v_cache(s, l), kv_type_, p0, v_ + r0 * KV, len, KV);
-      runs_.push_back({q_ + r0 * Q, len, p0, k_cache(s, l), v_cache(s, l), attn_ + r0 * Q});
+      if (kv_pool_) {
+        paged_store(s, l, p0, r0, len);
+        const int64_t elem = static_cast<int64_t>(kv_elem_bytes(kv_type_));
+        const kernels::cpu::kv_pages pages{kv_pool_->table(s).data(), kv_pool_->block_tokens(), static_cast<int64_t>(kv_pool_->block_bytes()) / elem};
+        runs_.push_back({q_ + r0 * Q, len, p0, kv_pool_->data() + paged_offset(l, 0), kv_pool_->data() + paged_offset(l, 1), attn_ + r0 * Q, pages});
+      } else {
+        kernels::cpu::kv_store(k_cache(s, l), kv_type_, p0, k_ + r0 * KV, len, KV);
+        kernels::cpu::kv_store(v_cache(s, l), kv_type_, p0, v_ + r0 * KV, len, KV);
+        runs_.push_back({q_ + r0 * Q, len, p0, k_cache(s, l), v_cache(s, l), attn_ + r0 * Q});
+      }
       r0 = r1;
     }
     kernels::cpu::attention_many(runs_.data(), static_cast<int64_t>(runs_.size()), kv_type_, static_cast<int>(c.n_head),
@@ -481,6 +501,26 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
     }
     residency_->release(piece.segment);
   }
+}
+
+void forward_context::paged_store(int64_t s, int64_t layer, int64_t p0, int64_t r0, int64_t len) {
+  const auto& table = kv_pool_->table(s);
+  const int64_t bt = kv_pool_->block_tokens(), KV = model_.config().kv_dim();
+  for (int64_t done = 0; done < len;) {
+    const int64_t p = p0 + done;
+    const int64_t in_block = std::min(len - done, bt - p % bt);
+    std::byte* block = kv_pool_->data() + static_cast<size_t>(table[static_cast<size_t>(p / bt)]) * kv_pool_->block_bytes();
+    kernels::cpu::kv_store(block + paged_offset(layer, 0), kv_type_, p % bt, k_ + (r0 + done) * KV, in_block, KV);
+    kernels::cpu::kv_store(block + paged_offset(layer, 1), kv_type_, p % bt, v_ + (r0 + done) * KV, in_block, KV);
+    done += in_block;
+  }
+}
+
+void forward_context::check_capacity(int64_t seq, int64_t end) const {
+  if (!kv_pool_ || kv_pool_->capacity(seq) >= end) return;
+  throw std::invalid_argument("sequence " + std::to_string(seq) + " needs KV blocks for " + std::to_string(end) + " positions but holds " +
+                              std::to_string(kv_pool_->capacity(seq)) + (kv_pool_->swapped_out(seq) ? " (swapped out)" : "") +
+                              "; reserve them in the KV pool first");
 }
 
 const std::byte* forward_context::hold(int seg) {

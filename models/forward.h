@@ -15,6 +15,7 @@
 
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/thread_pool.h"
+#include "memory/kv_pool.h"
 #include "models/model.h"
 #include "models/weight_residency.h"
 
@@ -35,7 +36,15 @@ struct context_params {
                                                    // at most n_ctx; below 1 means 1)
   int64_t n_seq = 1;                               // independent sequences, each with n_ctx
                                                    // positions of KV cache (1 .. k_max_sequences)
+  // A paged KV cache (memory/kv_pool.h) instead of the context's own: sequence s of the
+  // context is the pool's sequence s, and its positions live in the blocks the caller has
+  // reserved for it (eval and decode refuse tokens beyond them). Block size: block_tokens *
+  // kv_bytes_per_token(). The pool must outlive the context.
+  memory::kv_pool* kv_pool = nullptr;
 };
+
+// Bytes one position takes in a paged KV block: K and V of every layer.
+uint64_t kv_bytes_per_token(const model_config& c, kernels::cpu::kv_type kv);
 
 // Most sequences one context holds (decode() takes at most this many rows per pass).
 inline constexpr int64_t k_max_sequences = 256;
@@ -144,6 +153,14 @@ class forward_context {
   std::byte* v_cache(int64_t seq, int64_t layer) {
     return kv_.get() + (2 * static_cast<size_t>(seq * n_layer_ + layer) + 1) * kv_layer_bytes_;
   }
+  // Paged: a block is [layer][K, V][block_tokens][n_head_kv * head_dim]; the K (which = 0) or
+  // V (1) rows of a layer start at this offset of every block.
+  memory::kv_pool* kv_pool_ = nullptr;
+  size_t paged_part_bytes_ = 0;  // bytes of one layer's K (or V) rows in a block
+  size_t paged_offset(int64_t layer, int which) const { return (2 * static_cast<size_t>(layer) + static_cast<size_t>(which)) * paged_part_bytes_; }
+  // Writes rows r0 .. r0+len-1 of k_ and v_ (positions p0 ..) into sequence s's blocks of a layer.
+  void paged_store(int64_t s, int64_t layer, int64_t p0, int64_t r0, int64_t len);
+  void check_capacity(int64_t seq, int64_t end) const;
   // Scratch, max_batch rows each, carved from scratch_ (uninitialised, like kv_): x residual
   // stream [n_embd], xb normed input / branch output [n_embd], q [q_dim], k and v [kv_dim],
   // attn attention output [q_dim], ff_gate / ff_up feed-forward hidden [n_ff].

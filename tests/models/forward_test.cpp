@@ -5,10 +5,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <numeric>
+#include <span>
+#include <vector>
 
 #include "kernels/cpu/thread_pool.h"
+#include "memory/arbiter.h"
+#include "memory/cpu_backend.h"
+#include "memory/kv_pool.h"
 #include "tests/models/reference_forward.h"
 #include "tests/models/tiny_model.h"
 #include "tests/test_support.h"
@@ -121,6 +127,94 @@ TEST_SUITE("forward") {
       CHECK(batch.pos(1) == static_cast<int64_t>(prompts[1].size() + steps.size() + 1));
       CHECK(batch.logits().size() == 512);
     }
+  }
+
+  TEST_CASE("a paged KV cache gives the contiguous cache's logits bit for bit") {
+    // Three sequences whose blocks interleave in the pool (reserved 16 positions at a time,
+    // in turn), prompts that cross block boundaries, then batched decode steps.
+    for (const auto kv : {kernels::cpu::kv_type::f16, kernels::cpu::kv_type::f32}) {
+      models::model m(test::data_path("stories260K-q8_0.gguf").string());
+      const auto& c = m.config();
+      const int64_t bt = 16;
+      const auto block = static_cast<size_t>(models::kv_bytes_per_token(c, kv) * bt);
+      std::vector<std::byte> mem(40 * block);
+      memory::kv_pool pool(mem.data(), 40, bt, block);
+      kernels::cpu::thread_pool threads(2);
+      models::forward_context paged(m, {.n_ctx = 96, .kv = kv, .max_batch = 7, .n_seq = 3, .kv_pool = &pool}, &threads);
+      models::forward_context flat(m, {.n_ctx = 96, .kv = kv, .max_batch = 7, .n_seq = 3}, &threads);
+      CHECK(models::forward_context::memory_bytes(c, {.n_ctx = 96, .kv = kv, .n_seq = 3, .kv_pool = &pool}) <
+            models::forward_context::memory_bytes(c, {.n_ctx = 96, .kv = kv, .n_seq = 3}));
+      const std::vector<std::vector<int32_t>> prompts = {
+          {1, 403, 407, 261, 378, 432, 383, 286, 300, 301, 302, 303, 304, 305, 306, 307, 308, 309, 310}, {1, 261}, {1, 286, 287, 288}};
+      for (int64_t grow = 16; grow <= 64; grow += 16)
+        for (int64_t s = 0; s < 3; ++s) REQUIRE(pool.reserve(s, grow) == memory::status::ok);
+      CHECK(pool.table(0)[1] != pool.table(0)[0] + 1);  // interleaved, not contiguous
+      for (int64_t s = 0; s < 3; ++s) {
+        paged.eval(prompts[static_cast<size_t>(s)], false, s);
+        flat.eval(prompts[static_cast<size_t>(s)], false, s);
+        CHECK(std::vector<float>(paged.logits().begin(), paged.logits().end()) == std::vector<float>(flat.logits().begin(), flat.logits().end()));
+      }
+      const std::vector<int64_t> seqs = {2, 0, 1};
+      for (int step = 0; step < 20; ++step) {
+        const std::vector<int32_t> toks = {int32_t(10 + step), int32_t(40 + step), int32_t(90 + step)};
+        paged.decode(toks, seqs);
+        flat.decode(toks, seqs);
+        REQUIRE(std::vector<float>(paged.all_logits_rows().begin(), paged.all_logits_rows().end()) ==
+                std::vector<float>(flat.all_logits_rows().begin(), flat.all_logits_rows().end()));
+      }
+      // Past the reserved blocks: refused before any work, naming what to do.
+      pool.truncate(1, 16);
+      paged.truncate(10, 1);
+      const std::vector<int32_t> many(10, 5);
+      CHECK_THROWS_WITH_AS(paged.eval(many, false, 1), doctest::Contains("reserve them in the KV pool"), std::invalid_argument);
+      CHECK(paged.pos(1) == 10);
+      pool.check();
+    }
+  }
+
+  TEST_CASE("swapping a sequence's KV out and back in mid-generation gives the same tokens") {
+    models::model m(test::data_path("stories260K.gguf").string());
+    const auto& c = m.config();
+    const auto kv = kernels::cpu::kv_type::f16;
+    const auto block = static_cast<size_t>(models::kv_bytes_per_token(c, kv) * 16);
+    auto backend = memory::make_cpu_backend();
+    memory::arbiter arb(*backend, {64 << 20, 64 << 20});
+    auto pool = memory::kv_pool::make(arb, "stories", 24, 16, block);
+    REQUIRE(pool);
+    models::forward_context ctx(m, {.n_ctx = 128, .kv = kv, .n_seq = 2, .kv_pool = pool.get()}, nullptr);
+    models::forward_context ref(m, {.n_ctx = 128, .kv = kv}, nullptr);
+    auto greedy = [](std::span<const float> lg) { return static_cast<int32_t>(std::max_element(lg.begin(), lg.end()) - lg.begin()); };
+    const std::vector<int32_t> prompt = {1, 403, 407, 261, 378};
+    REQUIRE(pool->reserve(0, 128) == memory::status::ok);
+    ctx.eval(prompt, false, 0);
+    ref.eval(prompt);
+    std::vector<int32_t> got, want;
+    for (int i = 0; i < 40; ++i) {
+      int32_t t = greedy(ref.logits());
+      want.push_back(t);
+      ref.eval({&t, 1});
+      t = greedy(ctx.logits());
+      got.push_back(t);
+      if (i == 17) {
+        // Preempted: the KV goes to the host; another sequence takes the freed blocks and
+        // writes over them; then the first comes back into other blocks.
+        const auto before = pool->table(0);
+        REQUIRE(pool->swap_out(0) == memory::status::ok);
+        std::memset(pool->data(), 0x7B, static_cast<size_t>(pool->total_blocks()) * pool->block_bytes());  // nothing is live now
+        REQUIRE(pool->reserve(1, 16 * 20) == memory::status::ok);
+        const std::vector<int32_t> other(40, 300);
+        ctx.eval(other, false, 1);
+        pool->drop(1);
+        ctx.reset(1);
+        REQUIRE(pool->reserve(1, 16 * 4) == memory::status::ok);  // shifts which blocks are free
+        REQUIRE(pool->swap_in(0) == memory::status::ok);
+        CHECK(pool->table(0) != before);
+      }
+      ctx.eval({&t, 1}, false, 0);
+    }
+    CHECK(got == want);
+    pool->check();
+    arb.check_integrity();
   }
 
   TEST_CASE("batched decode refuses bad input before any work") {
