@@ -3,9 +3,11 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <random>
 #include <algorithm>
 
@@ -13,11 +15,14 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/device_probe.h"
+#include "memory/byte_size.h"
 #include "models/chat_template.h"
 #include "models/forward.h"
 #include "models/model.h"
 #include "models/tokenizer.h"
+#include "models/weight_plan.h"
 #include "runtime/generate.h"
+#include "runtime/placement.h"
 
 namespace tandem::cli {
 namespace {
@@ -36,7 +41,20 @@ struct run_args {
   bool has_seed = false;
   uint64_t seed = 0;
   runtime::sampling_params sampling;
+  // Memory arbiter: with --vram the weights and KV live in a budgeted device tier.
+  std::optional<uint64_t> vram, host_ram;
+  double link_gbps = 0;
+  bool no_stream = false;
 };
+
+// A CLI11 validator for byte sizes ("22GiB", "512MiB", "4096").
+CLI::Validator byte_size_validator() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        return memory::parse_byte_size(s) ? std::string{} : "expected a size such as 512MiB, 8GiB or 4096 (bytes), got '" + s + "'";
+      },
+      "SIZE");
+}
 
 // The prompt token ids for a plain prompt or a chat message rendered with the model's template.
 std::vector<int32_t> build_prompt(const run_args& a, const models::model& m, const models::tokenizer& tok) {
@@ -64,13 +82,19 @@ std::vector<int32_t> build_prompt(const run_args& a, const models::model& m, con
 
 void run(const run_args& a) {
   if (a.prompt.empty() == a.chat.empty()) throw std::runtime_error("give exactly one of -p/--prompt and --chat");
-  // `run` computes on the CPU backend; say once why no GPU is used when none answers.
-  if (const auto cuda = kernels::probe_cuda(); cuda.devices.empty())
-    spdlog::info("{}; using the CPU backend", cuda.reason);
-  else
-    spdlog::info("CUDA device {} found; `run` uses the CPU backend (GPU kernels come with the CUDA backend)", cuda.devices[0].name);
+  if (!a.vram && (a.host_ram || a.link_gbps > 0 || a.no_stream)) throw std::runtime_error("--host-ram, --link-gbps and --no-stream need --vram");
+  // `run` computes on the CPU backend; say once why no GPU is used when none answers (with
+  // --vram, choosing the memory backend says it).
+  if (!a.vram) {
+    if (const auto cuda = kernels::probe_cuda(); cuda.devices.empty())
+      spdlog::info("{}; using the CPU backend", cuda.reason);
+    else
+      spdlog::info("CUDA device {} found; `run` uses the CPU backend (GPU kernels come with the CUDA backend)", cuda.devices[0].name);
+  }
   const auto t_load = std::chrono::steady_clock::now();
-  models::model m(a.model);
+  models::load_options lo;
+  lo.own_weights = !a.vram;  // with --vram the arbiter holds the weights, packed as segments are filled
+  models::model m(a.model, lo);
   const auto tok = models::tokenizer::from_gguf(m.file());
   models::check_tokenizer_matches(tok, m.config(), a.model);
   spdlog::info("loaded {} ({}, {} layers, {:.1f} MiB) in {:.2f} s", a.model, models::architecture_name(m.config().arch),
@@ -85,7 +109,30 @@ void run(const run_args& a) {
   const int64_t need = static_cast<int64_t>(prompt.size()) + 1 + (a.n_predict >= 0 ? a.n_predict : 4096);
   cp.n_ctx = a.n_ctx > 0 ? a.n_ctx : std::min(m.config().n_ctx_train, need);
   cp.kv = a.kv_type == "f32" ? kernels::cpu::kv_type::f32 : kernels::cpu::kv_type::f16;
-  models::forward_context ctx(m, cp, &pool);
+  std::unique_ptr<runtime::placed_model> placed;
+  std::unique_ptr<models::forward_context> ctx_owner;
+  if (a.vram) {
+    runtime::placement_options po;
+    po.device_bytes = *a.vram;
+    po.host_bytes = a.host_ram.value_or((m.plan().total_bytes() + (64 << 20)));
+    po.backend.link_gbps = a.link_gbps;
+    po.allow_streaming = !a.no_stream;
+    po.n_ctx = cp.n_ctx;
+    po.kv = cp.kv;
+    placed = runtime::place_model(m, std::filesystem::path(a.model).stem().string(), po);
+    const auto info = placed->backend->info();
+    spdlog::info("backend: {}{}", info.name,
+                 info.link_gbps > 0 ? fmt::format(", host<->device link {:.1f} GB/s (simulated)", info.link_gbps) : std::string());
+    spdlog::info("device {} / host {}: {} of {} segments on the device, {} staged on the host{}", memory::format_byte_size(po.device_bytes),
+                 memory::format_byte_size(po.host_bytes), placed->on_device, placed->segments, placed->staged,
+                 placed->stream_slots > 0 ? fmt::format(", the rest streamed through {} stream slot{}", placed->stream_slots,
+                                                               placed->stream_slots == 1 ? "" : "s")
+                                           : std::string());
+    ctx_owner = std::make_unique<models::forward_context>(m, runtime::placed_context(*placed, po), &pool, placed->residency.get());
+  } else {
+    ctx_owner = std::make_unique<models::forward_context>(m, cp, &pool);
+  }
+  models::forward_context& ctx = *ctx_owner;
   runtime::generate_options opt;
   opt.max_tokens = a.n_predict;
   opt.sampling = a.sampling;
@@ -135,6 +182,17 @@ void add_run_command(CLI::App& root) {
           },
           "(0, 10]"));
   cmd->add_option("--repeat-last-n", a->sampling.repeat_last_n, "tokens the penalty looks back (-1: all)")->check(CLI::Range(-1, 1 << 24));
+  cmd->add_option_function<std::string>(
+         "--vram", [a](const std::string& v) { a->vram = memory::parse_byte_size(v); },
+         "device memory budget: weights and KV live in it, layers that do not fit are streamed (e.g. 512MiB)")
+      ->check(byte_size_validator());
+  cmd->add_option_function<std::string>(
+         "--host-ram", [a](const std::string& v) { a->host_ram = memory::parse_byte_size(v); },
+         "pinned host memory budget for staged weights (default: the model's size); needs --vram")
+      ->check(byte_size_validator());
+  cmd->add_option("--link-gbps", a->link_gbps, "throttle host<->device copies to this many GB/s on the CPU backend (simulated PCIe; 0: off)")
+      ->check(CLI::Range(0.0, 10000.0));
+  cmd->add_flag("--no-stream", a->no_stream, "with --vram: refuse to run a model whose weights do not all fit on the device");
   cmd->add_option("--seed", a->seed, "random seed (default: random)")->each([a](const std::string&) { a->has_seed = true; });
   cmd->callback([a] { run(*a); });
 }

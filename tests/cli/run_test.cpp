@@ -2,6 +2,9 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <string>
+#include <vector>
+
 #include "tests/test_support.h"
 
 using namespace tandem;
@@ -13,6 +16,59 @@ nlohmann::json fixture(const std::string& name) {
 }  // namespace
 
 TEST_SUITE("run") {
+  TEST_CASE("--vram: the whole model, part of it, or about one layer on the device give the same text") {
+    // The test model (1.1 MiB of F32 weights, segments of up to 178 KiB, 64 KiB blocks) and a
+    // synthetic Q8_0 one (embedding table and head in pieces).
+    test::scratch_dir dir;
+    const auto synth = (dir / "s.gguf").string();
+    REQUIRE(test::run_tandem("synth --arch llama --dim 64 --layers 3 --heads 4 --kv-heads 2 --ffn 64 --type q8_0 --seed 5 --vocab-from '" +
+                             test::data_path("stories260K.gguf").string() + "' '" + synth + "'")
+                .exit_code == 0);
+    const std::string stories = test::data_path("stories260K.gguf").string();
+    for (const std::string& path : {stories, synth}) {
+      CAPTURE(path);
+      // Budgets per model: all of it; KV, three slots and some segments; KV and one slot.
+      const std::vector<std::string> budgets =
+          path == stories ? std::vector<std::string>{"64MiB", "1MiB", "256KiB"} : std::vector<std::string>{"64MiB", "320KiB", "128KiB"};
+      const std::string base = "-v run -m '" + path + "' -p 'Once upon a time' -n 24 --temp 0";
+      const auto want = test::run_tandem(base);
+      REQUIRE(want.exit_code == 0);
+      for (const std::string& budget : budgets) {
+        CAPTURE(budget);
+        for (const std::string host : {"", " --host-ram 0", " --link-gbps 1"}) {
+          CAPTURE(host);
+          const auto r = test::run_tandem(base + " --vram " + budget + host);
+          REQUIRE(r.exit_code == 0);
+          CHECK(r.out == want.out);
+          CHECK(r.err.find("segments on the device") != std::string::npos);
+          if (budget == "64MiB") CHECK(r.err.find("streamed") == std::string::npos);
+          else CHECK(r.err.find("the rest streamed through") != std::string::npos);
+          if (budget == budgets.back()) {
+            CHECK(r.err.find(": 0 of ") != std::string::npos);
+            CHECK(r.err.find("streamed through 1 stream slot\n") != std::string::npos);
+          }
+        }
+      }
+    }
+  }
+
+  TEST_CASE("--vram too small for the weights with --no-stream, or for the KV cache, is a clear error") {
+    const std::string base = "run -m '" + test::data_path("stories260K.gguf").string() + "' -p 'Once upon a time' -n 4 --temp 0";
+    auto r = test::run_tandem(base + " --vram 512KiB --no-stream");
+    CHECK(r.exit_code != 0);
+    CHECK(r.err.find("need 1.1 MiB of device memory") != std::string::npos);
+    CHECK(r.err.find("device budget of 512.0 KiB") != std::string::npos);
+    r = test::run_tandem(base + " --vram 32KiB");
+    CHECK(r.exit_code != 0);
+    CHECK(r.err.find("KV cache") != std::string::npos);
+    r = test::run_tandem(base + " --vram lots");
+    CHECK(r.exit_code != 0);
+    CHECK(r.err.find("expected a size") != std::string::npos);
+    r = test::run_tandem(base + " --link-gbps 2");
+    CHECK(r.exit_code != 0);
+    CHECK(r.err.find("need --vram") != std::string::npos);
+  }
+
   TEST_CASE("stories260K greedy writes exactly llama.cpp's text to stdout and timings to stderr") {
     const auto ref = fixture("stories260K-greedy.json");
     const auto r = test::run_tandem("run -m '" + test::data_path("stories260K.gguf").string() + "' -p 'Once upon a time' -n 48 --temp 0");
