@@ -3,8 +3,10 @@
 // process (bench/bench_report.h does the work). The table or the JSON object goes to stdout.
 #include <cstdio>
 #include <memory>
+#include <stdexcept>
 
 #include "bench/bench_report.h"
+#include "bench/swap_bench.h"
 #include "cli/command_registry.h"
 #include "models/forward.h"
 
@@ -25,11 +27,39 @@ void run_bench_command(bench_args& a) {
   std::fflush(stdout);
 }
 
+struct swap_args {
+  bench::swap_bench_options opt;
+  bool json = false;
+};
+
+void add_swap_command(CLI::App& bench_cmd) {
+  auto a = std::make_shared<swap_args>();
+  auto* cmd = bench_cmd.add_subcommand("swap", "Measure a swap-in: staging, host->device copy vs memcpy, first token after it (CPU backend)");
+  cmd->add_option("-m,--model", a->opt.model_path, "GGUF model file")->required()->check(CLI::ExistingFile);
+  cmd->add_option("-t,--threads", a->opt.threads, "threads (0: all cores)")->check(CLI::Range(0, 1024))->capture_default_str();
+  cmd->add_option("-p,--prompt", a->opt.prompt, "tokens of the first-token prompt")
+      ->check(CLI::Range(int64_t{1}, models::k_max_context))
+      ->capture_default_str();
+  cmd->add_option("-r,--reps", a->opt.reps, "timed repetitions")->check(CLI::Range(1, 1000))->capture_default_str();
+  cmd->add_option("--link-gbps", a->opt.link_gbps, "throttle host<->device copies to this many GB/s (simulated PCIe; 0: off)")
+      ->check(CLI::Range(0.0, 10000.0))
+      ->capture_default_str();
+  cmd->add_flag("--json", a->json, "print one JSON object instead of the table");
+  cmd->callback([a] {
+    const auto r = bench::run_swap_bench(a->opt);
+    const std::string out = a->json ? bench::to_json(r).dump() + "\n" : bench::format_table(r);
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fflush(stdout);
+  });
+}
+
 void add_bench_command(CLI::App& root) {
   auto a = std::make_shared<bench_args>();
   auto& p = a->opt.params;
-  auto* cmd = root.add_subcommand("bench", "Measure prefill, decode and batched-decode throughput of a GGUF model (CPU)");
-  cmd->add_option("-m,--model", a->opt.model_path, "GGUF model file")->required()->check(CLI::ExistingFile);
+  auto* cmd = root.add_subcommand("bench", "Measure prefill, decode and batched-decode throughput of a GGUF model (CPU); `bench swap`: a swap-in");
+  cmd->require_subcommand(0, 1);
+  add_swap_command(*cmd);
+  cmd->add_option("-m,--model", a->opt.model_path, "GGUF model file")->check(CLI::ExistingFile);
   cmd->add_option("-t,--threads", a->opt.threads, "threads (0: all cores)")->check(CLI::Range(0, 1024))->capture_default_str();
   cmd->add_option("-p,--prompt", p.prompt, "prefill: prompt tokens")
       ->check(CLI::Range(int64_t{1}, models::k_max_context))
@@ -45,7 +75,11 @@ void add_bench_command(CLI::App& root) {
       ->check(CLI::Range(0, 1 << 16))
       ->capture_default_str();
   cmd->add_flag("--json", a->json, "print one JSON object instead of the table");
-  cmd->callback([a] { run_bench_command(*a); });
+  cmd->callback([a, cmd] {
+    if (cmd->got_subcommand("swap")) return;
+    if (a->opt.model_path.empty()) throw std::runtime_error("bench: -m/--model is required");
+    run_bench_command(*a);
+  });
 }
 
 const command_registrar reg{"bench", &add_bench_command};

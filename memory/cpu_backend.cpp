@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -21,18 +22,25 @@ class mapped_region final : public region {
  public:
   static std::unique_ptr<region> make(tier t, size_t bytes) {
     const size_t size = std::max<size_t>((bytes + k_huge_page - 1) / k_huge_page * k_huge_page, k_huge_page);
-    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    // One huge page more than needed, so the region can start on a 2 MiB boundary: transparent
+    // huge pages only back aligned 2 MiB ranges.
+    void* p = ::mmap(nullptr, size + k_huge_page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
       throw std::runtime_error("cpu backend: cannot reserve " + std::to_string(bytes) + " bytes for the " + std::string(tier_name(t)) +
                                " tier: " + std::strerror(errno));
-    // Weights are streamed by the kernels: huge pages save a TLB miss per 4 KiB (a hint only).
-    ::madvise(p, size, MADV_HUGEPAGE);
-    return std::unique_ptr<region>(new mapped_region(static_cast<std::byte*>(p), bytes, size, t));
+    auto* base = static_cast<std::byte*>(p);
+    auto* aligned = reinterpret_cast<std::byte*>((reinterpret_cast<uintptr_t>(base) + k_huge_page - 1) / k_huge_page * k_huge_page);
+    // Weights are streamed by the kernels and copied in bulk: huge pages save a TLB miss per
+    // 4 KiB (a hint only).
+    ::madvise(aligned, size, MADV_HUGEPAGE);
+    return std::unique_ptr<region>(new mapped_region(aligned, bytes, base, size + k_huge_page, t));
   }
-  ~mapped_region() override { ::munmap(data(), mapped_); }
+  ~mapped_region() override { ::munmap(mapping_, mapped_); }
 
  private:
-  mapped_region(std::byte* p, size_t bytes, size_t mapped, tier t) : region(p, bytes, t), mapped_(mapped) {}
+  mapped_region(std::byte* p, size_t bytes, std::byte* mapping, size_t mapped, tier t)
+      : region(p, bytes, t), mapping_(mapping), mapped_(mapped) {}
+  std::byte* mapping_;
   size_t mapped_;
 };
 

@@ -71,4 +71,17 @@ TEST_SUITE("bench") {
     CHECK(r.exit_code != 0);
     CHECK(r.err.find("/nonexistent.gguf") != std::string::npos);
   }
+
+  TEST_CASE("bench swap --json prints one object with the swap figures") {
+    const auto r = test::run_tandem("bench swap -m '" + test::data_path("stories260K.gguf").string() + "' --prompt 8 --reps 1 --threads 1 --json");
+    REQUIRE(r.exit_code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    for (const char* k : {"bytes", "swap_in_gb_s", "copy_ceiling_gb_s", "first_token_ms_pipelined", "first_token_ms_sequential"}) {
+      CAPTURE(k);
+      CHECK(j[k].get<double>() > 0);
+    }
+    const auto bad = test::run_tandem("bench swap --prompt 8");
+    CHECK(bad.exit_code != 0);
+    CHECK(bad.err.find("--model") != std::string::npos);
+  }
 }
