@@ -83,14 +83,12 @@ std::vector<int32_t> build_prompt(const run_args& a, const models::model& m, con
 void run(const run_args& a) {
   if (a.prompt.empty() == a.chat.empty()) throw std::runtime_error("give exactly one of -p/--prompt and --chat");
   if (!a.vram && (a.host_ram || a.link_gbps > 0 || a.no_stream)) throw std::runtime_error("--host-ram, --link-gbps and --no-stream need --vram");
-  // `run` computes on the CPU backend; say once why no GPU is used when none answers (with
-  // --vram, choosing the memory backend says it).
-  if (!a.vram) {
-    if (const auto cuda = kernels::probe_cuda(); cuda.devices.empty())
-      spdlog::info("{}; using the CPU backend", cuda.reason);
-    else
-      spdlog::info("CUDA device {} found; `run` uses the CPU backend (GPU kernels come with the CUDA backend)", cuda.devices[0].name);
-  }
+  // `run` computes on the CPU backend (with --vram too: its kernels read the device tier
+  // directly); say once why no GPU is used.
+  if (const auto cuda = kernels::probe_cuda(); cuda.devices.empty())
+    spdlog::info("{}; using the CPU backend", cuda.reason);
+  else
+    spdlog::info("CUDA device {} found; `run` uses the CPU backend (GPU kernels come with the CUDA backend)", cuda.devices[0].name);
   const auto t_load = std::chrono::steady_clock::now();
   models::load_options lo;
   lo.own_weights = !a.vram;  // with --vram the arbiter holds the weights, packed as segments are filled
@@ -115,6 +113,7 @@ void run(const run_args& a) {
     runtime::placement_options po;
     po.device_bytes = *a.vram;
     po.host_bytes = a.host_ram.value_or((m.plan().total_bytes() + (64 << 20)));
+    po.backend.kind = memory::backend_kind::cpu;
     po.backend.link_gbps = a.link_gbps;
     po.allow_streaming = !a.no_stream;
     po.n_ctx = cp.n_ctx;

@@ -150,23 +150,34 @@ void arbiter::wait_idle(model_id m) {
 }
 
 void arbiter::remove_model(model_id m) {
-  {
-    std::lock_guard lock(m_);
-    auto& e = entry(m);
-    for (const auto& s : e.segs)
-      if (s.leases > 0) throw std::logic_error("arbiter: model '" + e.name + "' is removed while segment '" + s.src.name + "' is leased");
-    for (const auto& sl : e.slots)
-      if (sl.leases > 0) throw std::logic_error("arbiter: model '" + e.name + "' is removed while a stream slot is leased");
+  // Wait for the copies outside the lock, then free under it only if, looked at again, nothing
+  // is leased or in flight: another thread may have started work on the model meanwhile.
+  for (;;) {
+    std::vector<event> pending;
+    {
+      std::lock_guard lock(m_);
+      auto& e = entry(m);
+      for (const auto& s : e.segs)
+        if (s.leases > 0) throw std::logic_error("arbiter: model '" + e.name + "' is removed while segment '" + s.src.name + "' is leased");
+      for (const auto& sl : e.slots)
+        if (sl.leases > 0) throw std::logic_error("arbiter: model '" + e.name + "' is removed while a stream slot is leased");
+      for (const auto& s : e.segs)
+        for (const event* ev : {&s.host.ready, &s.device.ready, &s.host.readers})
+          if (!ev->ready()) pending.push_back(*ev);
+      for (const auto& sl : e.slots)
+        if (!sl.ready.ready()) pending.push_back(sl.ready);
+      if (pending.empty()) {
+        for (auto& s : e.segs) {
+          if (s.host.allocated) give_back(tier::host, s.host.offset);
+          if (s.device.allocated) give_back(tier::device, s.device.offset);
+        }
+        for (auto& sl : e.slots) give_back(tier::device, sl.offset);
+        models_.erase(m);
+        return;
+      }
+    }
+    for (auto& ev : pending) ev.wait();
   }
-  wait_idle(m);
-  std::lock_guard lock(m_);
-  auto& e = entry(m);
-  for (auto& s : e.segs) {
-    if (s.host.allocated) give_back(tier::host, s.host.offset);
-    if (s.device.allocated) give_back(tier::device, s.device.offset);
-  }
-  for (auto& sl : e.slots) give_back(tier::device, sl.offset);
-  models_.erase(m);
 }
 
 int arbiter::segment_count(model_id m) const {
@@ -184,8 +195,12 @@ uint64_t arbiter::segment_bytes(model_id m, int seg) const {
 event arbiter::start_fill(segment& s, std::byte* dst) {
   auto done = std::make_shared<host_event>();
   stager_.post([fill = s.src.fill, dst, done] {
-    fill(dst);
-    done->signal();
+    try {
+      fill(dst);
+      done->signal();
+    } catch (...) {
+      done->fail(std::current_exception());
+    }
   });
   return event(done);
 }
@@ -199,9 +214,15 @@ event arbiter::start_device_copy(segment& s, std::byte* dst) {
   const size_t bytes = static_cast<size_t>(s.src.bytes);
   backend& b = backend_;
   loader_.post([host_ready, src, dst, bytes, done, &b] {
-    host_ready.wait();
-    b.copy(copy_kind::host_to_device, dst, src, bytes).wait();
-    done->signal();
+    // A failed fill or copy (a CUDA error) fails this event too: whoever waits on it sees the
+    // error instead of reading a segment that never landed.
+    try {
+      host_ready.wait();
+      b.copy(copy_kind::host_to_device, dst, src, bytes).wait();
+      done->signal();
+    } catch (...) {
+      done->fail(std::current_exception());
+    }
   });
   event ev(done);
   s.host.readers = ev;

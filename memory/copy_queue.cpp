@@ -113,7 +113,7 @@ void copy_queue::run() {
       jobs_.pop_front();
       busy_ = true;
     }
-    if (j.bytes > 0) copy(j);
+    if (j.bytes > 0) copy(j);  // memcpy-like: cannot fail on valid ranges
     j.done->signal();
     {
       std::lock_guard lock(m_);

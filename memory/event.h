@@ -3,6 +3,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -30,7 +31,8 @@ class event {
   std::shared_ptr<const state> s_;
 };
 
-// An event completed by a host thread calling signal() once.
+// An event completed by a host thread calling signal() (or fail()) once. wait() rethrows the
+// error of a failed one.
 class host_event final : public event::state {
  public:
   bool ready() const override {
@@ -40,19 +42,24 @@ class host_event final : public event::state {
   void wait() const override {
     std::unique_lock lock(m_);
     cv_.wait(lock, [&] { return done_; });
+    if (error_) std::rethrow_exception(error_);
   }
-  void signal() {
+  void signal() { finish(nullptr); }
+  void fail(std::exception_ptr e) { finish(std::move(e)); }
+
+ private:
+  void finish(std::exception_ptr e) {
     {
       std::lock_guard lock(m_);
+      error_ = std::move(e);
       done_ = true;
     }
     cv_.notify_all();
   }
-
- private:
   mutable std::mutex m_;
   mutable std::condition_variable cv_;
   bool done_ = false;
+  std::exception_ptr error_;
 };
 
 // Complete when every one of `events` is.

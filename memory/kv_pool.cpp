@@ -117,9 +117,10 @@ status kv_pool::swap_out(int64_t seq) {
   if (!arbiter_) return status::not_resident;
   if (swapped_.count(seq)) return status::ok;
   const auto it = tables_.find(seq);
-  const auto& t = it == tables_.end() ? k_no_blocks : it->second;
+  if (it == tables_.end() || it->second.empty()) return status::ok;  // nothing on the device to move
+  const auto& t = it->second;
   const auto n = static_cast<int32_t>(t.size());
-  const auto host = arbiter_->allocate(tier::host, std::max<size_t>(1, static_cast<size_t>(n) * block_bytes_), {owner_kind::kv, model_, "swapped"});
+  const auto host = arbiter_->allocate(tier::host, static_cast<size_t>(n) * block_bytes_, {owner_kind::kv, model_, "swapped"});
   if (!host) return status::no_space;
   std::vector<event> copies;
   auto& b = arbiter_->device_backend();
@@ -128,7 +129,7 @@ status kv_pool::swap_out(int64_t seq) {
                             memory_ + static_cast<size_t>(t[static_cast<size_t>(i)]) * block_bytes_, block_bytes_));
   all_of(std::move(copies)).wait();
   for (const int32_t blk : t) unref(blk);
-  if (it != tables_.end()) tables_.erase(it);
+  tables_.erase(it);
   swapped_[seq] = {*host, n};
   return status::ok;
 }

@@ -45,12 +45,15 @@ class kv_pool {
   // Grows `seq`'s table to cover `tokens` positions (a new sequence starts empty). no_space,
   // and nothing taken, when the free blocks do not suffice; busy while it is swapped out.
   status reserve(int64_t seq, int64_t tokens);
-  // Shrinks `seq` to its first `tokens` positions, returning the blocks past them.
+  // Shrinks `seq` to its first `tokens` positions, returning the blocks past them (nothing for
+  // a swapped-out sequence: swap it in first).
   void truncate(int64_t seq, int64_t tokens);
   // Forgets `seq`: its blocks (device or swapped out) return to the pool.
   void drop(int64_t seq);
   // `to` (empty) starts with `from`'s first `blocks` blocks, shared: reference counted,
-  // returned to the free queue when the last holder lets go.
+  // returned to the free queue when the last holder lets go. Only full blocks may be shared:
+  // nobody writes a shared block again (there is no copy on write; the prefix cache shares
+  // whole blocks of a finished prompt).
   void share_prefix(int64_t from, int64_t to, int32_t blocks);
 
   // Block ids of `seq` (empty for an unknown or swapped-out sequence) and the positions they cover.
@@ -61,7 +64,8 @@ class kv_pool {
 
   // Copies `seq`'s blocks to one host allocation and frees them on the device (a block shared
   // with another sequence stays for that one). no_space when the host tier cannot take them;
-  // not_resident without an arbiter. Waits for the copy.
+  // not_resident without an arbiter; ok, and nothing done, for a sequence without blocks.
+  // Waits for the copy.
   status swap_out(int64_t seq);
   // Brings a swapped-out sequence back into fresh device blocks (ids may differ), then frees
   // the host copy. no_space when too few blocks are free. Waits for the copy.

@@ -15,9 +15,15 @@ std::vector<memory::segment_source> segment_sources(const model& m) {
   return out;
 }
 
+namespace {
+int checked_depth(int d) {
+  if (d < 0) throw std::invalid_argument("prefetch depth must be >= 0, got " + std::to_string(d));
+  return d;
+}
+}  // namespace
+
 arbiter_residency::arbiter_residency(memory::arbiter& a, const model& m, std::string name, int prefetch_depth)
-    : a_(a), id_(a.add_model(std::move(name), segment_sources(m))), depth_(prefetch_depth) {
-  if (prefetch_depth < 0) throw std::invalid_argument("prefetch depth must be >= 0, got " + std::to_string(prefetch_depth));
+    : a_(a), depth_(checked_depth(prefetch_depth)), id_(a.add_model(std::move(name), segment_sources(m))) {
   leases_.resize(m.plan().segments.size());
   holds_.assign(m.plan().segments.size(), 0);
 }
@@ -36,13 +42,11 @@ memory::status arbiter_residency::prepare_streaming() {
 
 const std::byte* arbiter_residency::acquire(int seg) {
   auto& h = holds_.at(static_cast<size_t>(seg));
-  if (h++ == 0) {
-    leases_[static_cast<size_t>(seg)] = a_.acquire(id_, seg);
-    if (!leases_[static_cast<size_t>(seg)]) {
-      h = 0;
-      return nullptr;
-    }
+  if (h == 0) {
+    leases_[static_cast<size_t>(seg)] = a_.acquire(id_, seg);  // may throw: nothing counted yet
+    if (!leases_[static_cast<size_t>(seg)]) return nullptr;
   }
+  ++h;
   return leases_[static_cast<size_t>(seg)].data();
 }
 

@@ -40,8 +40,8 @@ class arbiter_residency final : public weight_residency {
 
  private:
   memory::arbiter& a_;
+  int depth_;  // before id_: checked before the model is registered
   memory::model_id id_;
-  int depth_;
   std::vector<memory::residency_lease> leases_;  // per segment, held between acquire and release
   std::vector<int> holds_;                       // acquire calls not yet released, per segment
 };

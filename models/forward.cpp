@@ -12,6 +12,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quants.h"
@@ -19,6 +20,34 @@
 
 namespace tandem::models {
 namespace {
+
+// A segment held for the forward pass, released when the holder goes out of scope: on the
+// normal path and when a kernel's exception leaves the pass half done, so no lease outlives it.
+class segment_hold {
+ public:
+  segment_hold() = default;
+  segment_hold(weight_residency* r, int seg) : r_(r), seg_(seg) {}
+  segment_hold(segment_hold&& o) noexcept : r_(std::exchange(o.r_, nullptr)), seg_(o.seg_) {}
+  segment_hold& operator=(segment_hold&& o) noexcept {
+    if (this != &o) {
+      reset();
+      r_ = std::exchange(o.r_, nullptr);
+      seg_ = o.seg_;
+    }
+    return *this;
+  }
+  segment_hold(const segment_hold&) = delete;
+  segment_hold& operator=(const segment_hold&) = delete;
+  ~segment_hold() { reset(); }
+  void reset() {
+    if (r_) std::exchange(r_, nullptr)->release(seg_);
+  }
+
+ private:
+  weight_residency* r_ = nullptr;
+  int seg_ = 0;
+};
+
 
 using kernels::cpu::matmul;
 
@@ -398,9 +427,9 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
       for (int64_t r = 0; r < n && !wanted; ++r) wanted = tokens[r] >= piece.row0 && tokens[r] < end;
       if (!wanted) continue;
       const weight_view embd = bind_matrix_at(piece.m, hold(piece.segment));
+      const segment_hold held(residency_, piece.segment);
       for (int64_t r = 0; r < n; ++r)
         if (tokens[r] >= piece.row0 && tokens[r] < end) dequantize_weight_row(embd, tokens[r] - piece.row0, x_ + r * D);
-      residency_->release(piece.segment);
     }
   } else {
     for (int64_t r = 0; r < n; ++r) dequantize_weight_row(w.token_embd, tokens[r], x_ + r * D);
@@ -409,10 +438,12 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
   const float attn_scale = 1.0f / std::sqrt(static_cast<float>(hd));
   layer_weights leased;
   const std::byte* last_layer = nullptr;  // held past the loop: the output norm is in it
+  segment_hold layer_held;
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const int seg = plan.layer_segment(l);
     if (residency_) {
       last_layer = hold(seg);
+      layer_held = segment_hold(residency_, seg);  // releases the previous layer's
       leased = bind_layer(plan.layers[static_cast<size_t>(l)], last_layer);
       // The next segments copy while this one computes.
       for (int d = 1; d <= depth && seg + d <= plan.last_segment(); ++d) residency_->prefetch(seg + d);
@@ -464,7 +495,7 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
     kernels::cpu::swiglu(ff_gate_, ff_up_, n * F, pool_);
     project(L.w_down, ff_gate_, n, xb_, pool_);
     for (int64_t i = 0; i < n * D; ++i) x_[i] += xb_[i];
-    if (residency_ && l + 1 < c.n_layer) residency_->release(seg);
+    if (l + 1 < c.n_layer) layer_held.reset();
   }
 
   for (int64_t r = 0; r < n; ++r) pos_[static_cast<size_t>(seqs[r])] = positions[r] + 1;
@@ -477,17 +508,17 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
     project(w.output, xb_, rows, logits, pool_);
     return;
   }
-  const int last_seg = plan.layer_segment(c.n_layer - 1);
   if (logits) {
     const float* norm = bind_vector_at(plan.output_norm, last_layer);
     for (int64_t r = first; r < n; ++r) kernels::cpu::rms_norm(x_ + r * D, norm, xb_ + (r - first) * D, D, c.rms_eps);
   }
-  residency_->release(last_seg);
+  layer_held.reset();
   if (!logits) return;
   // The head piece by piece; a piece's logits are columns [row0, row0 + its rows) of each row.
   for (size_t i = 0; i < plan.output.size(); ++i) {
     const auto& piece = plan.output[i];
     const weight_view head = bind_matrix_at(piece.m, hold(piece.segment));
+    const segment_hold held(residency_, piece.segment);
     for (int d = 1; d <= depth && i + static_cast<size_t>(d) < plan.output.size(); ++d)
       residency_->prefetch(plan.output[i + static_cast<size_t>(d)].segment);
     if (plan.output.size() == 1) {
@@ -499,7 +530,6 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
       for (int64_t r = 0; r < rows; ++r)
         std::copy_n(head_scratch_.data() + r * pr, pr, logits + r * n_vocab_ + piece.row0);
     }
-    residency_->release(piece.segment);
   }
 }
 

@@ -78,7 +78,10 @@ class forward_context {
  public:
   // residency: where the weights are read from. Null: the model's own (load_options::
   // own_weights); otherwise the segments it leases, one at a time, prefetching the next ones
-  // (the model must have been loaded with own_weights off or on, the plan is the same).
+  // (the model may have been loaded with own_weights off or on, the plan is the same). A pass
+  // holds one segment at a time, so one stream slot is enough for a model that is not
+  // resident; eval and decode throw std::logic_error when a segment cannot be had at all
+  // (no slot reserved: arbiter_residency::prepare_streaming was not called).
   forward_context(const model& m, const context_params& p, kernels::cpu::thread_pool* pool,
                   weight_residency* residency = nullptr);
 

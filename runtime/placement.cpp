@@ -24,6 +24,9 @@ std::unique_ptr<placed_model> place_model(const models::model& m, const std::str
   const auto& plan = m.plan();
   const auto& c = m.config();
   p->backend = memory::make_backend(o.backend);
+  // The forward pass runs the CPU kernels, which read the device tier directly.
+  if (!p->backend->device_host_addressable())
+    throw std::runtime_error("backend " + p->backend->info().name + ": the CPU forward pass cannot read its device memory (GPU kernels come with the CUDA backend); use the CPU backend");
   p->arbiter = std::make_unique<memory::arbiter>(*p->backend, memory::arbiter_config{o.device_bytes, o.host_bytes});
   auto& a = *p->arbiter;
   p->residency = std::make_unique<models::arbiter_residency>(a, m, name, o.prefetch_depth);

@@ -46,7 +46,8 @@ struct placed_model {
 };
 
 // Throws std::runtime_error naming the sizes when the budgets cannot hold the KV cache, the
-// stream slots, or (streaming off) the whole model.
+// stream slots, or (streaming off) the whole model, and when the backend's device memory is
+// not host-addressable (the forward pass runs the CPU kernels).
 std::unique_ptr<placed_model> place_model(const models::model& m, const std::string& name, const placement_options& o);
 
 // The context parameters of a forward pass over a placed model's KV pool.

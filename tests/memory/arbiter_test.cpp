@@ -158,6 +158,25 @@ TEST_SUITE("arbiter") {
     CHECK(a.snapshot().host.used == 0);
   }
 
+  TEST_CASE("a fill that fails fails its events; the books stay exact") {
+    auto b = make_cpu_backend();
+    arbiter a(*b, {1 << 20, 1 << 20, 4096});
+    std::vector<segment_source> segs = segments(5, {5000, 5000});
+    segs[1].fill = [](std::byte*) { throw std::runtime_error("disk read error"); };
+    const model_id m = a.add_model("broken", std::move(segs));
+    const auto st = a.stage(m);
+    REQUIRE(st.st == status::ok);
+    CHECK_THROWS_WITH_AS(st.done.wait(), "disk read error", std::runtime_error);
+    const auto ld = a.load(m, {1, 1});  // from the failed host copy: fails too, never hangs
+    REQUIRE(ld.st == status::ok);
+    CHECK_THROWS_AS(ld.done.wait(), std::runtime_error);
+    a.check_integrity();
+    CHECK(a.evict(m, tier::device) == status::ok);
+    CHECK(a.evict(m, tier::host) == status::ok);
+    a.remove_model(m);
+    CHECK(a.snapshot().host.used == 0);
+  }
+
   TEST_CASE("randomized: thousands of operations keep the books exact") {
     std::mt19937_64 rng(20261129);
     for (int trial = 0; trial < 4; ++trial) {

@@ -103,6 +103,13 @@ TEST_SUITE("kv_pool") {
     }  // the pool returns its device memory and the swapped copy of 8
     CHECK(a.snapshot().device.used == base.device.used);
     CHECK(a.snapshot().host.used == base.host.used);
+    {
+      auto p = kv_pool::make(a, "empty", 2, 16, 4096);
+      REQUIRE(p);
+      CHECK(p->swap_out(42) == status::ok);  // no blocks: nothing to move, not marked swapped
+      CHECK_FALSE(p->swapped_out(42));
+      CHECK(p->reserve(42, 16) == status::ok);
+    }
     status why = status::ok;
     CHECK_FALSE(kv_pool::make(a, "huge", 1000, 16, 4096, &why));
     CHECK(why == status::no_space);

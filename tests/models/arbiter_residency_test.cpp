@@ -151,7 +151,7 @@ TEST_SUITE("arbiter_residency") {
     const models::model lazy(path, {.own_weights = false});
     const auto want = greedy(owned, nullptr, 6);
     // A slow link: the load is still in flight when the pass begins; leases wait per segment.
-    auto backend = memory::make_cpu_backend(0.05);
+    auto backend = memory::make_cpu_backend(0.002);  // ~0.2 s for the 379 KB of segments
     memory::arbiter a(*backend, {64 << 20, 64 << 20});
     models::arbiter_residency res(a, lazy, "model");
     REQUIRE(a.stage(res.id()).st == memory::status::ok);
