@@ -40,10 +40,13 @@ struct swap_bench_result {
   summary first_token_ms_resident;
   summary first_token_ms_pipelined;
   summary first_token_ms_sequential;
+  // Per repetition, pipelined (sequential) minus the resident run of the same repetition: a
+  // paired difference, so the drift of a shared machine between repetitions cancels.
+  summary swap_penalty_ms;
+  summary sequential_penalty_ms;
 
   double swap_in_vs_ceiling() const;       // medians
   double pipelined_vs_sequential() const;  // medians
-  double swap_penalty_ms() const;          // pipelined - resident, medians
 };
 
 // Throws what loading the model throws, and std::runtime_error when the machine cannot hold
