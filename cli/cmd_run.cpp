@@ -45,6 +45,7 @@ struct run_args {
   std::optional<uint64_t> vram, host_ram;
   double link_gbps = 0;
   bool no_stream = false;
+  int prefetch_depth = 2;
 };
 
 // A CLI11 validator for byte sizes ("22GiB", "512MiB", "4096").
@@ -82,7 +83,8 @@ std::vector<int32_t> build_prompt(const run_args& a, const models::model& m, con
 
 void run(const run_args& a) {
   if (a.prompt.empty() == a.chat.empty()) throw std::runtime_error("give exactly one of -p/--prompt and --chat");
-  if (!a.vram && (a.host_ram || a.link_gbps > 0 || a.no_stream)) throw std::runtime_error("--host-ram, --link-gbps and --no-stream need --vram");
+  if (!a.vram && (a.host_ram || a.link_gbps > 0 || a.no_stream || a.prefetch_depth != 2))
+    throw std::runtime_error("--host-ram, --link-gbps, --no-stream and --prefetch-depth need --vram");
   // `run` computes on the CPU backend (with --vram too: its kernels read the device tier
   // directly); say once why no GPU is used.
   if (const auto cuda = kernels::probe_cuda(); cuda.devices.empty())
@@ -116,6 +118,7 @@ void run(const run_args& a) {
     po.backend.kind = memory::backend_kind::cpu;
     po.backend.link_gbps = a.link_gbps;
     po.allow_streaming = !a.no_stream;
+    po.prefetch_depth = a.prefetch_depth;
     po.n_ctx = cp.n_ctx;
     po.kv = cp.kv;
     placed = runtime::place_model(m, std::filesystem::path(a.model).stem().string(), po);
@@ -192,6 +195,9 @@ void add_run_command(CLI::App& root) {
   cmd->add_option("--link-gbps", a->link_gbps, "throttle host<->device copies to this many GB/s on the CPU backend (simulated PCIe; 0: off)")
       ->check(CLI::Range(0.0, 10000.0));
   cmd->add_flag("--no-stream", a->no_stream, "with --vram: refuse to run a model whose weights do not all fit on the device");
+  cmd->add_option("--prefetch-depth", a->prefetch_depth, "with --vram: segments copied ahead of the one computing when streaming")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
   cmd->add_option("--seed", a->seed, "random seed (default: random)")->each([a](const std::string&) { a->has_seed = true; });
   cmd->callback([a] { run(*a); });
 }

@@ -212,7 +212,8 @@ struct context_sizes {
   int64_t n_seq = 1;
   int64_t rows = 0;  // scratch rows: max_batch clamped to [1, n_ctx], at least n_seq
   uint64_t kv = 0, scratch = 0, logits = 0;
-  uint64_t total() const { return kv + scratch + logits; }
+  bool own_scratch = true;  // false: the caller provides it (context_params::scratch)
+  uint64_t total() const { return kv + (own_scratch ? scratch : 0) + logits; }
 };
 
 int64_t resolve_n_ctx(const model_config& c, const context_params& p) {
@@ -238,6 +239,7 @@ context_sizes size_context(const model_config& c, const context_params& p) {
   // The config caps (q_dim <= 2^17, n_ff <= 2^18) and rows <= 2^24 keep this far from overflow.
   const auto per_row = static_cast<uint64_t>(2 * (c.n_embd + c.q_dim() + c.kv_dim() + c.n_ff));
   s.scratch = static_cast<uint64_t>(s.rows) * per_row * sizeof(float);
+  s.own_scratch = p.scratch == nullptr;
   s.logits = static_cast<uint64_t>(c.n_vocab) * static_cast<uint64_t>(s.n_seq) * sizeof(float);
   return s;
 }
@@ -287,6 +289,7 @@ uint64_t kv_cache_bytes(const model_config& c, int64_t n_ctx, kernels::cpu::kv_t
 uint64_t kv_bytes_per_token(const model_config& c, kernels::cpu::kv_type kv) { return kv_cache_bytes(c, 1, kv); }
 
 uint64_t forward_context::memory_bytes(const model_config& c, const context_params& p) { return size_context(c, p).total(); }
+uint64_t forward_context::scratch_bytes(const model_config& c, const context_params& p) { return size_context(c, p).scratch; }
 
 forward_context::forward_context(const model& m, const context_params& p, kernels::cpu::thread_pool* pool,
                                  weight_residency* residency)
@@ -321,8 +324,13 @@ forward_context::forward_context(const model& m, const context_params& p, kernel
   }
   // Scratch: one uninitialised block carved up like the cache, so a context sized for long
   // prompts commits only the rows its prompts use. Every row is written before it is read.
-  scratch_.reset(new float[sizes.scratch / sizeof(float)]);
-  float* next = scratch_.get();
+  float* next = nullptr;
+  if (p.scratch) {
+    next = reinterpret_cast<float*>(p.scratch);
+  } else {
+    scratch_.reset(new float[sizes.scratch / sizeof(float)]);
+    next = scratch_.get();
+  }
   auto carve = [&](int64_t per_row) {
     float* p = next;
     next += static_cast<size_t>(max_batch_ * per_row);

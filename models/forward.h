@@ -41,6 +41,10 @@ struct context_params {
   // reserved for it (eval and decode refuse tokens beyond them). Block size: block_tokens *
   // kv_bytes_per_token(). The pool must outlive the context.
   memory::kv_pool* kv_pool = nullptr;
+  // Activation scratch the caller provides (at least forward_context::scratch_bytes, 64-byte
+  // aligned), e.g. an arbiter's device-tier allocation owned as scratch; null: the context
+  // allocates its own. Must outlive the context.
+  std::byte* scratch = nullptr;
 };
 
 // Bytes one position takes in a paged KV block: K and V of every layer.
@@ -90,6 +94,8 @@ class forward_context {
   // logits. Throws std::invalid_argument for a context size outside [1, k_max_context] or
   // n_seq outside [1, k_max_sequences].
   static uint64_t memory_bytes(const model_config& c, const context_params& p);
+  // The activation scratch alone (context_params::scratch).
+  static uint64_t scratch_bytes(const model_config& c, const context_params& p);
 
   // Runs `tokens` at positions pos() .. pos()+n-1 (in chunks of max_batch) and appends them to
   // the cache. Afterwards logits() holds the last token's logits (only the last chunk runs the

@@ -11,8 +11,9 @@ namespace tandem::runtime {
 using memory::format_byte_size;
 
 placed_model::~placed_model() {
-  // The pool and the residency hand their memory back to the arbiter, which waits for its
-  // copies before the backend goes.
+  // The pool, the scratch and the residency hand their memory back to the arbiter, which waits
+  // for its copies before the backend goes.
+  if (scratch) arbiter->release(*scratch);
   kv.reset();
   residency.reset();
   arbiter.reset();
@@ -45,6 +46,13 @@ std::unique_ptr<placed_model> place_model(const models::model& m, const std::str
                              format_byte_size(kv_bytes) + " of device memory; the device budget is " + format_byte_size(o.device_bytes));
   for (int64_t s = 0; s < o.n_seq; ++s)
     if (p->kv->reserve(s, o.n_ctx) != memory::status::ok) throw std::logic_error("place_model: the KV pool was sized for every sequence");
+  // The activations the forward pass writes, as a GPU's would be, in the device tier.
+  const uint64_t scratch = models::forward_context::scratch_bytes(c, placed_context(*p, o));
+  p->scratch = a.allocate(memory::tier::device, static_cast<size_t>(scratch), {memory::owner_kind::scratch, name, "activations"});
+  if (!p->scratch)
+    throw std::runtime_error("the activation scratch of " + name + " (" + std::to_string(o.max_batch) + " rows) needs " + format_byte_size(scratch) +
+                             " of device memory besides the KV cache of " + format_byte_size(kv_bytes) + "; the device budget is " +
+                             format_byte_size(o.device_bytes));
 
   // Host copies of as many segments as fit, in order, so swap-ins and streaming copy from RAM.
   std::vector<memory::event> copies;
@@ -70,8 +78,8 @@ std::unique_ptr<placed_model> place_model(const models::model& m, const std::str
     while (slots > 0 && a.reserve_stream_slots(id, slots) != memory::status::ok) --slots;
     if (slots == 0)
       throw std::runtime_error("streaming " + name + " needs one stream slot of " + format_byte_size(plan.largest_segment()) +
-                               " (its largest segment) besides the KV cache of " + format_byte_size(kv_bytes) + "; the device budget is " +
-                               format_byte_size(o.device_bytes));
+                               " (its largest segment) besides the KV cache of " + format_byte_size(kv_bytes) + " and the activation scratch of " +
+                               format_byte_size(scratch) + "; the device budget is " + format_byte_size(o.device_bytes));
     p->stream_slots = slots;
     for (int s = 0; s <= plan.last_segment(); ++s) {
       const auto r = a.load(id, {s, 1});
@@ -90,7 +98,9 @@ models::context_params placed_context(const placed_model& p, const placement_opt
   cp.n_ctx = o.n_ctx;
   cp.kv = o.kv;
   cp.n_seq = o.n_seq;
+  cp.max_batch = o.max_batch;
   cp.kv_pool = p.kv.get();
+  cp.scratch = p.scratch ? p.scratch->data : nullptr;
   return cp;
 }
 

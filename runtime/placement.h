@@ -1,12 +1,13 @@
-// Puts one model under device and host budgets for a single-model run (`tandem run --vram`,
-// `tandem bench swap`): a backend, an arbiter with those budgets, the model's segments staged
-// to host where they fit, its KV cache as a paged pool on the device, and as many segments on
-// the device as fit, the rest streamed through stream slots. (The engine of the executor
+// Puts one model under device and host budgets for a single-model run (`tandem run --vram`):
+// a backend, an arbiter with those budgets, the KV cache as a paged pool and the activation
+// scratch on the device, the model's segments staged to host where they fit, and as many
+// segments on the device as fit, the rest streamed through stream slots. (The engine of the executor
 // issue places several models by the policy's plan instead.)
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "memory/arbiter.h"
@@ -28,6 +29,7 @@ struct placement_options {
   int64_t n_seq = 1;
   kernels::cpu::kv_type kv = kernels::cpu::kv_type::f16;
   int64_t kv_block_tokens = 16;
+  int64_t max_batch = 512;      // prompt tokens per forward pass (sizes the activation scratch)
   bool wait = false;            // wait for every copy before returning (else they land while the first pass runs)
 };
 
@@ -37,6 +39,7 @@ struct placed_model {
   std::unique_ptr<memory::arbiter> arbiter;
   std::unique_ptr<models::arbiter_residency> residency;
   std::unique_ptr<memory::kv_pool> kv;
+  std::optional<memory::allocation> scratch;  // the forward pass's activations, device tier
   int segments = 0;
   int on_device = 0;    // segments with a device copy of their own
   int staged = 0;       // segments with a host copy

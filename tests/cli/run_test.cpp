@@ -27,9 +27,10 @@ TEST_SUITE("run") {
     const std::string stories = test::data_path("stories260K.gguf").string();
     for (const std::string& path : {stories, synth}) {
       CAPTURE(path);
-      // Budgets per model: all of it; KV, three slots and some segments; KV and one slot.
+      // Budgets per model: all of it; KV, scratch, three slots and some segments; KV, scratch
+      // and one slot.
       const std::vector<std::string> budgets =
-          path == stories ? std::vector<std::string>{"64MiB", "1MiB", "256KiB"} : std::vector<std::string>{"64MiB", "320KiB", "128KiB"};
+          path == stories ? std::vector<std::string>{"64MiB", "1MiB", "384KiB"} : std::vector<std::string>{"64MiB", "384KiB", "192KiB"};
       const std::string base = "-v run -m '" + path + "' -p 'Once upon a time' -n 24 --temp 0";
       const auto want = test::run_tandem(base);
       REQUIRE(want.exit_code == 0);

@@ -24,6 +24,8 @@ TEST_SUITE("placement") {
       CHECK(p->staged == p->segments);
       CHECK(p->stream_slots == 0);
       CHECK(p->kv->capacity(0) >= 64);
+      REQUIRE(p->scratch);
+      CHECK(p->scratch->bytes >= models::forward_context::scratch_bytes(m.config(), runtime::placed_context(*p, o)));
       p->arbiter->check_integrity();
     }
     SUBCASE("part of it: slots for the prefetch depth, then what fits") {
@@ -34,7 +36,7 @@ TEST_SUITE("placement") {
       CHECK(p->on_device < p->segments);
     }
     SUBCASE("no host budget: nothing staged, streaming fills from the file") {
-      o.device_bytes = 256 << 10;
+      o.device_bytes = 448 << 10;  // KV cache, scratch and one slot: 64 + 192 + 192 KiB
       o.host_bytes = 0;
       const auto p = runtime::place_model(m, "s", o);
       CHECK(p->staged == 0);
@@ -46,8 +48,10 @@ TEST_SUITE("placement") {
       o.allow_streaming = false;
       CHECK_THROWS_WITH_AS(runtime::place_model(m, "s", o), doctest::Contains("need 1.1 MiB of device memory"), std::runtime_error);
       o.allow_streaming = true;
-      o.device_bytes = 100 << 10;
+      o.device_bytes = 384 << 10;
       CHECK_THROWS_WITH_AS(runtime::place_model(m, "s", o), doctest::Contains("needs one stream slot"), std::runtime_error);
+      o.device_bytes = 200 << 10;
+      CHECK_THROWS_WITH_AS(runtime::place_model(m, "s", o), doctest::Contains("activation scratch"), std::runtime_error);
       o.device_bytes = 0;
       CHECK_THROWS_WITH_AS(runtime::place_model(m, "s", o), doctest::Contains("KV cache"), std::runtime_error);
     }
