@@ -15,7 +15,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/device_probe.h"
-#include "memory/byte_size.h"
+#include "configs/byte_size.h"
 #include "models/chat_template.h"
 #include "models/forward.h"
 #include "models/model.h"
@@ -52,7 +52,7 @@ struct run_args {
 CLI::Validator byte_size_validator() {
   return CLI::Validator(
       [](std::string& s) -> std::string {
-        return memory::parse_byte_size(s) ? std::string{} : "expected a size such as 512MiB, 8GiB or 4096 (bytes), got '" + s + "'";
+        return configs::parse_byte_size(s) ? std::string{} : "expected a size such as 512MiB, 8GiB or 4096 (bytes), got '" + s + "'";
       },
       "SIZE");
 }
@@ -125,8 +125,8 @@ void run(const run_args& a) {
     const auto info = placed->backend->info();
     spdlog::info("backend: {}{}", info.name,
                  info.link_gbps > 0 ? fmt::format(", host<->device link {:.1f} GB/s (simulated)", info.link_gbps) : std::string());
-    spdlog::info("device {} / host {}: {} of {} segments on the device, {} staged on the host{}", memory::format_byte_size(po.device_bytes),
-                 memory::format_byte_size(po.host_bytes), placed->on_device, placed->segments, placed->staged,
+    spdlog::info("device {} / host {}: {} of {} segments on the device, {} staged on the host{}", configs::format_byte_size(po.device_bytes),
+                 configs::format_byte_size(po.host_bytes), placed->on_device, placed->segments, placed->staged,
                  placed->stream_slots > 0 ? fmt::format(", the rest streamed through {} stream slot{}", placed->stream_slots,
                                                                placed->stream_slots == 1 ? "" : "s")
                                            : std::string());
@@ -185,11 +185,11 @@ void add_run_command(CLI::App& root) {
           "(0, 10]"));
   cmd->add_option("--repeat-last-n", a->sampling.repeat_last_n, "tokens the penalty looks back (-1: all)")->check(CLI::Range(-1, 1 << 24));
   cmd->add_option_function<std::string>(
-         "--vram", [a](const std::string& v) { a->vram = memory::parse_byte_size(v); },
+         "--vram", [a](const std::string& v) { a->vram = configs::parse_byte_size(v); },
          "device memory budget: weights and KV live in it, layers that do not fit are streamed (e.g. 512MiB)")
       ->check(byte_size_validator());
   cmd->add_option_function<std::string>(
-         "--host-ram", [a](const std::string& v) { a->host_ram = memory::parse_byte_size(v); },
+         "--host-ram", [a](const std::string& v) { a->host_ram = configs::parse_byte_size(v); },
          "pinned host memory budget for staged weights (default: the model's size); needs --vram")
       ->check(byte_size_validator());
   cmd->add_option("--link-gbps", a->link_gbps, "throttle host<->device copies to this many GB/s on the CPU backend (simulated PCIe; 0: off)")

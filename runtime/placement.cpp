@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "memory/byte_size.h"
+#include "configs/byte_size.h"
 #include "models/weight_plan.h"
 
 namespace tandem::runtime {
 
-using memory::format_byte_size;
+using configs::format_byte_size;
 
 placed_model::~placed_model() {
   // The pool, the scratch and the residency hand their memory back to the arbiter, which waits

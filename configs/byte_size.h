@@ -8,11 +8,11 @@
 #include <string>
 #include <string_view>
 
-namespace tandem::memory {
+namespace tandem::configs {
 
 // nullopt for anything else: empty, negative, non-finite, an unknown unit, or more than 2^64-1.
 std::optional<uint64_t> parse_byte_size(std::string_view text);
 // "1.5 GiB", "512.0 MiB", "100 B": one decimal, the largest binary unit that keeps it >= 1.
 std::string format_byte_size(uint64_t bytes);
 
-}  // namespace tandem::memory
+}  // namespace tandem::configs

@@ -1,4 +1,4 @@
-#include "memory/byte_size.h"
+#include "configs/byte_size.h"
 
 #include <array>
 #include <cctype>
@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <utility>
 
-namespace tandem::memory {
+namespace tandem::configs {
 
 std::optional<uint64_t> parse_byte_size(std::string_view text) {
   while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
@@ -47,4 +47,4 @@ std::string format_byte_size(uint64_t bytes) {
   return buf;
 }
 
-}  // namespace tandem::memory
+}  // namespace tandem::configs

@@ -1,8 +1,8 @@
-#include "memory/byte_size.h"
+#include "configs/byte_size.h"
 
 #include <doctest/doctest.h>
 
-using namespace tandem::memory;
+using namespace tandem::configs;
 
 TEST_SUITE("byte_size") {
   TEST_CASE("units: binary, decimal, bare numbers") {

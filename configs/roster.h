@@ -1,0 +1,103 @@
+// The roster: what one tandem process serves, on which device budgets, and how the policy
+// weighs its models. Plain, validated structs; `roster_loader.h` reads them from YAML.
+// The format, key by key: configs/README.md and configs/roster.schema.json.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "configs/duration.h"
+
+namespace tandem::configs {
+
+struct server_limits {
+  uint64_t max_body_bytes = 8ull << 20;  // request body
+  int max_queue = 256;                   // waiting requests per model; more get 503
+  int max_connections = 256;
+  int64_t max_tokens = 4096;             // cap on max_tokens of one request
+  duration request_timeout{std::chrono::minutes(10)};
+  duration idle_timeout{std::chrono::seconds(60)};  // a keep-alive connection with no request
+};
+
+struct server_config {
+  std::string listen = "127.0.0.1:8080";
+  std::vector<std::string> api_keys;    // empty: no authentication
+  std::vector<std::string> admin_keys;  // empty: admin routes only from loopback
+  server_limits limits;
+};
+
+enum class backend_choice { automatic, cuda, cpu };
+
+struct device_config {
+  std::string name = "device0";
+  backend_choice backend = backend_choice::automatic;
+  uint64_t vram = 0;       // device budget
+  uint64_t host = 0;       // pinned host budget
+  double link_gbps = 0;    // CPU backend: simulated host<->device link (0: not throttled)
+  int line = 0;
+};
+
+enum class model_role { chat, code, draft, medusa };
+enum class preload_tier { none, host, device };
+enum class kv_cache_type { f16, f32 };
+
+// keep_alive: how long an idle model stays where it is. forever: never expires (-1);
+// 0: evicted as soon as it is idle.
+struct keep_alive_setting {
+  bool forever = false;
+  duration after{std::chrono::minutes(5)};  // Ollama's default
+};
+
+struct model_entry {
+  std::string name;
+  std::vector<std::string> aliases;
+  std::string path;           // as written; resolved against the roster's folder in `file`
+  std::string file;           // the GGUF path to open
+  model_role role = model_role::chat;
+  int priority = 0;           // higher wins; 0..1000
+  bool pinned = false;        // never leaves the device
+  keep_alive_setting keep_alive;
+  preload_tier preload = preload_tier::none;
+  int64_t context = 4096;     // KV positions per sequence
+  int max_sequences = 4;      // concurrent sequences
+  kv_cache_type kv_type = kv_cache_type::f16;
+  std::string draft;          // a draft model entry speculating for this one
+  std::string medusa;         // a medusa entry attached to this one
+  std::string chat_template;  // built-in template name; empty: detected from the file
+  // Stated sizes, so `tandem sim` and `serve --check` work without the file; `serve`
+  // cross-checks them against the file.
+  std::optional<uint64_t> size_bytes;
+  std::optional<uint64_t> kv_bytes_per_token;
+  int line = 0;  // where the entry starts, for later messages
+};
+
+struct policy_config {
+  std::string name = "tandem";  // tandem | exclusive | lru-keepalive | static
+  std::string home;             // a model that returns to the device after another's burst
+  duration hysteresis{std::chrono::seconds(2)};  // minimum residency before a model may be evicted for another
+  duration max_wait{std::chrono::seconds(10)};   // aging: a waiting request's priority rises until it is served within this
+  bool prefetch = true;         // when idle, stage the likeliest next model
+};
+
+struct roster {
+  std::string source;  // the file it came from
+  server_config server;
+  std::vector<device_config> devices;
+  std::vector<model_entry> models;
+  policy_config policy;
+
+  // The model with this name or alias, or null.
+  const model_entry* find(const std::string& name_or_alias) const;
+};
+
+// Bytes of KV a model's full allocation takes (context x max_sequences x per token), when the
+// per-token figure is known.
+std::optional<uint64_t> kv_budget_bytes(const model_entry& m);
+
+const char* role_name(model_role r);
+const char* preload_name(preload_tier p);
+const char* backend_name(backend_choice b);
+
+}  // namespace tandem::configs

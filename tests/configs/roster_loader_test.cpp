@@ -1,0 +1,154 @@
+#include "configs/roster_loader.h"
+
+#include <doctest/doctest.h>
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "tests/configs/json_schema_check.h"
+#include "tests/test_support.h"
+
+using namespace tandem;
+using configs::config_error;
+
+namespace {
+
+std::string repo_file(const std::string& rel) { return (test::data_path("..") / ".." / rel).lexically_normal().string(); }
+
+// A valid roster whose model files are stated, not present; each test breaks one thing.
+const std::string k_base = R"(devices:
+  - backend: cpu
+    vram: 8GiB
+    host: 16GiB
+models:
+  - name: chat
+    aliases: [big]
+    path: nowhere/chat.gguf
+    priority: 10
+    size: 4GiB
+    kv_bytes_per_token: 128KiB
+    context: 4096
+    max_sequences: 2
+  - name: code
+    path: nowhere/code.gguf
+    role: code
+    priority: 50
+    size: 1GiB
+    kv_bytes_per_token: 32KiB
+)";
+
+configs::roster parse(const std::string& yaml, bool require_files = false) {
+  return configs::parse_roster(yaml, "r.yaml", "", {.require_files = require_files});
+}
+
+// The message of the config_error `yaml` raises.
+std::string error_of(const std::string& yaml, bool require_files = false) {
+  try {
+    parse(yaml, require_files);
+  } catch (const config_error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST_SUITE("roster_loader") {
+  TEST_CASE("a valid roster: defaults, units, lookups by name and alias") {
+    const auto r = parse(k_base);
+    REQUIRE(r.models.size() == 2);
+    CHECK(r.server.listen == "127.0.0.1:8080");
+    CHECK(r.devices[0].vram == 8ull << 30);
+    CHECK(r.devices[0].backend == configs::backend_choice::cpu);
+    CHECK(r.models[0].kv_bytes_per_token == 128u << 10);
+    CHECK(r.models[1].role == configs::model_role::code);
+    CHECK(r.models[0].keep_alive.after == std::chrono::minutes(5));
+    CHECK(r.find("big") == &r.models[0]);
+    CHECK(r.find("code") == &r.models[1]);
+    CHECK(r.find("nope") == nullptr);
+    CHECK(configs::kv_budget_bytes(r.models[0]) == (128ull << 10) * 4096 * 2);
+    CHECK(r.policy.name == "tandem");
+  }
+
+  TEST_CASE("every error names file, line, column and key") {
+    struct bad {
+      std::string yaml;
+      std::string says;
+    };
+    auto edit = [](std::string s, const std::string& from, const std::string& to) {
+      const auto at = s.find(from);
+      REQUIRE(at != std::string::npos);
+      return s.replace(at, from.size(), to);
+    };
+    auto with = [&](const std::string& from, const std::string& to) { return edit(k_base, from, to); };
+    const std::vector<bad> cases = {
+        {"devices: [\n  - vram: 1GiB\n models: x", "r.yaml:2:3: malformed YAML"},
+        {with("    priority: 10\n", "    priority: 10\n    priorty: 3\n"), "r.yaml:10:5: models[0].priorty: unknown key (expected one of: name,"},
+        {with("    priority: 10\n", "    priority: high\n"), "r.yaml:9:15: models[0].priority: expected an integer, got 'high'"},
+        {with("    priority: 10\n", "    priority: 5000\n"), "models[0].priority: must be in [0, 1000], got 5000"},
+        {with("    vram: 8GiB\n", "    vram: lots\n"), "r.yaml:3:11: devices[0].vram: expected a size such as 512MiB"},
+        {with("    vram: 8GiB\n", ""), "r.yaml:2:5: devices[0]: missing key 'vram'"},
+        {with("    aliases: [big]\n", "    aliases: [code]\n"), "r.yaml:14:11: models[1].name: 'code' is already used (line 6, aliases[0])"},
+        {with("  - name: code\n", "  - name: chat\n"), "models[1].name: 'chat' is already used (line 6, name)"},
+        {with("    context: 4096\n", "    context: 4096\n    draft: code\n"), "models[0].draft: 'code' has role code, expected draft"},
+        {with("    context: 4096\n", "    context: 4096\n    draft: ghost\n"), "models[0].draft: no model named 'ghost' in the roster"},
+        {with("    role: code\n", "    role: coder\n"), "models[1].role: expected one of chat, code, draft, medusa, got 'coder'"},
+        {with("    size: 1GiB\n", ""), "models[1].path: model file 'nowhere/code.gguf' is not there, so the entry must state 'size'"},
+        {edit(with("    priority: 10\n", "    priority: 10\n    pinned: true\n    keep_alive: -1\n"), "    vram: 8GiB\n", "    vram: 6GiB\n") +
+             "    pinned: true\n",
+         "models[1].pinned: the pinned models (chat, code) need 6.5 GiB of weights and KV on the device, more than the device budget of 6.0 GiB"},
+        {edit(with("    vram: 8GiB\n", "    vram: 4GiB\n"), "    priority: 10\n", "    priority: 10\n    preload: device\n"),
+         "models[0].preload: the models pinned or preloaded to the device need"},
+        {with("    context: 4096\n", "    context: 100000\n"), "models[0].context: one sequence of 100000 positions needs 12.2 GiB of KV cache"},
+        {edit(with("    host: 16GiB\n", "    host: 1GiB\n"), "    priority: 10\n", "    priority: 10\n    preload: host\n"),
+         "the models preloaded to the host need 4.0 GiB, more than the host budget of 1.0 GiB"},
+        {k_base + "policy:\n  home: ghost\n", "policy.home: no model named 'ghost'"},
+        {k_base + "policy:\n  name: fifo\n", "policy.name: expected one of tandem, exclusive, lru-keepalive, static"},
+        {k_base + "server:\n  listen: localhost\n", "server.listen: expected HOST:PORT"},
+        {k_base + "server:\n  limits:\n    idle_timeout: forever\n", "server.limits.idle_timeout: expected a duration"},
+        {k_base + "extra: 1\n", "extra: unknown key (expected one of: server, devices, models, policy)"},
+        {"devices:\n  - vram: 1GiB\n", "missing key 'models'"},
+        {"devices: []\nmodels: []\n", "devices: expected a non-empty list"},
+    };
+    for (const auto& c : cases) {
+      CAPTURE(c.yaml);
+      const auto got = error_of(c.yaml);
+      CAPTURE(got);
+      CHECK(got.find(c.says) != std::string::npos);
+    }
+  }
+
+  TEST_CASE("with files required, a missing model file is an error naming the resolved path") {
+    const auto got = error_of(k_base, true);
+    CHECK(got.find("r.yaml:8:11: models[0].path: model file 'nowhere/chat.gguf' not found") != std::string::npos);
+  }
+
+  TEST_CASE("the demo and office rosters load; the JSON Schema validates both") {
+    const auto demo = configs::load_roster(repo_file("configs/demo.yaml"));
+    REQUIRE(demo.models.size() == 2);
+    CHECK(demo.models[0].size_bytes > 0u);  // from the file
+    CHECK(demo.models[1].priority > demo.models[0].priority);
+    CHECK(demo.policy.home == "stories");
+    const auto office = configs::load_roster(repo_file("configs/office-24gb.yaml"), {.require_files = false});
+    REQUIRE(office.models.size() == 3);
+    CHECK(office.find("gpt-4o") == &office.models[0]);
+    CHECK(office.models[0].draft == "chat-draft");
+    CHECK(office.models[1].keep_alive.forever);
+    CHECK_THROWS_AS(configs::load_roster(repo_file("configs/office-24gb.yaml")), config_error);  // files absent
+
+    std::ifstream in(repo_file("configs/roster.schema.json"));
+    const test::json_schema_check schema(nlohmann::json::parse(in));
+    for (const char* f : {"configs/demo.yaml", "configs/office-24gb.yaml"}) {
+      CAPTURE(f);
+      const auto errors = schema.errors(test::yaml_to_json(YAML::LoadFile(repo_file(f))));
+      CHECK(errors.empty());
+      for (const auto& e : errors) MESSAGE(e);
+    }
+    // The schema does reject what the loader rejects (a sample).
+    CHECK_FALSE(schema.errors(test::yaml_to_json(YAML::Load(k_base + "extra: 1\n"))).empty());
+    CHECK_FALSE(schema.errors(test::yaml_to_json(YAML::Load("devices: [{vram: lots}]\nmodels: [{name: a, path: b}]\n"))).empty());
+    CHECK(schema.errors(test::yaml_to_json(YAML::Load(k_base))).empty());
+  }
+}
