@@ -1,0 +1,47 @@
+// The planner: roster + snapshot + demand + now -> plan. Pure and deterministic: no threads,
+// I/O, clocks or logging; the same inputs give the same plan, in the server and in `tandem
+// sim`. The roster's policy.name picks the rules: `tandem` (below), or one of the baselines
+// users compare us with (baselines.h).
+//
+// tandem's rules, in the order they are applied:
+//  1. Pinned models stay on the device: one that is not there is loaded first, evicting (and
+//     if need be preempting) anything else.
+//  2. Demanded models (queued requests or preempted sequences), highest effective priority
+//     first, are brought onto the device: idle models of lower effective priority are evicted
+//     by a cost-aware score (cheapest to bring back per byte freed, lowest priority, longest
+//     idle first); if that is not enough, running sequences of lower-priority models are
+//     preempted (their KV goes to host, they resume later) and those models evicted.
+//  3. Effective priority ages: a model's waiting request gains priority with its wait, so
+//     that after policy.max_wait it outranks every model of the roster (a bounded wait under
+//     sustained high-priority load).
+//  4. Hysteresis: a model that came onto the device less than policy.hysteresis ago is not
+//     evicted for a model of the same or lower base priority, so alternating requests do not
+//     ping-pong the device.
+//  5. Keep-alive: an idle model whose keep_alive has run out leaves the device (0: as soon as
+//     it is idle; -1: never).
+//  6. Home: when nothing but the home model is asked for and the others have been idle for
+//     the hysteresis, the home model comes back to the device.
+//  7. Prefetch: when nothing is asked for, the model most likely to be asked for next is
+//     staged to host, and loaded where the device has room without evicting anything.
+//  8. Preempted sequences resume when their model is on the device and their KV fits.
+// The model to run next is the demanded model on the device with the highest effective
+// priority.
+#pragma once
+
+#include "configs/roster.h"
+#include "policy/plan_types.h"
+
+namespace tandem::policy {
+
+plan make_plan(const configs::roster& r, const snapshot& s, const demand& d, time_point now);
+
+// The rules of policy.name = "tandem" (make_plan dispatches on the name).
+plan plan_tandem(const configs::roster& r, const snapshot& s, const demand& d, time_point now);
+
+// Effective priority of a model with this demand at `now` (rule 3).
+double effective_priority(const configs::roster& r, const configs::model_entry& m, const model_demand* d, time_point now);
+
+// Eviction score of an idle model: lower is evicted first (rule 2).
+double victim_score(const configs::model_entry& m, const model_state& st, const snapshot& s, time_point now);
+
+}  // namespace tandem::policy
