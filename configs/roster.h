@@ -79,6 +79,7 @@ struct policy_config {
   duration hysteresis{std::chrono::seconds(2)};  // minimum residency before a model may be evicted for another
   duration max_wait{std::chrono::seconds(10)};   // aging: a waiting request's priority rises until it is served within this
   bool prefetch = true;         // when idle, stage the likeliest next model
+  duration idle_grace{std::chrono::seconds(30)};  // an idle model gives way to a lower-priority demand after this
 };
 
 struct roster {

@@ -12,8 +12,10 @@ struct view {
   const model_demand* dem;
   int queued() const { return dem ? dem->queued : 0; }
   bool busy() const { return st.running > 0 || queued() > 0; }
-  uint64_t full_need() const {  // weights and the KV of every sequence, allocated up front
-    return st.weight_bytes + configs::kv_budget_bytes(*e).value_or(0);
+  // Weights and KV allocated up front for the whole context of one sequence (Ollama's default
+  // OLLAMA_NUM_PARALLEL is 1; a static split reserves the same).
+  uint64_t full_need() const {
+    return st.weight_bytes + (e->kv_bytes_per_token ? *e->kv_bytes_per_token * static_cast<uint64_t>(e->context) : 0);
   }
 };
 

@@ -103,7 +103,10 @@ struct world {
     std::vector<size_t> idle, running;
     for (size_t v = 0; v < size(); ++v) {
       if (v == i || !m[v].on_device || e[v]->pinned) continue;
-      if (!any_priority && (prio(v) >= pi || protected_by_hysteresis(v, i))) continue;
+      // A model ranking at or above `i` gives way only once idle for policy.idle_grace: between
+      // its bursts, not within one.
+      const bool idle_long = !busy(v) && m[v].preempted == 0 && now - m[v].last_used >= r.policy.idle_grace;
+      if (!any_priority && ((prio(v) >= pi && !idle_long) || protected_by_hysteresis(v, i))) continue;
       (busy(v) ? running : idle).push_back(v);
     }
     auto by_score = [&](size_t a, size_t b) {

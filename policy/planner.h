@@ -14,6 +14,8 @@
 //  3. Effective priority ages: a model's waiting request gains priority with its wait, so
 //     that after policy.max_wait it outranks every model of the roster (a bounded wait under
 //     sustained high-priority load).
+//     An idle model of the same or higher priority gives way too, once it has been idle for
+//     policy.idle_grace (between its bursts, not within one).
 //  4. Hysteresis: a model that came onto the device less than policy.hysteresis ago is not
 //     evicted for a model of the same or lower base priority, so alternating requests do not
 //     ping-pong the device.

@@ -151,6 +151,7 @@ TEST_SUITE("planner") {
     code.running = 2;
     code.kv_device_bytes = 2000000000ull;
     auto chat = state("chat", 6, true);
+    chat.last_used = t0;  // within policy.idle_grace: it does not give way
     auto s = snap({chat, code, state("aux", 3, false)});
     policy::demand dm;
     dm.models = {{"code", 3, t0 + 10s, 0}, {"aux", 1, t0, 0}};
@@ -159,6 +160,23 @@ TEST_SUITE("planner") {
     const auto late = policy::plan_tandem(r, s, dm, t0 + 11s);
     CHECK(has(late, action_kind::load, "aux"));
     CHECK(late.run == "aux");
+  }
+
+  TEST_CASE("idle grace: an idle higher-priority model gives way once idle long enough") {
+    const auto r = roster();  // idle_grace defaults to 30 s
+    auto code = state("code", 3, true);
+    auto s = snap({state("chat", 6, false), code, state("aux", 3, true)});
+    s.device_capacity = 8000000000ull;
+    // chat (priority 20) needs 7 GB of 8 with 6 used: aux (idle, lower) is not enough, code must go too.
+    code.last_used = t0 - 5s;
+    s.models[1] = code;
+    auto p = policy::plan_tandem(r, s, wants("chat", 1), t0);
+    CHECK_FALSE(has(p, action_kind::load, "chat"));  // code idle only 5 s: between two requests of a burst
+    code.last_used = t0 - 40s;
+    s.models[1] = code;
+    p = policy::plan_tandem(r, s, wants("chat", 1), t0);
+    CHECK(has(p, action_kind::evict_device, "code"));
+    CHECK(has(p, action_kind::load, "chat"));
   }
 
   TEST_CASE("pinned models are never evicted, and are loaded first") {
