@@ -80,6 +80,7 @@ struct policy_config {
   duration max_wait{std::chrono::seconds(10)};   // aging: a waiting request's priority rises until it is served within this
   bool prefetch = true;         // when idle, stage the likeliest next model
   duration idle_grace{std::chrono::seconds(30)};  // an idle model gives way to a lower-priority demand after this
+  bool stream = true;  // run a model that cannot get the whole device in part, streaming the rest
 };
 
 struct roster {

@@ -111,7 +111,7 @@ model_entry read_model(const reader& r, const YAML::Node& n, const std::string& 
 }
 
 void read_policy(const reader& r, const YAML::Node& n, policy_config& p) {
-  r.only_keys(n, "policy", {"name", "home", "hysteresis", "max_wait", "prefetch", "idle_grace"});
+  r.only_keys(n, "policy", {"name", "home", "hysteresis", "max_wait", "prefetch", "idle_grace", "stream"});
   if (n["name"]) {
     p.name = r.string(n["name"], "policy.name");
     if (p.name != "tandem" && p.name != "exclusive" && p.name != "lru-keepalive" && p.name != "static")
@@ -122,6 +122,7 @@ void read_policy(const reader& r, const YAML::Node& n, policy_config& p) {
   if (n["max_wait"]) p.max_wait = r.time(n["max_wait"], "policy.max_wait");
   if (n["prefetch"]) p.prefetch = r.boolean(n["prefetch"], "policy.prefetch");
   if (n["idle_grace"]) p.idle_grace = r.time(n["idle_grace"], "policy.idle_grace");
+  if (n["stream"]) p.stream = r.boolean(n["stream"], "policy.stream");
 }
 
 // Names and aliases share one namespace; references must point at entries of the right role;

@@ -17,7 +17,9 @@ using time_point = clock::time_point;
 struct model_state {
   std::string name;          // a roster entry's name
   uint64_t weight_bytes = 0;  // of its device form
-  bool on_device = false;     // every segment on the device (or landing)
+  bool on_device = false;     // on the device (or landing), wholly or in part
+  uint64_t device_bytes = 0;  // of the weights on the device; 0 with on_device: all of them
+                              // (the rest is streamed through stream slots each pass)
   bool on_host = false;       // a host copy of every segment (or landing)
   uint64_t kv_device_bytes = 0;  // KV its sequences hold on the device now
   int running = 0;            // sequences being generated (their KV is on the device)
@@ -55,10 +57,17 @@ enum class action_kind {
   resume,        // bring a model's preempted sequences' KV back
 };
 
+// Weight bytes of a model on the device (all of them for on_device with device_bytes 0).
+inline uint64_t resident_bytes(const model_state& m) {
+  if (!m.on_device) return 0;
+  return m.device_bytes == 0 ? m.weight_bytes : m.device_bytes;
+}
+
 struct action {
   action_kind kind;
   std::string model;
-  std::string why;  // for logs and `tandem sim --trace`
+  std::string why;     // for logs and the simulator
+  uint64_t bytes = 0;  // load: weight bytes to hold on the device, the rest streamed; 0: all
 };
 
 struct plan {

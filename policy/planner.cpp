@@ -48,12 +48,16 @@ struct world {
   }
   size_t size() const { return m.size(); }
   int queued(size_t i) const { return dem[i] ? dem[i]->queued : 0; }
+  // Waiting work it could start now: a preempted sequence, or a request with a free sequence
+  // slot. Only that ages and counts as first-token work: a model whose slots are all busy
+  // cannot use the device for its queue, and must not take the device from others for it.
+  bool startable(size_t i) const { return m[i].preempted > 0 || (queued(i) > 0 && m[i].running < e[i]->max_sequences); }
   bool wanted(size_t i) const { return queued(i) > 0 || m[i].preempted > 0; }
   bool busy(size_t i) const { return m[i].running > 0 || queued(i) > 0; }
-  double prio(size_t i) const { return effective_priority(r, *e[i], dem[i], now); }
+  double prio(size_t i) const { return startable(i) ? effective_priority(r, *e[i], dem[i], now) : e[i]->priority; }
   uint64_t device_used() const {
     uint64_t u = s.device_other;
-    for (const auto& x : m) u += (x.on_device ? x.weight_bytes : 0) + x.kv_device_bytes;
+    for (const auto& x : m) u += resident_bytes(x) + x.kv_device_bytes;
     return u;
   }
   uint64_t device_free() const { return s.device_capacity > device_used() ? s.device_capacity - device_used() : 0; }
@@ -79,16 +83,19 @@ struct world {
     act(action_kind::evict_device, i, why);
     m[i].on_device = false;
   }
-  void bring(size_t i, const std::string& why) {
-    // Staged first where the host has room: the next swap-in is then one link copy.
+  // Loads model i, wholly (bytes 0) or its first `bytes` of weights, the rest to be streamed.
+  void bring(size_t i, const std::string& why, uint64_t bytes = 0) {
+    // Staged first where the host has room: the next swap-in (and streaming) copies from RAM.
     if (!m[i].on_host && host_free() >= m[i].weight_bytes) {
       act(action_kind::stage, i, why);
       m[i].on_host = true;
     }
-    act(action_kind::load, i, why);
+    out.actions.push_back({action_kind::load, m[i].name, why, bytes});
+    if (!m[i].on_device) m[i].loaded_at = now;
     m[i].on_device = true;
-    m[i].loaded_at = now;
+    m[i].device_bytes = bytes;
   }
+  bool partial(size_t i) const { return m[i].on_device && resident_bytes(m[i]) < m[i].weight_bytes; }
   bool protected_by_hysteresis(size_t victim, size_t for_model) const {
     return now - m[victim].loaded_at < r.policy.hysteresis && e[for_model]->priority <= e[victim]->priority;
   }
@@ -120,13 +127,13 @@ struct world {
     for (const size_t v : idle) {
       if (freed >= need_bytes) break;
       chosen.push_back(v);
-      freed += m[v].weight_bytes + m[v].kv_device_bytes;
+      freed += resident_bytes(m[v]) + m[v].kv_device_bytes;
     }
     if (allow_preempt)
       for (const size_t v : running) {
         if (freed >= need_bytes) break;
         chosen.push_back(v);
-        freed += m[v].weight_bytes + m[v].kv_device_bytes;
+        freed += resident_bytes(m[v]) + m[v].kv_device_bytes;
       }
     if (freed < need_bytes) return false;
     for (const size_t v : chosen) evict(v, why);
@@ -184,9 +191,22 @@ plan plan_tandem(const configs::roster& r, const snapshot& s, const demand& d, t
     return pa != pb ? pa > pb : w.m[a].name < w.m[b].name;
   });
   for (const size_t i : order) {
-    if (w.m[i].on_device) continue;
     const std::string why = "demanded " + w.m[i].name;
-    if (w.make_room(i, w.need(i), false, why) || w.make_room(i, w.need(i), true, why)) w.bring(i, "demanded");
+    if (w.partial(i)) {
+      // Streaming: the rest of it comes on as soon as room can be made without preempting.
+      if (w.make_room(i, w.m[i].weight_bytes - resident_bytes(w.m[i]), false, why)) w.bring(i, "room for the rest");
+      continue;
+    }
+    if (w.m[i].on_device) continue;
+    if (w.make_room(i, w.need(i), false, why) || w.make_room(i, w.need(i), true, why)) {
+      w.bring(i, "demanded");
+      continue;
+    }
+    // No room without taking it from models that rank higher (busy, or idle only briefly):
+    // run it streamed beside them, with the part that fits on the device and its KV.
+    const uint64_t kv = w.need(i) - w.m[i].weight_bytes;
+    const uint64_t at_least = kv + w.m[i].weight_bytes / 2;
+    if (r.policy.stream && w.make_room(i, at_least, false, why)) w.bring(i, "streamed beside higher-priority work", std::min(w.m[i].weight_bytes, w.device_free() - kv));
   }
 
   // 5. Keep-alive expiry.
@@ -219,7 +239,7 @@ plan plan_tandem(const configs::roster& r, const snapshot& s, const demand& d, t
       for (const size_t v : idle) {
         if (freed >= w.need(home)) break;
         chosen.push_back(v);
-        freed += w.m[v].weight_bytes + w.m[v].kv_device_bytes;
+        freed += resident_bytes(w.m[v]) + w.m[v].kv_device_bytes;
       }
       if (freed >= w.need(home)) {
         for (const size_t v : chosen) w.evict(v, "home " + w.m[home].name + " returns");
@@ -255,15 +275,20 @@ plan plan_tandem(const configs::roster& r, const snapshot& s, const demand& d, t
       w.m[i].preempted = 0;
     }
 
-  // The model to step: demanded, on the device, highest effective priority.
-  double best = -1;
-  for (size_t i = 0; i < n; ++i) {
-    if (!w.m[i].on_device || !(w.busy(i) || w.m[i].running > 0)) continue;
-    const double p = w.prio(i);
-    if (w.out.run.empty() || p > best || (p == best && w.m[i].name < w.out.run)) {
-      best = p;
-      w.out.run = w.m[i].name;
+  // The model to step: on the device, highest effective priority, models with requests waiting
+  // for their first token before models that only have tokens left to generate (time to first
+  // token is what a person waits for; a running generation loses a step, not its start).
+  for (const bool first_tokens : {true, false}) {
+    double best = -1;
+    for (size_t i = 0; i < n; ++i) {
+      if (!w.m[i].on_device || !(first_tokens ? w.startable(i) : w.busy(i))) continue;
+      const double p = w.prio(i);
+      if (w.out.run.empty() || p > best || (p == best && w.m[i].name < w.out.run)) {
+        best = p;
+        w.out.run = w.m[i].name;
+      }
     }
+    if (!w.out.run.empty()) break;
   }
   return w.out;
 }

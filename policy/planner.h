@@ -13,7 +13,12 @@
 //     preempted (their KV goes to host, they resume later) and those models evicted.
 //  3. Effective priority ages: a model's waiting request gains priority with its wait, so
 //     that after policy.max_wait it outranks every model of the roster (a bounded wait under
-//     sustained high-priority load).
+//     sustained high-priority load). Only work the model could start ages: a preempted
+//     sequence, or a queued request while it has a free sequence slot.
+//  2b. A demanded model that cannot have the whole device without taking it from models that
+//     rank higher runs in part: as much of it as fits beside them, the rest streamed through
+//     the link every pass (policy.stream); the rest comes on once room can be made.
+// Requests waiting for their first token are stepped before generations already running.
 //     An idle model of the same or higher priority gives way too, once it has been idle for
 //     policy.idle_grace (between its bursts, not within one).
 //  4. Hysteresis: a model that came onto the device less than policy.hysteresis ago is not

@@ -44,6 +44,7 @@ struct model_sim {
   const configs::model_entry* e;
   const configs::model_costs* cost;
   uint64_t bytes = 0, kv_per_seq = 0;
+  uint64_t device_bytes = 0;  // weights held on the device; the rest streams every step
   bool on_device = false, on_host = false;
   double device_ready = 0, host_ready = 0;
   double last_used = -1e9, loaded_at = -1e9;
@@ -129,8 +130,12 @@ sim_result simulate(const configs::roster& r, const configs::trace_spec& t, cons
         st.name = m.e->name;
         st.weight_bytes = m.bytes;
         st.on_device = m.on_device;
+        st.device_bytes = m.on_device ? m.device_bytes : 0;
         st.on_host = m.on_host;
-        st.kv_device_bytes = m.kv_per_seq * m.running.size();
+        // Paged KV: a running sequence holds the blocks of the tokens it has so far.
+        uint64_t kv_tokens = 0;
+        for (const size_t k : m.running) kv_tokens += static_cast<uint64_t>(rs[k].prefilled + rs[k].generated);
+        st.kv_device_bytes = kv_tokens * m.e->kv_bytes_per_token.value_or(0);
         st.running = static_cast<int>(m.running.size());
         st.preempted = static_cast<int>(m.preempted.size());
         st.last_used = at(m.last_used);
@@ -158,6 +163,7 @@ sim_result simulate(const configs::roster& r, const configs::trace_spec& t, cons
           case action_kind::evict_device:
             if (!m.running.empty()) break;  // only the planner's preempt takes running work away
             m.on_device = false;
+            m.device_bytes = 0;
             break;
           case action_kind::evict_host: m.on_host = false; break;
           case action_kind::stage:
@@ -167,31 +173,43 @@ sim_result simulate(const configs::roster& r, const configs::trace_spec& t, cons
             m.gb += gb;
             break;
           case action_kind::load: {
+            // Only what is not on the device yet moves (a streamed model completing).
+            const uint64_t target = a.bytes == 0 ? m.bytes : std::min<uint64_t>(a.bytes, m.bytes);
+            const uint64_t have = m.on_device ? m.device_bytes : 0;
+            if (target <= have) break;
+            const double move = static_cast<double>(target - have) / 1e9;
             double start = std::max(now, link_free), dur = 0;
             if (m.on_host) {
               start = std::max(start, m.host_ready);
-              dur = gb / c.link_gb_s;
+              dur = move / c.link_gb_s;
             } else {
-              dur = gb / c.disk_gb_s + gb / c.link_gb_s;  // read from the file as it is copied
+              dur = move / c.disk_gb_s + move / c.link_gb_s;  // read from the file as it is copied
             }
             if (process_per_model) dur += secs(c.process_start);
+            if (!m.on_device) {
+              m.loaded_at = now;
+              ++m.swaps;
+            }
             m.on_device = true;
+            m.device_bytes = target;
             m.device_ready = start + dur;
             link_free = m.device_ready;
-            m.loaded_at = now;
-            m.gb += gb;
-            ++m.swaps;
+            m.gb += move;
             break;
           }
           case action_kind::preempt: {
-            const double kv_gb = static_cast<double>(m.kv_per_seq * m.running.size()) / 1e9;
+            uint64_t kv_tokens = 0;
+            for (const size_t k : m.running) kv_tokens += static_cast<uint64_t>(rs[k].prefilled + rs[k].generated);
+            const double kv_gb = static_cast<double>(kv_tokens * m.e->kv_bytes_per_token.value_or(0)) / 1e9;
             link_free = std::max(now, link_free) + kv_gb / c.link_gb_s;
             m.preempted.insert(m.preempted.end(), m.running.begin(), m.running.end());
             m.running.clear();
             break;
           }
           case action_kind::resume: {
-            const double kv_gb = static_cast<double>(m.kv_per_seq * m.preempted.size()) / 1e9;
+            uint64_t kv_tokens = 0;
+            for (const size_t k : m.preempted) kv_tokens += static_cast<uint64_t>(rs[k].prefilled + rs[k].generated);
+            const double kv_gb = static_cast<double>(kv_tokens * m.e->kv_bytes_per_token.value_or(0)) / 1e9;
             link_free = std::max(now, link_free) + kv_gb / c.link_gb_s;
             m.device_ready = std::max(m.device_ready, link_free);
             m.running.insert(m.running.end(), m.preempted.begin(), m.preempted.end());
@@ -211,7 +229,8 @@ sim_result simulate(const configs::roster& r, const configs::trace_spec& t, cons
             m.running.push_back(m.queue.front());
             m.queue.pop_front();
           }
-          double step = secs(c.step_overhead);
+          // A model held in part streams the rest of its weights through the link every pass.
+          double step = secs(c.step_overhead) + static_cast<double>(m.bytes - m.device_bytes) / 1e9 / c.link_gb_s;
           int64_t budget = 512;
           std::vector<size_t> first_now, decoded;
           for (const size_t k : m.running) {

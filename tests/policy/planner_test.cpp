@@ -129,15 +129,24 @@ TEST_SUITE("planner") {
     CHECK(has(p, action_kind::evict_device, "chat"));
     CHECK(has(p, action_kind::load, "code"));
     CHECK(p.run == "code");
-    // The other way round, a lower-priority request never preempts a higher one (before aging).
+    // The other way round, a lower-priority request never preempts a higher one (before
+    // aging): it runs streamed beside it, in the part of the device left.
     auto code = state("code", 3, true);
     code.running = 1;
     code.kv_device_bytes = 1000000000ull;
     auto s2 = snap({state("chat", 6, false), code, state("aux", 3, true)});
     const auto p2 = policy::plan_tandem(r, s2, wants("chat", 1, t0), t0);
     CHECK_FALSE(has(p2, action_kind::preempt, "code"));
-    CHECK_FALSE(has(p2, action_kind::load, "chat"));
-    CHECK(p2.run == "code");
+    CHECK(has(p2, action_kind::evict_device, "aux"));  // idle and lower: makes the room
+    REQUIRE(has(p2, action_kind::load, "chat"));
+    CHECK(p2.actions.back().bytes > 0);
+    CHECK(p2.actions.back().bytes < 6000000000ull);
+    CHECK(p2.run == "chat");  // its first token before code's next generated one
+    auto no_stream = r;
+    no_stream.policy.stream = false;
+    const auto p3 = policy::plan_tandem(no_stream, s2, wants("chat", 1, t0), t0);
+    CHECK_FALSE(has(p3, action_kind::load, "chat"));
+    CHECK(p3.run == "code");
   }
 
   TEST_CASE("aging: after max_wait a waiting request outranks the whole roster") {
@@ -171,12 +180,15 @@ TEST_SUITE("planner") {
     code.last_used = t0 - 5s;
     s.models[1] = code;
     auto p = policy::plan_tandem(r, s, wants("chat", 1), t0);
-    CHECK_FALSE(has(p, action_kind::load, "chat"));  // code idle only 5 s: between two requests of a burst
+    CHECK_FALSE(has(p, action_kind::evict_device, "code"));  // idle only 5 s: between two requests of a burst
+    REQUIRE(has(p, action_kind::load, "chat"));              // so chat runs streamed beside it
+    CHECK(p.actions.back().bytes > 0);
     code.last_used = t0 - 40s;
     s.models[1] = code;
     p = policy::plan_tandem(r, s, wants("chat", 1), t0);
     CHECK(has(p, action_kind::evict_device, "code"));
-    CHECK(has(p, action_kind::load, "chat"));
+    REQUIRE(has(p, action_kind::load, "chat"));
+    CHECK(p.actions.back().bytes == 0);  // whole
   }
 
   TEST_CASE("pinned models are never evicted, and are loaded first") {
