@@ -310,6 +310,7 @@ forward_context::forward_context(const model& m, const context_params& p, kernel
   pos_.assign(static_cast<size_t>(sizes.n_seq), 0);
   row_seq_.resize(static_cast<size_t>(max_batch_));
   runs_.reserve(static_cast<size_t>(max_batch_));  // at most one run per row: no allocation per step
+  step_out_.reserve(static_cast<size_t>(max_batch_));
   row_pos_.resize(static_cast<size_t>(max_batch_));
   if (p.kv_pool) {
     kv_pool_ = p.kv_pool;
@@ -388,7 +389,8 @@ void forward_context::eval(std::span<const int32_t> tokens, bool all_logits, int
     // the output head (an n_vocab x n_embd matmul per chunk).
     const bool last = done + chunk == n;
     float* out = all_logits ? logits_.data() + done * n_vocab_ : last ? logits_.data() : nullptr;
-    eval_chunk(tokens.data() + done, row_seq_.data(), row_pos_.data(), chunk, out, all_logits);
+    const int64_t last_row = chunk - 1;
+    eval_chunk(tokens.data() + done, row_seq_.data(), row_pos_.data(), chunk, out, all_logits ? nullptr : &last_row, 1);
   }
 }
 
@@ -415,11 +417,52 @@ void forward_context::decode(std::span<const int32_t> tokens, std::span<const in
     row_pos_[static_cast<size_t>(i)] = pos_[static_cast<size_t>(seqs[static_cast<size_t>(i)])];
   }
   n_logit_rows_ = n;
-  eval_chunk(tokens.data(), row_seq_.data(), row_pos_.data(), n, logits_.data(), /*all_rows=*/true);
+  eval_chunk(tokens.data(), row_seq_.data(), row_pos_.data(), n, logits_.data(), nullptr, n);
+}
+
+void forward_context::step(std::span<const int32_t> tokens, std::span<const int64_t> seqs) {
+  if (tokens.size() != seqs.size())
+    throw std::invalid_argument("step: " + std::to_string(tokens.size()) + " tokens for " + std::to_string(seqs.size()) + " sequence ids");
+  if (tokens.empty()) return;
+  const auto n = static_cast<int64_t>(tokens.size());
+  if (n > max_batch_) throw std::invalid_argument("step: " + std::to_string(n) + " rows, more than the " + std::to_string(max_batch_) + " a pass holds");
+  // Runs of consecutive rows per sequence; a sequence may not come back after another's run.
+  step_out_.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = seqs[static_cast<size_t>(i)];
+    check_seq(s);
+    const int32_t t = tokens[static_cast<size_t>(i)];
+    if (t < 0 || t >= n_vocab_) throw std::invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(n_vocab_) + ")");
+    const bool starts_run = i == 0 || seqs[static_cast<size_t>(i - 1)] != s;
+    if (starts_run) {
+      for (int64_t j = 0; j < i; ++j)
+        if (seqs[static_cast<size_t>(j)] == s) throw std::invalid_argument("step: the rows of sequence " + std::to_string(s) + " are not consecutive");
+    }
+    if (i + 1 == n || seqs[static_cast<size_t>(i + 1)] != s) step_out_.push_back(i);
+  }
+  for (size_t k = 0; k < step_out_.size(); ++k) {
+    const int64_t end = step_out_[k], begin = k == 0 ? 0 : step_out_[k - 1] + 1;
+    const int64_t s = seqs[static_cast<size_t>(end)];
+    const int64_t need = pos_[static_cast<size_t>(s)] + (end - begin + 1);
+    if (need > n_ctx_)
+      throw std::invalid_argument("context overflow: sequence " + std::to_string(s) + " would hold " + std::to_string(need) + " of " + std::to_string(n_ctx_) + " positions");
+    check_capacity(s, need);
+  }
+  for (int64_t i = 0, k = 0; i < n; ++i) {
+    const int64_t s = seqs[static_cast<size_t>(i)];
+    const int64_t begin = k == 0 ? 0 : step_out_[static_cast<size_t>(k - 1)] + 1;
+    row_seq_[static_cast<size_t>(i)] = s;
+    row_pos_[static_cast<size_t>(i)] = pos_[static_cast<size_t>(s)] + (i - begin);
+    if (i == step_out_[static_cast<size_t>(k)]) ++k;
+  }
+  const auto runs = static_cast<int64_t>(step_out_.size());
+  if (logits_.size() < static_cast<size_t>(runs * n_vocab_)) logits_.resize(static_cast<size_t>(runs * n_vocab_));
+  n_logit_rows_ = runs;
+  eval_chunk(tokens.data(), row_seq_.data(), row_pos_.data(), n, logits_.data(), step_out_.data(), runs);
 }
 
 void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n,
-                                 float* logits, bool all_rows) {
+                                 float* logits, const int64_t* out_rows, int64_t n_out) {
   const auto& c = model_.config();
   const auto& w = model_.weights();
   const int64_t D = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), F = c.n_ff, hd = c.head_dim;
@@ -507,18 +550,19 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
   }
 
   for (int64_t r = 0; r < n; ++r) pos_[static_cast<size_t>(seqs[r])] = positions[r] + 1;
-  // Output head: only the rows whose logits are wanted.
-  const int64_t first = all_rows ? 0 : n - 1;
-  const int64_t rows = n - first;
+  // Output head: only the rows whose logits are wanted (out_rows, or every row), normed into
+  // consecutive rows of xb_.
+  const int64_t rows = out_rows ? n_out : n;
+  auto row_of = [&](int64_t k) { return out_rows ? out_rows[k] : k; };
   if (!residency_) {
     if (!logits) return;
-    for (int64_t r = first; r < n; ++r) kernels::cpu::rms_norm(x_ + r * D, w.output_norm, xb_ + (r - first) * D, D, c.rms_eps);
+    for (int64_t k = 0; k < rows; ++k) kernels::cpu::rms_norm(x_ + row_of(k) * D, w.output_norm, xb_ + k * D, D, c.rms_eps);
     project(w.output, xb_, rows, logits, pool_);
     return;
   }
   if (logits) {
     const float* norm = bind_vector_at(plan.output_norm, last_layer);
-    for (int64_t r = first; r < n; ++r) kernels::cpu::rms_norm(x_ + r * D, norm, xb_ + (r - first) * D, D, c.rms_eps);
+    for (int64_t k = 0; k < rows; ++k) kernels::cpu::rms_norm(x_ + row_of(k) * D, norm, xb_ + k * D, D, c.rms_eps);
   }
   layer_held.reset();
   if (!logits) return;

@@ -112,6 +112,14 @@ class forward_context {
   // is out of range or listed twice, a token id is out of range, or a sequence is full.
   void decode(std::span<const int32_t> tokens, std::span<const int64_t> seqs);
 
+  // One pass over a mixed batch (the engine's step): rows of several sequences, each
+  // sequence's rows consecutive and continuing it at its pos() — a chunk of a prompt, or one
+  // decoded token. Afterwards all_logits_rows() holds one row of logits per sequence, for its
+  // last row, in the order the sequences appear. At most max_batch() rows. Throws
+  // std::invalid_argument before doing any work for a bad token id or sequence, rows of a
+  // sequence that are not consecutive, or a sequence that would overflow its context or KV.
+  void step(std::span<const int32_t> tokens, std::span<const int64_t> seqs);
+
   std::span<const float> logits() const { return {logits_.data() + (n_logit_rows_ - 1) * n_vocab_, static_cast<size_t>(n_vocab_)}; }
   std::span<const float> all_logits_rows() const { return {logits_.data(), static_cast<size_t>(n_logit_rows_ * n_vocab_)}; }
   int64_t pos(int64_t seq = 0) const { return pos_.at(static_cast<size_t>(seq)); }
@@ -127,10 +135,10 @@ class forward_context {
  private:
   // Row r of the chunk is token tokens[r] of sequence seqs[r] at position positions[r]; rows
   // of one sequence are consecutive with consecutive positions. logits: where the output
-  // head writes, or null to skip it (a chunk that is not the last); all_rows: one row per
-  // token there, else only the last token's row.
+  // head writes, or null to skip it (a chunk that is not the last); out_rows: the n_out rows
+  // whose logits are written there in that order, or null for every row.
   void eval_chunk(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, float* logits,
-                  bool all_rows);
+                  const int64_t* out_rows, int64_t n_out);
   void check_seq(int64_t seq) const;
 
   // The device bytes of segment `seg` from residency_ (throws std::logic_error when the
@@ -149,6 +157,7 @@ class forward_context {
   int64_t n_logit_rows_ = 1;
   std::vector<int64_t> row_seq_, row_pos_;  // per scratch row: sequence and position (eval_chunk)
   std::vector<kernels::cpu::attention_run> runs_;  // one per sequence of a chunk (reserved)
+  std::vector<int64_t> step_out_;                  // step(): the last row of each sequence's run
 
   // KV cache: one allocation, left uninitialised so pages are committed only as positions
   // are written (attention never reads past pos()). Per sequence, per layer,

@@ -217,6 +217,46 @@ TEST_SUITE("forward") {
     arb.check_integrity();
   }
 
+  TEST_CASE("a mixed step (prompt chunks and decode tokens of several sequences) equals running each alone") {
+    for (const char* file : {"stories260K.gguf", "stories260K-q8_0.gguf"}) {
+      CAPTURE(file);
+      models::model m(test::data_path(file).string());
+      models::forward_context mixed(m, {.n_ctx = 64, .max_batch = 16, .n_seq = 3}, nullptr);
+      std::vector<std::unique_ptr<models::forward_context>> alone;
+      for (int s = 0; s < 3; ++s) alone.push_back(std::make_unique<models::forward_context>(m, models::context_params{.n_ctx = 64}, nullptr));
+      // Sequence 1 has a prompt already; then one pass carries 0's first chunk, 1's next token
+      // and 2's whole prompt.
+      const std::vector<int32_t> p1 = {1, 261, 378};
+      mixed.eval(p1, false, 1);
+      alone[1]->eval(p1);
+      const std::vector<int32_t> toks = {1, 403, 407, 300, 5, 1, 286, 287};
+      const std::vector<int64_t> seqs = {0, 0, 0, 0, 1, 2, 2, 2};
+      mixed.step(toks, seqs);
+      alone[0]->eval(std::span<const int32_t>(toks.data(), 4));
+      alone[1]->eval(std::span<const int32_t>(toks.data() + 4, 1));
+      alone[2]->eval(std::span<const int32_t>(toks.data() + 5, 3));
+      REQUIRE(mixed.all_logits_rows().size() == 3 * 512);
+      for (int s = 0; s < 3; ++s) {
+        CAPTURE(s);
+        const auto want = alone[static_cast<size_t>(s)]->logits();
+        const float* got = mixed.all_logits_rows().data() + s * 512;
+        for (int v = 0; v < 512; ++v) REQUIRE(std::abs(got[v] - want[v]) < 2e-4f);
+        CHECK(std::max_element(got, got + 512) - got == std::max_element(want.begin(), want.end()) - want.begin());
+      }
+      CHECK(mixed.pos(0) == 4);
+      CHECK(mixed.pos(1) == 4);
+      CHECK(mixed.pos(2) == 3);
+      // Rows of a sequence that are not consecutive, and overflows, are refused before any work.
+      const std::vector<int32_t> bad_t = {5, 6, 7};
+      const std::vector<int64_t> bad_s = {0, 1, 0};
+      CHECK_THROWS_AS(mixed.step(bad_t, bad_s), std::invalid_argument);
+      const std::vector<int32_t> many(17, 5);
+      const std::vector<int64_t> many_s(17, 0);
+      CHECK_THROWS_AS(mixed.step(many, many_s), std::invalid_argument);
+      CHECK(mixed.pos(0) == 4);
+    }
+  }
+
   TEST_CASE("batched decode refuses bad input before any work") {
     models::model m(test::data_path("stories260K.gguf").string());
     models::forward_context ctx(m, {.n_ctx = 4, .n_seq = 2}, nullptr);
