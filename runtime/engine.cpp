@@ -1,0 +1,299 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace tandem::runtime {
+
+using clock_type = std::chrono::steady_clock;
+
+struct engine::active {
+  std::shared_ptr<request_handle> handle;
+  std::vector<int32_t> prompt;
+  generation_params params;
+  sampler smp;
+  std::vector<int32_t> history;  // prompt + generated, for the repetition penalty
+  clock_type::time_point arrived;
+  size_t model = 0;
+  int64_t seq = -1;       // sequence slot while running
+  int64_t prefilled = 0;  // prompt tokens in the KV
+  int64_t generated = 0;
+  int32_t next = -1;      // the last generated token, fed in the next pass
+  int64_t rows = 0;       // rows it has in the pass being formed
+  finish_reason ending = finish_reason::none;  // set by the pass; retired right after it
+
+  active(engine_request r, size_t m)
+      : handle(std::make_shared<request_handle>()),
+        prompt(std::move(r.prompt)),
+        params(r.params),
+        smp(r.params.sampling),
+        history(prompt),
+        arrived(clock_type::now()),
+        model(m) {}
+};
+
+struct engine::served {
+  engine_model cfg;
+  std::unique_ptr<std::byte[]> kv_memory;  // when the engine makes the pool
+  std::unique_ptr<memory::kv_pool> own_kv;
+  memory::kv_pool* kv = nullptr;
+  std::unique_ptr<models::forward_context> ctx;
+  std::deque<std::shared_ptr<active>> waiting;
+  std::vector<std::shared_ptr<active>> running;  // in admission order
+  std::vector<int64_t> free_seqs;
+  std::vector<int32_t> row_tokens;
+  std::vector<int64_t> row_seqs;
+  std::atomic<int32_t> kv_in_use{0};  // published after each iteration: the pool itself is the engine thread's
+};
+
+engine::engine(std::vector<engine_model> models, const engine_config& config)
+    : config_(config), pool_(config.threads > 0 ? config.threads : kernels::cpu::default_thread_count()) {
+  if (config.max_batch_tokens < 1 || config.prefill_chunk < 1)
+    throw std::invalid_argument("engine: max_batch_tokens and prefill_chunk must be >= 1");
+  for (auto& cfg : models) {
+    if (!cfg.model || !cfg.tokenizer) throw std::invalid_argument("engine: model '" + cfg.name + "' has no model or tokenizer");
+    for (const auto& s : models_)
+      if (s->cfg.name == cfg.name) throw std::invalid_argument("engine: model '" + cfg.name + "' is listed twice");
+    auto s = std::make_unique<served>();
+    s->cfg = cfg;
+    const auto& c = cfg.model->config();
+    constexpr int64_t bt = 16;
+    const auto block = static_cast<size_t>(models::kv_bytes_per_token(c, cfg.kv) * bt);
+    if (cfg.kv_pool) {
+      s->kv = cfg.kv_pool;
+    } else {
+      const auto blocks = static_cast<int32_t>(cfg.max_sequences * ((cfg.context + bt - 1) / bt));
+      // Uninitialised: pages are committed as blocks are written.
+      s->kv_memory.reset(new std::byte[static_cast<size_t>(blocks) * block]);
+      s->own_kv = std::make_unique<memory::kv_pool>(s->kv_memory.get(), blocks, bt, block);
+      s->kv = s->own_kv.get();
+    }
+    models::context_params cp;
+    cp.n_ctx = cfg.context;
+    cp.kv = cfg.kv;
+    cp.n_seq = cfg.max_sequences;
+    cp.max_batch = config.max_batch_tokens;
+    cp.kv_pool = s->kv;
+    s->ctx = std::make_unique<models::forward_context>(*cfg.model, cp, &pool_, cfg.residency);
+    for (int64_t q = cfg.max_sequences - 1; q >= 0; --q) s->free_seqs.push_back(q);
+    s->row_tokens.reserve(static_cast<size_t>(config.max_batch_tokens));
+    s->row_seqs.reserve(static_cast<size_t>(config.max_batch_tokens));
+    models_.push_back(std::move(s));
+  }
+  thread_ = std::thread([this] { run(); });
+}
+
+engine::~engine() {
+  {
+    std::lock_guard lock(m_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+std::shared_ptr<request_handle> engine::submit(engine_request r) {
+  size_t m = models_.size();
+  for (size_t i = 0; i < models_.size(); ++i)
+    if (models_[i]->cfg.name == r.model) m = i;
+  if (m == models_.size()) throw std::invalid_argument("unknown model '" + r.model + "'");
+  const auto& cfg = models_[m]->cfg;
+  if (r.prompt.empty()) throw std::invalid_argument("the prompt is empty");
+  if (static_cast<int64_t>(r.prompt.size()) >= cfg.context)
+    throw std::invalid_argument("the prompt (" + std::to_string(r.prompt.size()) + " tokens) does not fit the context of " +
+                                std::to_string(cfg.context) + " tokens of model '" + cfg.name + "'");
+  const int64_t vocab = cfg.model->config().n_vocab;
+  for (const int32_t t : r.prompt)
+    if (t < 0 || t >= vocab) throw std::invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(vocab) + ")");
+  if (r.params.max_tokens < 0) throw std::invalid_argument("max_tokens must be >= 0");
+  auto a = std::make_shared<active>(std::move(r), m);  // the sampler validates its parameters
+  auto h = a->handle;
+  {
+    std::lock_guard lock(m_);
+    submitted_.push_back(std::move(a));
+    ++in_flight_;
+  }
+  cv_.notify_all();
+  return h;
+}
+
+void engine::drain() {
+  std::unique_lock lock(m_);
+  idle_cv_.wait(lock, [&] { return in_flight_ == 0; });
+}
+
+int32_t engine::kv_blocks_in_use(const std::string& model) const {
+  for (const auto& s : models_)
+    if (s->cfg.name == model) return s->kv_in_use.load();
+  throw std::invalid_argument("unknown model '" + model + "'");
+}
+
+void engine::run() {
+  std::unique_lock lock(m_);
+  for (;;) {
+    cv_.wait(lock, [&] {
+      if (stop_ || !submitted_.empty()) return true;
+      return std::any_of(models_.begin(), models_.end(), [](const auto& s) { return !s->waiting.empty() || !s->running.empty(); });
+    });
+    if (stop_) break;
+    iterate(lock);
+  }
+  // Shutting down: whatever is left ends as cancelled.
+  for (auto& a : submitted_) a->handle->finish(finish_reason::cancelled);
+  for (auto& s : models_) {
+    for (auto& a : s->waiting) a->handle->finish(finish_reason::cancelled);
+    for (auto& a : s->running) a->handle->finish(finish_reason::cancelled);
+  }
+}
+
+void engine::retire(served& s, active& a, finish_reason why, const std::string& error) {
+  if (a.seq >= 0) {
+    s.kv->drop(a.seq);
+    s.ctx->reset(a.seq);
+    s.free_seqs.push_back(a.seq);
+    a.seq = -1;
+  }
+  s.kv_in_use = s.kv->total_blocks() - s.kv->free_blocks();
+  // The caller learns of the end only once its KV is free (a drained engine holds none).
+  a.handle->finish(why, error);
+  --in_flight_;
+  if (in_flight_ == 0) idle_cv_.notify_all();
+}
+
+engine::served* engine::pick() {
+  served* best = nullptr;
+  double best_p = 0;
+  const auto now = clock_type::now();
+  for (auto& s : models_) {
+    if (s->waiting.empty() && s->running.empty()) continue;
+    double p = s->cfg.priority;
+    if (!s->waiting.empty())
+      p += config_.aging_per_s * std::chrono::duration<double>(now - s->waiting.front()->arrived).count();
+    if (!best || p > best_p) {
+      best = s.get();
+      best_p = p;
+    }
+  }
+  return best;
+}
+
+void engine::iterate(std::unique_lock<std::mutex>& lock) {
+  // Take in what was submitted; drop what was cancelled, waiting or running.
+  while (!submitted_.empty()) {
+    auto a = std::move(submitted_.front());
+    submitted_.pop_front();
+    models_[a->model]->waiting.push_back(std::move(a));
+  }
+  for (auto& s : models_) {
+    for (auto it = s->waiting.begin(); it != s->waiting.end();) {
+      if ((*it)->handle->cancel_requested()) {
+        retire(*s, **it, finish_reason::cancelled);
+        it = s->waiting.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto it = s->running.begin(); it != s->running.end();) {
+      if ((*it)->handle->cancel_requested()) {
+        retire(*s, **it, finish_reason::cancelled);
+        it = s->running.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  served* s = pick();
+  if (!s) return;
+  // Admit into free slots while the pool can hold each prompt's first chunk.
+  while (!s->waiting.empty() && !s->free_seqs.empty()) {
+    auto& a = s->waiting.front();
+    const int64_t seq = s->free_seqs.back();
+    if (s->kv->reserve(seq, std::min<int64_t>(static_cast<int64_t>(a->prompt.size()), config_.prefill_chunk)) != memory::status::ok) break;
+    s->free_seqs.pop_back();
+    a->seq = seq;
+    s->running.push_back(std::move(a));
+    s->waiting.pop_front();
+  }
+  // The pass runs without the lock: submit() and cancel() stay responsive meanwhile.
+  lock.unlock();
+  try {
+    step(*s);
+  } catch (const std::exception& e) {
+    lock.lock();
+    for (auto& a : s->running) retire(*s, *a, finish_reason::error, e.what());
+    s->running.clear();
+    return;
+  }
+  lock.lock();
+  // Retire what finished in the pass.
+  for (auto it = s->running.begin(); it != s->running.end();) {
+    if ((*it)->ending != finish_reason::none) {
+      retire(*s, **it, (*it)->ending);
+      it = s->running.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  s->kv_in_use = s->kv->total_blocks() - s->kv->free_blocks();
+}
+
+void engine::step(served& s) {
+  auto& toks = s.row_tokens;
+  auto& seqs = s.row_seqs;
+  toks.clear();
+  seqs.clear();
+  int64_t budget = config_.max_batch_tokens;
+  std::vector<active*> in_pass;
+  for (auto& ap : s.running) {
+    active& a = *ap;
+    a.rows = 0;
+    if (budget == 0) break;
+    const auto plen = static_cast<int64_t>(a.prompt.size());
+    if (a.prefilled < plen) {
+      const int64_t chunk = std::min({config_.prefill_chunk, plen - a.prefilled, budget});
+      if (s.kv->reserve(a.seq, a.prefilled + chunk) != memory::status::ok) continue;  // waits for blocks
+      for (int64_t i = 0; i < chunk; ++i) {
+        toks.push_back(a.prompt[static_cast<size_t>(a.prefilled + i)]);
+        seqs.push_back(a.seq);
+      }
+      a.rows = chunk;
+    } else {
+      if (s.kv->reserve(a.seq, s.ctx->pos(a.seq) + 1) != memory::status::ok) continue;
+      toks.push_back(a.next);
+      seqs.push_back(a.seq);
+      a.rows = 1;
+    }
+    budget -= a.rows;
+    in_pass.push_back(&a);
+  }
+  if (in_pass.empty()) return;
+  s.ctx->step(toks, seqs);
+  const auto logits = s.ctx->all_logits_rows();
+  const int64_t vocab = s.cfg.model->config().n_vocab;
+  std::vector<float> row(static_cast<size_t>(vocab));
+  for (size_t k = 0; k < in_pass.size(); ++k) {
+    active& a = *in_pass[k];
+    if (a.prefilled < static_cast<int64_t>(a.prompt.size())) {
+      a.prefilled += a.rows;
+      if (a.prefilled < static_cast<int64_t>(a.prompt.size())) continue;  // more of the prompt to go
+    }
+    if (a.params.max_tokens == 0) {
+      a.ending = finish_reason::length;
+      continue;
+    }
+    std::copy_n(logits.data() + static_cast<int64_t>(k) * vocab, vocab, row.begin());
+    const int32_t id = a.smp.sample(row, a.history);
+    if (a.params.stop_at_eog && s.cfg.tokenizer->is_eog(id)) {
+      a.ending = finish_reason::eog;
+      continue;
+    }
+    a.history.push_back(id);
+    a.next = id;
+    ++a.generated;
+    a.handle->push(id);
+    if (a.generated >= a.params.max_tokens) a.ending = finish_reason::length;
+    else if (s.ctx->pos(a.seq) + 1 > s.cfg.context) a.ending = finish_reason::context;
+  }
+}
+
+}  // namespace tandem::runtime

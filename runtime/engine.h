@@ -1,0 +1,105 @@
+// The engine: one thread that owns the forward passes of the models it serves and steps them
+// with continuous batching. submit() is thread-safe and returns a handle that streams token
+// ids and can cancel. Each iteration: take in submitted requests (per-model queues), drop
+// cancelled ones (their KV is freed at once), pick the model with the highest effective
+// priority that has work (priority, plus aging for waiting requests), admit waiting requests
+// into free sequence slots while the KV pool has room, and run one pass: a chunk of each
+// prefilling prompt and one token of every decoding sequence, up to max_batch_tokens rows.
+// Then sample per request (its own seed and parameters), stream, and retire what finished.
+//
+// Memory placement (which model is on the device) comes from the planner in a later step;
+// here every model's weights must be readable (owned, or resident in an arbiter).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/cpu/thread_pool.h"
+#include "memory/kv_pool.h"
+#include "models/forward.h"
+#include "models/model.h"
+#include "models/tokenizer.h"
+#include "models/weight_residency.h"
+#include "runtime/request_handle.h"
+#include "runtime/sampler.h"
+
+namespace tandem::runtime {
+
+struct engine_model {
+  std::string name;
+  const models::model* model = nullptr;
+  const models::tokenizer* tokenizer = nullptr;  // end-of-generation tokens
+  int priority = 0;
+  int max_sequences = 4;
+  int64_t context = 2048;  // positions per sequence
+  kernels::cpu::kv_type kv = kernels::cpu::kv_type::f16;
+  models::weight_residency* residency = nullptr;  // null: the model's own weights
+  memory::kv_pool* kv_pool = nullptr;            // null: the engine makes one in RAM for every slot
+};
+
+struct engine_config {
+  int threads = 0;                 // 0: all cores
+  int64_t max_batch_tokens = 256;  // rows of one pass
+  int64_t prefill_chunk = 128;     // prompt tokens of one sequence per pass
+  double aging_per_s = 10;         // priority a waiting request gains per second of waiting
+};
+
+struct generation_params {
+  int64_t max_tokens = 128;
+  sampling_params sampling;
+  bool stop_at_eog = true;
+};
+
+struct engine_request {
+  std::string model;
+  std::vector<int32_t> prompt;
+  generation_params params;
+};
+
+class engine {
+ public:
+  // Throws std::invalid_argument for a model entry without a model or tokenizer, or a
+  // duplicate name.
+  engine(std::vector<engine_model> models, const engine_config& config);
+  ~engine();  // cancels what is still running and joins the thread
+  engine(const engine&) = delete;
+  engine& operator=(const engine&) = delete;
+
+  // Throws std::invalid_argument (before queueing anything) for an unknown model, an empty
+  // prompt, a prompt that does not fit the model's context, or sampling parameters out of range.
+  std::shared_ptr<request_handle> submit(engine_request r);
+  // Waits until every submitted request has finished.
+  void drain();
+  // KV blocks in use by a model as of the last iteration (0 once it is idle): for tests and
+  // metrics.
+  int32_t kv_blocks_in_use(const std::string& model) const;
+
+ private:
+  struct active;
+  struct served;
+  void run();
+  void iterate(std::unique_lock<std::mutex>& lock);
+  served* pick();
+  void step(served& s);
+  void retire(served& s, active& a, finish_reason why, const std::string& error = {});
+
+  engine_config config_;
+  kernels::cpu::thread_pool pool_;
+  std::vector<std::unique_ptr<served>> models_;
+  std::mutex m_;
+  std::condition_variable cv_, idle_cv_;
+  std::deque<std::shared_ptr<active>> submitted_;
+  int in_flight_ = 0;  // submitted and not yet finished
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace tandem::runtime

@@ -1,0 +1,161 @@
+// The engine: concurrent requests give what each gives alone, cancellation frees the KV, and
+// two models share one engine by priority.
+#include "runtime/engine.h"
+
+#include <doctest/doctest.h>
+
+#include <random>
+#include <thread>
+
+#include "models/synth.h"
+#include "runtime/generate.h"
+#include "tests/test_support.h"
+
+using namespace tandem;
+using namespace std::chrono_literals;
+
+namespace {
+
+runtime::generation_params greedy(int64_t n) {
+  runtime::generation_params p;
+  p.max_tokens = n;
+  p.sampling.temperature = 0;
+  p.stop_at_eog = false;
+  return p;
+}
+
+// What one request gives on its own: a fresh context, the single-sequence loop.
+std::vector<int32_t> alone(const models::model& m, const models::tokenizer& tok, const std::vector<int32_t>& prompt, int64_t n) {
+  models::forward_context ctx(m, {.n_ctx = 256}, nullptr);
+  runtime::generate_options o;
+  o.max_tokens = n;
+  o.sampling.temperature = 0;
+  o.stop_at_eog = false;
+  std::vector<int32_t> out;
+  runtime::generate(ctx, tok, prompt, o, [&](int32_t id, const std::string&) {
+    if (id >= 0) out.push_back(id);
+    return true;
+  });
+  return out;
+}
+
+std::vector<int32_t> collect(runtime::request_handle& h) {
+  std::vector<int32_t> out;
+  int32_t t = 0;
+  while (h.next(&t, 60s)) out.push_back(t);
+  return out;
+}
+
+}  // namespace
+
+TEST_SUITE("engine") {
+  TEST_CASE("8 concurrent requests, arriving at different times, give what each gives alone") {
+    test::scratch_dir dir;
+    models::synth_options o;
+    o.dim = 128;
+    o.layers = 2;
+    o.heads = 4;
+    o.kv_heads = 2;
+    o.ffn = 256;
+    o.context = 512;
+    o.vocab_path = test::data_path("stories260K.gguf").string();
+    o.type = kernels::weight_type::q4_0;
+    o.seed = 11;
+    const auto synth = (dir / "s.gguf").string();
+    models::synth_model(o, synth);
+    for (const std::string& path : {test::data_path("stories260K.gguf").string(), synth}) {
+      CAPTURE(path);
+      const models::model m(path);
+      const auto tok = models::tokenizer::from_gguf(m.file());
+      runtime::engine e({{"m", &m, &tok, 0, 8, 256}}, {.threads = 2, .max_batch_tokens = 64, .prefill_chunk = 16});
+      std::mt19937 rng(5);
+      std::vector<std::vector<int32_t>> prompts;
+      std::vector<int64_t> lengths;
+      for (int i = 0; i < 8; ++i) {
+        std::vector<int32_t> p{1};
+        for (int k = 0; k < 3 + 9 * i; ++k) p.push_back(static_cast<int32_t>(10 + rng() % 400));
+        prompts.push_back(p);
+        lengths.push_back(10 + 5 * i);
+      }
+      std::vector<std::shared_ptr<runtime::request_handle>> hs;
+      for (int i = 0; i < 8; ++i) {
+        hs.push_back(e.submit({"m", prompts[static_cast<size_t>(i)], greedy(lengths[static_cast<size_t>(i)])}));
+        if (i % 3 == 0) std::this_thread::sleep_for(5ms);  // later arrivals join a running batch
+      }
+      for (int i = 0; i < 8; ++i) {
+        CAPTURE(i);
+        const auto got = collect(*hs[static_cast<size_t>(i)]);
+        CHECK(hs[static_cast<size_t>(i)]->finished() == runtime::finish_reason::length);
+        CHECK(got == alone(m, tok, prompts[static_cast<size_t>(i)], lengths[static_cast<size_t>(i)]));
+      }
+      e.drain();
+      CHECK(e.kv_blocks_in_use("m") == 0);
+    }
+  }
+
+  TEST_CASE("cancelling at random points frees every KV block") {
+    const models::model m(test::data_path("stories260K-q8_0.gguf").string());
+    const auto tok = models::tokenizer::from_gguf(m.file());
+    runtime::engine e({{"m", &m, &tok, 0, 4, 128}}, {.threads = 2, .max_batch_tokens = 32, .prefill_chunk = 8});
+    std::mt19937 rng(42);
+    std::vector<std::shared_ptr<runtime::request_handle>> hs;
+    for (int i = 0; i < 24; ++i) {
+      std::vector<int32_t> p{1};
+      for (int k = 0; k < 5 + static_cast<int>(rng() % 40); ++k) p.push_back(static_cast<int32_t>(10 + rng() % 400));
+      auto h = e.submit({"m", p, greedy(20 + static_cast<int64_t>(rng() % 60))});
+      hs.push_back(h);
+      switch (rng() % 3) {
+        case 0: h->cancel(); break;  // before it starts, most likely
+        case 1: {
+          int32_t t = 0;
+          for (int k = 0; k < static_cast<int>(rng() % 5) && h->next(&t, 10s); ++k) {
+          }
+          h->cancel();
+          break;
+        }
+        default: break;
+      }
+    }
+    e.drain();
+    int cancelled = 0;
+    for (const auto& h : hs) {
+      CHECK(h->finished() != runtime::finish_reason::none);
+      cancelled += h->finished() == runtime::finish_reason::cancelled;
+    }
+    CHECK(cancelled > 0);
+    CHECK(e.kv_blocks_in_use("m") == 0);
+  }
+
+  TEST_CASE("two models in one engine: both complete, the higher priority first") {
+    const models::model m(test::data_path("stories260K.gguf").string());
+    const auto tok = models::tokenizer::from_gguf(m.file());
+    runtime::engine e({{"low", &m, &tok, 0, 2, 256}, {"high", &m, &tok, 100, 2, 256}}, {.threads = 1, .max_batch_tokens = 64, .prefill_chunk = 32});
+    const std::vector<int32_t> p = {1, 403, 407, 261};
+    std::vector<std::shared_ptr<runtime::request_handle>> low, high;
+    for (int i = 0; i < 2; ++i) low.push_back(e.submit({"low", p, greedy(120)}));
+    for (int i = 0; i < 2; ++i) high.push_back(e.submit({"high", p, greedy(8)}));
+    for (auto& h : high) {
+      h->wait();
+      CHECK(h->finished() == runtime::finish_reason::length);
+    }
+    // The short high-priority requests are done while the long low ones still run.
+    CHECK(low[0]->finished() == runtime::finish_reason::none);
+    e.drain();
+    for (auto& h : low) CHECK(collect(*h).size() == 120);
+    CHECK(e.kv_blocks_in_use("low") == 0);
+    CHECK(e.kv_blocks_in_use("high") == 0);
+  }
+
+  TEST_CASE("bad requests are refused at submit") {
+    const models::model m(test::data_path("stories260K.gguf").string());
+    const auto tok = models::tokenizer::from_gguf(m.file());
+    runtime::engine e({{"m", &m, &tok, 0, 2, 64}}, {});
+    CHECK_THROWS_WITH_AS(e.submit({"nope", {1}, {}}), "unknown model 'nope'", std::invalid_argument);
+    CHECK_THROWS_AS(e.submit({"m", {}, {}}), std::invalid_argument);
+    CHECK_THROWS_AS(e.submit({"m", std::vector<int32_t>(64, 1), {}}), std::invalid_argument);
+    CHECK_THROWS_AS(e.submit({"m", {99999}, {}}), std::invalid_argument);
+    runtime::generation_params bad;
+    bad.sampling.top_p = 2;
+    CHECK_THROWS_AS(e.submit({"m", {1}, bad}), std::invalid_argument);
+  }
+}
