@@ -21,6 +21,8 @@ struct engine::active {
   int32_t next = -1;      // the last generated token, fed in the next pass
   int64_t rows = 0;       // rows it has in the pass being formed
   finish_reason ending = finish_reason::none;  // set by the pass; retired right after it
+  bool preempt = false;    // chosen as a victim in the pass being formed
+  bool recompute = false;  // preempted without a host copy: its tokens are evaluated again
 
   active(engine_request r, size_t m)
       : handle(std::make_shared<request_handle>()),
@@ -40,6 +42,7 @@ struct engine::served {
   std::unique_ptr<models::forward_context> ctx;
   std::deque<std::shared_ptr<active>> waiting;
   std::vector<std::shared_ptr<active>> running;  // in admission order
+  std::deque<std::shared_ptr<active>> preempted;  // out of KV: swapped to host, or to recompute
   std::vector<int64_t> free_seqs;
   std::vector<int32_t> row_tokens;
   std::vector<int64_t> row_seqs;
@@ -60,6 +63,14 @@ engine::engine(std::vector<engine_model> models, const engine_config& config)
     constexpr int64_t bt = 16;
     const auto block = static_cast<size_t>(models::kv_bytes_per_token(c, cfg.kv) * bt);
     if (cfg.kv_pool) {
+      if (cfg.kv_pool->block_bytes() != block || cfg.kv_pool->block_tokens() != bt)
+        throw std::invalid_argument("engine: the KV pool of model '" + cfg.name + "' has blocks of " + std::to_string(cfg.kv_pool->block_tokens()) +
+                                    " positions and " + std::to_string(cfg.kv_pool->block_bytes()) + " bytes; it needs " + std::to_string(bt) + " and " +
+                                    std::to_string(block));
+      // One sequence of the whole context must fit, or a preempted one could never come back.
+      if (static_cast<int64_t>(cfg.kv_pool->total_blocks()) * bt < cfg.context)
+        throw std::invalid_argument("engine: the KV pool of model '" + cfg.name + "' holds " + std::to_string(cfg.kv_pool->total_blocks() * bt) +
+                                    " positions, less than one sequence's context of " + std::to_string(cfg.context));
       s->kv = cfg.kv_pool;
     } else {
       const auto blocks = static_cast<int32_t>(cfg.max_sequences * ((cfg.context + bt - 1) / bt));
@@ -122,6 +133,8 @@ void engine::drain() {
   idle_cv_.wait(lock, [&] { return in_flight_ == 0; });
 }
 
+int64_t engine::preemptions() const { return preemptions_.load(); }
+
 int32_t engine::kv_blocks_in_use(const std::string& model) const {
   for (const auto& s : models_)
     if (s->cfg.name == model) return s->kv_in_use.load();
@@ -133,7 +146,8 @@ void engine::run() {
   for (;;) {
     cv_.wait(lock, [&] {
       if (stop_ || !submitted_.empty()) return true;
-      return std::any_of(models_.begin(), models_.end(), [](const auto& s) { return !s->waiting.empty() || !s->running.empty(); });
+      return std::any_of(models_.begin(), models_.end(),
+                         [](const auto& s) { return !s->waiting.empty() || !s->running.empty() || !s->preempted.empty(); });
     });
     if (stop_) break;
     iterate(lock);
@@ -143,6 +157,7 @@ void engine::run() {
   for (auto& s : models_) {
     for (auto& a : s->waiting) a->handle->finish(finish_reason::cancelled);
     for (auto& a : s->running) a->handle->finish(finish_reason::cancelled);
+    for (auto& a : s->preempted) a->handle->finish(finish_reason::cancelled);
   }
 }
 
@@ -165,7 +180,7 @@ engine::served* engine::pick() {
   double best_p = 0;
   const auto now = clock_type::now();
   for (auto& s : models_) {
-    if (s->waiting.empty() && s->running.empty()) continue;
+    if (s->waiting.empty() && s->running.empty() && s->preempted.empty()) continue;
     double p = s->cfg.priority;
     if (!s->waiting.empty())
       p += config_.aging_per_s * std::chrono::duration<double>(now - s->waiting.front()->arrived).count();
@@ -201,11 +216,33 @@ void engine::iterate(std::unique_lock<std::mutex>& lock) {
         ++it;
       }
     }
+    for (auto it = s->preempted.begin(); it != s->preempted.end();) {
+      if ((*it)->handle->cancel_requested()) {
+        retire(*s, **it, finish_reason::cancelled);
+        it = s->preempted.erase(it);
+      } else {
+        ++it;
+      }
+    }
   }
   served* s = pick();
   if (!s) return;
-  // Admit into free slots while the pool can hold each prompt's first chunk.
-  while (!s->waiting.empty() && !s->free_seqs.empty()) {
+  // Preempted sequences come back first, oldest first, as blocks allow: swapped-out KV by copy,
+  // the others to be evaluated again from their tokens.
+  while (!s->preempted.empty()) {
+    auto& a = s->preempted.front();
+    if (a->recompute) {
+      if (s->kv->reserve(a->seq, std::min<int64_t>(static_cast<int64_t>(a->prompt.size()), config_.prefill_chunk)) != memory::status::ok) break;
+    } else if (s->kv->swap_in(a->seq) != memory::status::ok) {
+      break;
+    }
+    a->recompute = false;
+    s->running.push_back(std::move(a));
+    s->preempted.pop_front();
+  }
+  // Admit into free slots while the pool can hold each prompt's first chunk (not while
+  // preempted sequences wait: they were first).
+  while (s->preempted.empty() && !s->waiting.empty() && !s->free_seqs.empty()) {
     auto& a = s->waiting.front();
     const int64_t seq = s->free_seqs.back();
     if (s->kv->reserve(seq, std::min<int64_t>(static_cast<int64_t>(a->prompt.size()), config_.prefill_chunk)) != memory::status::ok) break;
@@ -225,16 +262,33 @@ void engine::iterate(std::unique_lock<std::mutex>& lock) {
     return;
   }
   lock.lock();
-  // Retire what finished in the pass.
+  // Retire what finished in the pass; set aside what it preempted.
   for (auto it = s->running.begin(); it != s->running.end();) {
     if ((*it)->ending != finish_reason::none) {
       retire(*s, **it, (*it)->ending);
+      it = s->running.erase(it);
+    } else if ((*it)->preempt) {
+      (*it)->preempt = false;
+      ++preemptions_;
+      s->preempted.push_back(std::move(*it));
       it = s->running.erase(it);
     } else {
       ++it;
     }
   }
   s->kv_in_use = s->kv->total_blocks() - s->kv->free_blocks();
+}
+
+void engine::preempt(served& s, active& a) {
+  // Swapped to the host tier when the pool has one (the sequence resumes bit for bit);
+  // otherwise its KV is dropped and its tokens (prompt and generated) are evaluated again.
+  a.preempt = true;
+  if (s.kv->swap_out(a.seq) == memory::status::ok) return;
+  s.kv->drop(a.seq);
+  s.ctx->reset(a.seq);
+  a.recompute = true;
+  a.prompt = a.history;
+  a.prefilled = 0;
 }
 
 void engine::step(served& s) {
@@ -244,21 +298,36 @@ void engine::step(served& s) {
   seqs.clear();
   int64_t budget = config_.max_batch_tokens;
   std::vector<active*> in_pass;
+  for (auto& ap : s.running) ap->rows = 0;
+  // Blocks for `tokens` positions of a's sequence; when the pool is out of them, the sequence
+  // admitted last that is not yet in this pass is preempted for them (or a itself).
+  auto blocks_for = [&](active& a, int64_t tokens) {
+    while (s.kv->reserve(a.seq, tokens) != memory::status::ok) {
+      active* victim = nullptr;
+      for (auto it = s.running.rbegin(); it != s.running.rend() && !victim; ++it)
+        if (it->get() != &a && !(*it)->preempt && (*it)->rows == 0 && std::find(in_pass.begin(), in_pass.end(), it->get()) == in_pass.end())
+          victim = it->get();
+      if (!victim) victim = &a;
+      preempt(s, *victim);
+      if (victim == &a) return false;
+    }
+    return true;
+  };
   for (auto& ap : s.running) {
     active& a = *ap;
-    a.rows = 0;
     if (budget == 0) break;
+    if (a.preempt) continue;
     const auto plen = static_cast<int64_t>(a.prompt.size());
     if (a.prefilled < plen) {
       const int64_t chunk = std::min({config_.prefill_chunk, plen - a.prefilled, budget});
-      if (s.kv->reserve(a.seq, a.prefilled + chunk) != memory::status::ok) continue;  // waits for blocks
+      if (!blocks_for(a, a.prefilled + chunk)) continue;
       for (int64_t i = 0; i < chunk; ++i) {
         toks.push_back(a.prompt[static_cast<size_t>(a.prefilled + i)]);
         seqs.push_back(a.seq);
       }
       a.rows = chunk;
     } else {
-      if (s.kv->reserve(a.seq, s.ctx->pos(a.seq) + 1) != memory::status::ok) continue;
+      if (!blocks_for(a, s.ctx->pos(a.seq) + 1)) continue;
       toks.push_back(a.next);
       seqs.push_back(a.seq);
       a.rows = 1;

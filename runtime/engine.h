@@ -6,6 +6,9 @@
 // into free sequence slots while the KV pool has room, and run one pass: a chunk of each
 // prefilling prompt and one token of every decoding sequence, up to max_batch_tokens rows.
 // Then sample per request (its own seed and parameters), stream, and retire what finished.
+// When the KV pool runs out of blocks, the sequence admitted last is preempted: swapped to the
+// host tier when the pool has an arbiter (it resumes bit for bit), else its tokens are
+// evaluated again later; preempted sequences resume before new ones are admitted.
 //
 // Memory placement (which model is on the device) comes from the planner in a later step;
 // here every model's weights must be readable (owned, or resident in an arbiter).
@@ -81,6 +84,8 @@ class engine {
   // KV blocks in use by a model as of the last iteration (0 once it is idle): for tests and
   // metrics.
   int32_t kv_blocks_in_use(const std::string& model) const;
+  // Sequences preempted so far because the KV pool ran out of blocks.
+  int64_t preemptions() const;
 
  private:
   struct active;
@@ -90,6 +95,7 @@ class engine {
   served* pick();
   void step(served& s);
   void retire(served& s, active& a, finish_reason why, const std::string& error = {});
+  void preempt(served& s, active& a);
 
   engine_config config_;
   kernels::cpu::thread_pool pool_;
@@ -98,6 +104,7 @@ class engine {
   std::condition_variable cv_, idle_cv_;
   std::deque<std::shared_ptr<active>> submitted_;
   int in_flight_ = 0;  // submitted and not yet finished
+  std::atomic<int64_t> preemptions_{0};
   bool stop_ = false;
   std::thread thread_;
 };

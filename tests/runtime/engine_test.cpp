@@ -7,6 +7,8 @@
 #include <random>
 #include <thread>
 
+#include "memory/arbiter.h"
+#include "memory/cpu_backend.h"
 #include "models/synth.h"
 #include "runtime/generate.h"
 #include "tests/test_support.h"
@@ -90,6 +92,41 @@ TEST_SUITE("engine") {
       }
       e.drain();
       CHECK(e.kv_blocks_in_use("m") == 0);
+    }
+  }
+
+  TEST_CASE("a KV pool too small for every sequence: preemption, and still what each gives alone") {
+    const models::model m(test::data_path("stories260K.gguf").string());
+    const auto tok = models::tokenizer::from_gguf(m.file());
+    const auto block = static_cast<size_t>(models::kv_bytes_per_token(m.config(), kernels::cpu::kv_type::f16) * 16);
+    std::mt19937 rng(9);
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < 6; ++i) {
+      std::vector<int32_t> p{1};
+      for (int k = 0; k < 20 + 7 * i; ++k) p.push_back(static_cast<int32_t>(10 + rng() % 400));
+      prompts.push_back(p);
+    }
+    // With a host tier, preempted sequences are swapped out; without one, evaluated again.
+    for (const bool host : {true, false}) {
+      CAPTURE(host);
+      auto backend = memory::make_cpu_backend();
+      memory::arbiter a(*backend, {64 << 20, host ? uint64_t{64} << 20 : 0});
+      auto pool = memory::kv_pool::make(a, "m", 12, 16, block);  // 192 positions for ~6 x 90
+      REQUIRE(pool);
+      runtime::engine e({{"m", &m, &tok, 0, 6, 128, kernels::cpu::kv_type::f16, nullptr, pool.get()}},
+                        {.threads = 2, .max_batch_tokens = 64, .prefill_chunk = 16});
+      std::vector<std::shared_ptr<runtime::request_handle>> hs;
+      for (const auto& p : prompts) hs.push_back(e.submit({"m", p, greedy(50)}));
+      for (size_t i = 0; i < hs.size(); ++i) {
+        CAPTURE(i);
+        CHECK(collect(*hs[i]) == alone(m, tok, prompts[i], 50));
+      }
+      e.drain();
+      CHECK(e.preemptions() > 0);
+      CHECK(e.kv_blocks_in_use("m") == 0);
+      pool->check();
+      a.check_integrity();
+      CHECK(a.snapshot().host.used == 0);
     }
   }
 
