@@ -22,6 +22,7 @@ kv_pool::kv_pool(std::byte* memory, int32_t n_blocks, int64_t block_tokens, size
     : memory_(memory), n_blocks_(n_blocks), block_tokens_(block_tokens), block_bytes_(block_bytes) {
   check_shape(n_blocks, block_tokens, block_bytes);
   refs_.assign(static_cast<size_t>(n_blocks), 0);
+  retained_.assign(static_cast<size_t>(n_blocks), 0);
   for (int32_t b = 0; b < n_blocks; ++b) free_.push_back(b);
 }
 
@@ -104,6 +105,29 @@ void kv_pool::share_prefix(int64_t from, int64_t to, int32_t blocks) {
   tables_[to] = std::move(t);
 }
 
+void kv_pool::retain(int32_t block) {
+  if (block < 0 || block >= n_blocks_ || refs_[static_cast<size_t>(block)] == 0)
+    throw std::logic_error("kv_pool: retain of block " + std::to_string(block) + ", which no one holds");
+  ++refs_[static_cast<size_t>(block)];
+  ++retained_[static_cast<size_t>(block)];
+}
+
+void kv_pool::release_block(int32_t block) {
+  if (block < 0 || block >= n_blocks_ || retained_[static_cast<size_t>(block)] == 0)
+    throw std::logic_error("kv_pool: release of block " + std::to_string(block) + ", which was not retained");
+  --retained_[static_cast<size_t>(block)];
+  unref(block);
+}
+
+void kv_pool::adopt(int64_t seq, const std::vector<int32_t>& blocks) {
+  if (!table(seq).empty() || swapped_.count(seq)) throw std::invalid_argument("kv_pool: sequence " + std::to_string(seq) + " is not empty");
+  for (const int32_t b : blocks)
+    if (b < 0 || b >= n_blocks_ || refs_[static_cast<size_t>(b)] == 0)
+      throw std::logic_error("kv_pool: adopt of block " + std::to_string(b) + ", which no one holds");
+  for (const int32_t b : blocks) ++refs_[static_cast<size_t>(b)];
+  tables_[seq] = blocks;
+}
+
 const std::vector<int32_t>& kv_pool::table(int64_t seq) const {
   const auto it = tables_.find(seq);
   return it == tables_.end() ? k_no_blocks : it->second;
@@ -166,6 +190,7 @@ void kv_pool::check() const {
     }
   std::vector<int32_t> in_free(static_cast<size_t>(n_blocks_), 0);
   for (const int32_t b : free_) ++in_free[static_cast<size_t>(b)];
+  for (int32_t b = 0; b < n_blocks_; ++b) held[static_cast<size_t>(b)] += retained_[static_cast<size_t>(b)];
   for (int32_t b = 0; b < n_blocks_; ++b) {
     const auto i = static_cast<size_t>(b);
     if (held[i] != refs_[i]) throw std::logic_error("kv_pool: block " + std::to_string(b) + " has count " + std::to_string(refs_[i]) + " but " + std::to_string(held[i]) + " holders");

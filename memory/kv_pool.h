@@ -56,6 +56,13 @@ class kv_pool {
   // whole blocks of a finished prompt).
   void share_prefix(int64_t from, int64_t to, int32_t blocks);
 
+  // Extra references on blocks held outside any table (a prefix cache): a retained block stays
+  // out of the free queue until released. Throws std::logic_error for a block no one holds.
+  void retain(int32_t block);
+  void release_block(int32_t block);
+  // `seq` (empty) starts with these blocks, shared (reference counted), as share_prefix does.
+  void adopt(int64_t seq, const std::vector<int32_t>& blocks);
+
   // Block ids of `seq` (empty for an unknown or swapped-out sequence) and the positions they cover.
   const std::vector<int32_t>& table(int64_t seq) const;
   int64_t capacity(int64_t seq) const;
@@ -71,8 +78,8 @@ class kv_pool {
   // the host copy. no_space when too few blocks are free. Waits for the copy.
   status swap_in(int64_t seq);
 
-  // Throws std::logic_error unless every block's count equals the tables holding it and the
-  // free queue holds exactly the blocks no one does.
+  // Throws std::logic_error unless every block's count equals the tables holding it plus its
+  // retained references, and the free queue holds exactly the blocks no one does.
   void check() const;
 
  private:
@@ -91,6 +98,7 @@ class kv_pool {
   int64_t block_tokens_;
   size_t block_bytes_;
   std::vector<int32_t> refs_;
+  std::vector<int32_t> retained_;  // references held outside tables, per block
   std::deque<int32_t> free_;
   std::map<int64_t, std::vector<int32_t>> tables_;
   std::map<int64_t, swapped> swapped_;

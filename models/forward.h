@@ -131,6 +131,10 @@ class forward_context {
   void reset(int64_t seq = 0);
   // Rolls a sequence back to an earlier position (e.g. to re-run the last prompt token).
   void truncate(int64_t pos, int64_t seq = 0);
+  // An empty sequence whose first `pos` positions are already in its KV blocks (a prefix
+  // adopted from a prefix cache) continues from there. Paged contexts only; throws
+  // std::invalid_argument unless the sequence is empty and its blocks cover `pos`.
+  void assume(int64_t pos, int64_t seq);
 
  private:
   // Row r of the chunk is token tokens[r] of sequence seqs[r] at position positions[r]; rows

@@ -47,6 +47,13 @@ struct engine::served {
   std::vector<int32_t> row_tokens;
   std::vector<int64_t> row_seqs;
   std::atomic<int32_t> kv_in_use{0};  // published after each iteration: the pool itself is the engine thread's
+  std::atomic<int32_t> kv_cached{0};
+  std::unique_ptr<prefix_cache> cache;
+  void publish() {
+    const int32_t cached = cache ? cache->blocks() : 0;
+    kv_cached = cached;
+    kv_in_use = kv->total_blocks() - kv->free_blocks() - cached;
+  }
 };
 
 engine::engine(std::vector<engine_model> models, const engine_config& config)
@@ -87,6 +94,7 @@ engine::engine(std::vector<engine_model> models, const engine_config& config)
     cp.kv_pool = s->kv;
     s->ctx = std::make_unique<models::forward_context>(*cfg.model, cp, &pool_, cfg.residency);
     for (int64_t q = cfg.max_sequences - 1; q >= 0; --q) s->free_seqs.push_back(q);
+    if (config.prefix_cache) s->cache = std::make_unique<prefix_cache>(*s->kv);
     s->row_tokens.reserve(static_cast<size_t>(config.max_batch_tokens));
     s->row_seqs.reserve(static_cast<size_t>(config.max_batch_tokens));
     models_.push_back(std::move(s));
@@ -134,6 +142,13 @@ void engine::drain() {
 }
 
 int64_t engine::preemptions() const { return preemptions_.load(); }
+int64_t engine::prefix_tokens_reused() const { return prefix_reused_.load(); }
+
+int32_t engine::kv_blocks_cached(const std::string& model) const {
+  for (const auto& s : models_)
+    if (s->cfg.name == model) return s->kv_cached.load();
+  throw std::invalid_argument("unknown model '" + model + "'");
+}
 
 int32_t engine::kv_blocks_in_use(const std::string& model) const {
   for (const auto& s : models_)
@@ -163,12 +178,16 @@ void engine::run() {
 
 void engine::retire(served& s, active& a, finish_reason why, const std::string& error) {
   if (a.seq >= 0) {
+    // A sequence that ran to its end leaves its full blocks for later prompts: its KV holds
+    // the tokens of positions 0 .. pos-1 (the last sampled token was never evaluated).
+    if (s.cache && (why == finish_reason::length || why == finish_reason::eog || why == finish_reason::context) && !s.kv->swapped_out(a.seq))
+      s.cache->insert(std::span<const int32_t>(a.history.data(), static_cast<size_t>(s.ctx->pos(a.seq))), s.kv->table(a.seq));
     s.kv->drop(a.seq);
     s.ctx->reset(a.seq);
     s.free_seqs.push_back(a.seq);
     a.seq = -1;
   }
-  s.kv_in_use = s.kv->total_blocks() - s.kv->free_blocks();
+  s.publish();
   // The caller learns of the end only once its KV is free (a drained engine holds none).
   a.handle->finish(why, error);
   --in_flight_;
@@ -231,10 +250,16 @@ void engine::iterate(std::unique_lock<std::mutex>& lock) {
   // the others to be evaluated again from their tokens.
   while (!s->preempted.empty()) {
     auto& a = s->preempted.front();
-    if (a->recompute) {
-      if (s->kv->reserve(a->seq, std::min<int64_t>(static_cast<int64_t>(a->prompt.size()), config_.prefill_chunk)) != memory::status::ok) break;
-    } else if (s->kv->swap_in(a->seq) != memory::status::ok) {
-      break;
+    auto bring_back = [&] {
+      return a->recompute
+                 ? s->kv->reserve(a->seq, std::min<int64_t>(static_cast<int64_t>(a->prompt.size()), config_.prefill_chunk)) == memory::status::ok
+                 : s->kv->swap_in(a->seq) == memory::status::ok;
+    };
+    if (!bring_back()) {
+      // Cached blocks make room for it first.
+      if (!s->cache || s->cache->blocks() == 0) break;
+      s->cache->evict(s->kv->total_blocks());
+      if (!bring_back()) break;
     }
     a->recompute = false;
     s->running.push_back(std::move(a));
@@ -245,7 +270,21 @@ void engine::iterate(std::unique_lock<std::mutex>& lock) {
   while (s->preempted.empty() && !s->waiting.empty() && !s->free_seqs.empty()) {
     auto& a = s->waiting.front();
     const int64_t seq = s->free_seqs.back();
-    if (s->kv->reserve(seq, std::min<int64_t>(static_cast<int64_t>(a->prompt.size()), config_.prefill_chunk)) != memory::status::ok) break;
+    // A cached prefix is adopted, not evaluated again.
+    const std::vector<int32_t> cached = s->cache ? s->cache->match(a->prompt) : std::vector<int32_t>{};
+    if (!cached.empty()) s->kv->adopt(seq, cached);
+    const int64_t start = static_cast<int64_t>(cached.size()) * s->kv->block_tokens();
+    const int64_t first = start + std::min<int64_t>(static_cast<int64_t>(a->prompt.size()) - start, config_.prefill_chunk);
+    if (s->kv->reserve(seq, first) != memory::status::ok &&
+        (!s->cache || (s->cache->evict(s->kv->free_blocks() + 1), s->kv->reserve(seq, first) != memory::status::ok))) {
+      s->kv->drop(seq);
+      break;
+    }
+    if (start > 0) {
+      s->ctx->assume(start, seq);
+      a->prefilled = start;
+      prefix_reused_ += start;
+    }
     s->free_seqs.pop_back();
     a->seq = seq;
     s->running.push_back(std::move(a));
@@ -276,7 +315,7 @@ void engine::iterate(std::unique_lock<std::mutex>& lock) {
       ++it;
     }
   }
-  s->kv_in_use = s->kv->total_blocks() - s->kv->free_blocks();
+  s->publish();
 }
 
 void engine::preempt(served& s, active& a) {
@@ -303,6 +342,8 @@ void engine::step(served& s) {
   // admitted last that is not yet in this pass is preempted for them (or a itself).
   auto blocks_for = [&](active& a, int64_t tokens) {
     while (s.kv->reserve(a.seq, tokens) != memory::status::ok) {
+      // Cached blocks go before anyone's running work does.
+      if (s.cache && s.cache->blocks() > 0 && s.cache->evict(s.kv->free_blocks() + 1) > 0) continue;
       active* victim = nullptr;
       for (auto it = s.running.rbegin(); it != s.running.rend() && !victim; ++it)
         if (it->get() != &a && !(*it)->preempt && (*it)->rows == 0 && std::find(in_pass.begin(), in_pass.end(), it->get()) == in_pass.end())

@@ -8,7 +8,10 @@
 // Then sample per request (its own seed and parameters), stream, and retire what finished.
 // When the KV pool runs out of blocks, the sequence admitted last is preempted: swapped to the
 // host tier when the pool has an arbiter (it resumes bit for bit), else its tokens are
-// evaluated again later; preempted sequences resume before new ones are admitted.
+// evaluated again later; preempted sequences resume before new ones are admitted. Finished
+// sequences leave their full KV blocks in a per-model prefix cache (prefix_cache.h); a new
+// prompt that starts with cached blocks adopts them and skips evaluating those tokens, and
+// cached blocks are released, least recently used first, before anything is preempted.
 //
 // Memory placement (which model is on the device) comes from the planner in a later step;
 // here every model's weights must be readable (owned, or resident in an arbiter).
@@ -31,6 +34,7 @@
 #include "models/model.h"
 #include "models/tokenizer.h"
 #include "models/weight_residency.h"
+#include "runtime/prefix_cache.h"
 #include "runtime/request_handle.h"
 #include "runtime/sampler.h"
 
@@ -53,6 +57,7 @@ struct engine_config {
   int64_t max_batch_tokens = 256;  // rows of one pass
   int64_t prefill_chunk = 128;     // prompt tokens of one sequence per pass
   double aging_per_s = 10;         // priority a waiting request gains per second of waiting
+  bool prefix_cache = true;        // keep finished sequences' full KV blocks for later prompts
 };
 
 struct generation_params {
@@ -86,6 +91,10 @@ class engine {
   int32_t kv_blocks_in_use(const std::string& model) const;
   // Sequences preempted so far because the KV pool ran out of blocks.
   int64_t preemptions() const;
+  // Prompt tokens served from the prefix cache instead of being evaluated, so far.
+  int64_t prefix_tokens_reused() const;
+  // KV blocks a model's prefix cache holds (not counted in kv_blocks_in_use).
+  int32_t kv_blocks_cached(const std::string& model) const;
 
  private:
   struct active;
@@ -105,6 +114,7 @@ class engine {
   std::deque<std::shared_ptr<active>> submitted_;
   int in_flight_ = 0;  // submitted and not yet finished
   std::atomic<int64_t> preemptions_{0};
+  std::atomic<int64_t> prefix_reused_{0};
   bool stop_ = false;
   std::thread thread_;
 };

@@ -130,6 +130,30 @@ TEST_SUITE("engine") {
     }
   }
 
+  TEST_CASE("prefix-cache hits skip the shared prompt and give what each request gives alone") {
+    const models::model m(test::data_path("stories260K-q8_0.gguf").string());
+    const auto tok = models::tokenizer::from_gguf(m.file());
+    runtime::engine e({{"m", &m, &tok, 0, 4, 256}}, {.threads = 2, .max_batch_tokens = 64, .prefill_chunk = 16});
+    std::vector<int32_t> system{1};
+    for (int k = 0; k < 70; ++k) system.push_back(static_cast<int32_t>(20 + (k * 37) % 400));  // a shared "system prompt"
+    auto with_tail = [&](int t) {
+      auto p = system;
+      for (int k = 0; k < 5 + t; ++k) p.push_back(static_cast<int32_t>(30 + (t * 11 + k) % 300));
+      return p;
+    };
+    const auto first = e.submit({"m", with_tail(0), greedy(12)});
+    CHECK(collect(*first) == alone(m, tok, with_tail(0), 12));
+    e.drain();
+    CHECK(e.kv_blocks_cached("m") > 0);
+    CHECK(e.prefix_tokens_reused() == 0);
+    std::vector<std::shared_ptr<runtime::request_handle>> hs;
+    for (int t = 1; t <= 3; ++t) hs.push_back(e.submit({"m", with_tail(t), greedy(12)}));
+    for (int t = 1; t <= 3; ++t) CHECK(collect(*hs[static_cast<size_t>(t - 1)]) == alone(m, tok, with_tail(t), 12));
+    e.drain();
+    CHECK(e.prefix_tokens_reused() >= 3 * 64);  // four full blocks of the 71-token system prompt each
+    CHECK(e.kv_blocks_in_use("m") == 0);
+  }
+
   TEST_CASE("cancelling at random points frees every KV block") {
     const models::model m(test::data_path("stories260K-q8_0.gguf").string());
     const auto tok = models::tokenizer::from_gguf(m.file());
