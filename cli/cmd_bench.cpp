@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "bench/bench_report.h"
+#include "bench/serve_bench.h"
 #include "bench/swap_bench.h"
 #include "cli/command_registry.h"
 #include "models/forward.h"
@@ -53,12 +54,41 @@ void add_swap_command(CLI::App& bench_cmd) {
   });
 }
 
+void add_serve_command(CLI::App& bench_cmd) {
+  struct serve_args {
+    bench::serve_bench_options opt;
+    bool json = false;
+  };
+  auto a = std::make_shared<serve_args>();
+  auto* cmd = bench_cmd.add_subcommand("serve", "Measure the engine under load: concurrency, ITL during prefill, priority bursts, prefix cache");
+  cmd->add_option("-m,--model", a->opt.model_path, "GGUF model file")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--high", a->opt.high_path, "the high-priority model of the burst test (default: a second entry of --model)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("-t,--threads", a->opt.threads, "threads (0: all cores)")->check(CLI::Range(0, 1024))->capture_default_str();
+  cmd->add_option("-n,--gen", a->opt.gen, "tokens per stream in the decode runs")->check(CLI::Range(int64_t{2}, int64_t{4096}))->capture_default_str();
+  cmd->add_option("--long-prompt", a->opt.long_prompt, "prompt tokens prefilled during the ITL test")
+      ->check(CLI::Range(int64_t{16}, int64_t{16384}))
+      ->capture_default_str();
+  cmd->add_option("--chunk", a->opt.prefill_chunk, "prompt tokens of one sequence per pass (chunked prefill)")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}))
+      ->capture_default_str();
+  cmd->add_option("--batch-tokens", a->opt.max_batch_tokens, "rows per pass")->check(CLI::Range(int64_t{1}, int64_t{4096}))->capture_default_str();
+  cmd->add_flag("--json", a->json, "print one JSON object instead of the table");
+  cmd->callback([a] {
+    const auto r = bench::run_serve_bench(a->opt);
+    const std::string out = a->json ? bench::to_json(r, a->opt).dump() + "\n" : bench::format_table(r, a->opt);
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fflush(stdout);
+  });
+}
+
 void add_bench_command(CLI::App& root) {
   auto a = std::make_shared<bench_args>();
   auto& p = a->opt.params;
   auto* cmd = root.add_subcommand("bench", "Measure prefill, decode and batched-decode throughput of a GGUF model (CPU); `bench swap`: a swap-in");
   cmd->require_subcommand(0, 1);
   add_swap_command(*cmd);
+  add_serve_command(*cmd);
   cmd->add_option("-m,--model", a->opt.model_path, "GGUF model file")->check(CLI::ExistingFile);
   cmd->add_option("-t,--threads", a->opt.threads, "threads (0: all cores)")->check(CLI::Range(0, 1024))->capture_default_str();
   cmd->add_option("-p,--prompt", p.prompt, "prefill: prompt tokens")
@@ -76,7 +106,7 @@ void add_bench_command(CLI::App& root) {
       ->capture_default_str();
   cmd->add_flag("--json", a->json, "print one JSON object instead of the table");
   cmd->callback([a, cmd] {
-    if (cmd->got_subcommand("swap")) return;
+    if (cmd->got_subcommand("swap") || cmd->got_subcommand("serve")) return;
     if (a->opt.model_path.empty()) throw std::runtime_error("bench: -m/--model is required");
     run_bench_command(*a);
   });

@@ -1,0 +1,41 @@
+// `tandem bench serve`: the engine under synthetic load, in process (no HTTP). Aggregate and
+// per-stream decode at 1, 4 and 16 concurrent sequences; inter-token latency of 4 streams idle
+// and while a long prompt is prefilled; TTFT of a burst of short high-priority requests on an
+// idle engine and while a low-priority entry runs 8 long generations; TTFT of a prompt whose
+// prefix is cached against one whose is not.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace tandem::bench {
+
+struct serve_bench_options {
+  std::string model_path;
+  std::string high_path;        // the high-priority model of the burst test; empty: a second entry of the model
+  int threads = 0;
+  int64_t gen = 64;             // tokens per stream in the decode runs
+  int64_t long_prompt = 3000;   // the prompt prefilled during the ITL test
+  int64_t prefill_chunk = 16;   // prompt tokens of one sequence per pass
+  int64_t max_batch_tokens = 64;
+};
+
+struct serve_bench_result {
+  std::map<int, double> decode_tok_s;             // aggregate, by concurrency
+  std::map<int, double> per_stream_tok_s;
+  double itl_p50_ms_idle = 0, itl_p99_ms_idle = 0;
+  double itl_p50_ms_during_prefill = 0, itl_p99_ms_during_prefill = 0;
+  double long_prompt_ttft_ms = 0;
+  double burst_ttft_ms_idle = 0, burst_ttft_ms_contended = 0;  // median over the burst
+  double prefix_miss_ttft_ms = 0, prefix_hit_ttft_ms = 0;
+  int threads = 0;
+};
+
+serve_bench_result run_serve_bench(const serve_bench_options& o);
+nlohmann::json to_json(const serve_bench_result& r, const serve_bench_options& o);
+std::string format_table(const serve_bench_result& r, const serve_bench_options& o);
+
+}  // namespace tandem::bench
