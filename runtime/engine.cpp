@@ -49,6 +49,7 @@ struct engine::served {
   std::atomic<int32_t> kv_in_use{0};  // published after each iteration: the pool itself is the engine thread's
   std::atomic<int32_t> kv_cached{0};
   std::unique_ptr<prefix_cache> cache;
+  clock_type::time_point last_pass = clock_type::now();
   void publish() {
     const int32_t cached = cache ? cache->blocks() : 0;
     kv_cached = cached;
@@ -62,6 +63,11 @@ engine::engine(std::vector<engine_model> models, const engine_config& config)
     throw std::invalid_argument("engine: max_batch_tokens and prefill_chunk must be >= 1");
   for (auto& cfg : models) {
     if (!cfg.model || !cfg.tokenizer) throw std::invalid_argument("engine: model '" + cfg.name + "' has no model or tokenizer");
+    if (cfg.context < 1 || cfg.max_sequences < 1)
+      throw std::invalid_argument("engine: model '" + cfg.name + "' needs a context and max_sequences of at least 1");
+    for (const auto& other : models_)
+      if (cfg.kv_pool && other->cfg.kv_pool == cfg.kv_pool)
+        throw std::invalid_argument("engine: models '" + other->cfg.name + "' and '" + cfg.name + "' share a KV pool; each needs its own");
     for (const auto& s : models_)
       if (s->cfg.name == cfg.name) throw std::invalid_argument("engine: model '" + cfg.name + "' is listed twice");
     auto s = std::make_unique<served>();
@@ -165,15 +171,29 @@ void engine::run() {
                          [](const auto& s) { return !s->waiting.empty() || !s->running.empty() || !s->preempted.empty(); });
     });
     if (stop_) break;
-    iterate(lock);
+    try {
+      iterate(lock);
+    } catch (const std::exception& e) {
+      // A bug or an allocation failure outside a pass: fail what is in flight rather than
+      // take the process down (the pass's own errors are handled in iterate).
+      if (!lock.owns_lock()) lock.lock();
+      for (auto& s : models_) end_all(*s, finish_reason::error, e.what());
+    }
   }
-  // Shutting down: whatever is left ends as cancelled.
+  // Shutting down: whatever is left ends as cancelled, its KV (and host copies) released, so
+  // a pool the caller owns is left as it was found.
   for (auto& a : submitted_) a->handle->finish(finish_reason::cancelled);
-  for (auto& s : models_) {
-    for (auto& a : s->waiting) a->handle->finish(finish_reason::cancelled);
-    for (auto& a : s->running) a->handle->finish(finish_reason::cancelled);
-    for (auto& a : s->preempted) a->handle->finish(finish_reason::cancelled);
-  }
+  submitted_.clear();
+  for (auto& s : models_) end_all(*s, finish_reason::cancelled, {});
+}
+
+void engine::end_all(served& s, finish_reason why, const std::string& error) {
+  for (auto& a : s.running) retire(s, *a, why, error);
+  for (auto& a : s.preempted) retire(s, *a, why, error);
+  for (auto& a : s.waiting) retire(s, *a, why, error);
+  s.running.clear();
+  s.preempted.clear();
+  s.waiting.clear();
 }
 
 void engine::retire(served& s, active& a, finish_reason why, const std::string& error) {
@@ -200,9 +220,9 @@ engine::served* engine::pick() {
   const auto now = clock_type::now();
   for (auto& s : models_) {
     if (s->waiting.empty() && s->running.empty() && s->preempted.empty()) continue;
-    double p = s->cfg.priority;
-    if (!s->waiting.empty())
-      p += config_.aging_per_s * std::chrono::duration<double>(now - s->waiting.front()->arrived).count();
+    // Aging by the time since the model last had a pass: every model with work is stepped
+    // within a bounded time, whether its work waits, runs or was preempted.
+    const double p = s->cfg.priority + config_.aging_per_s * std::chrono::duration<double>(now - s->last_pass).count();
     if (!best || p > best_p) {
       best = s.get();
       best_p = p;
@@ -246,21 +266,23 @@ void engine::iterate(std::unique_lock<std::mutex>& lock) {
   }
   served* s = pick();
   if (!s) return;
+  s->last_pass = clock_type::now();
   // Preempted sequences come back first, oldest first, as blocks allow: swapped-out KV by copy,
   // the others to be evaluated again from their tokens.
   while (!s->preempted.empty()) {
     auto& a = s->preempted.front();
-    auto bring_back = [&] {
-      return a->recompute
-                 ? s->kv->reserve(a->seq, std::min<int64_t>(static_cast<int64_t>(a->prompt.size()), config_.prefill_chunk)) == memory::status::ok
-                 : s->kv->swap_in(a->seq) == memory::status::ok;
-    };
-    if (!bring_back()) {
-      // Cached blocks make room for it first.
-      if (!s->cache || s->cache->blocks() == 0) break;
-      s->cache->evict(s->kv->total_blocks());
-      if (!bring_back()) break;
-    }
+    // Only with headroom of a block per running sequence, or it would be the next victim.
+    const int64_t bt = s->kv->block_tokens();
+    const int32_t need = static_cast<int32_t>(
+        a->recompute ? (std::min<int64_t>(static_cast<int64_t>(a->prompt.size()), config_.prefill_chunk) + bt - 1) / bt
+                     : (s->ctx->pos(a->seq) + bt - 1) / bt);
+    const int32_t want = need + static_cast<int32_t>(s->running.size());
+    if (s->kv->free_blocks() < want && s->cache) s->cache->evict(want);
+    if (s->kv->free_blocks() < want && !s->running.empty()) break;
+    const bool back = a->recompute
+                          ? s->kv->reserve(a->seq, std::min<int64_t>(static_cast<int64_t>(a->prompt.size()), config_.prefill_chunk)) == memory::status::ok
+                          : s->kv->swap_in(a->seq) == memory::status::ok;
+    if (!back) break;
     a->recompute = false;
     s->running.push_back(std::move(a));
     s->preempted.pop_front();
@@ -276,7 +298,9 @@ void engine::iterate(std::unique_lock<std::mutex>& lock) {
     const int64_t start = static_cast<int64_t>(cached.size()) * s->kv->block_tokens();
     const int64_t first = start + std::min<int64_t>(static_cast<int64_t>(a->prompt.size()) - start, config_.prefill_chunk);
     if (s->kv->reserve(seq, first) != memory::status::ok &&
-        (!s->cache || (s->cache->evict(s->kv->free_blocks() + 1), s->kv->reserve(seq, first) != memory::status::ok))) {
+        (!s->cache || (s->cache->evict(static_cast<int32_t>((first + s->kv->block_tokens() - 1) / s->kv->block_tokens()) -
+                                       static_cast<int32_t>(s->kv->table(seq).size())),
+                       s->kv->reserve(seq, first) != memory::status::ok))) {
       s->kv->drop(seq);
       break;
     }
@@ -335,7 +359,7 @@ void engine::step(served& s) {
   auto& seqs = s.row_seqs;
   toks.clear();
   seqs.clear();
-  int64_t budget = config_.max_batch_tokens;
+  int64_t budget = std::min(config_.max_batch_tokens, s.ctx->max_batch());  // the context's scratch rows bound a pass
   std::vector<active*> in_pass;
   for (auto& ap : s.running) ap->rows = 0;
   // Blocks for `tokens` positions of a's sequence; when the pool is out of them, the sequence
@@ -343,7 +367,9 @@ void engine::step(served& s) {
   auto blocks_for = [&](active& a, int64_t tokens) {
     while (s.kv->reserve(a.seq, tokens) != memory::status::ok) {
       // Cached blocks go before anyone's running work does.
-      if (s.cache && s.cache->blocks() > 0 && s.cache->evict(s.kv->free_blocks() + 1) > 0) continue;
+      const auto short_by = static_cast<int32_t>((tokens + s.kv->block_tokens() - 1) / s.kv->block_tokens()) -
+                            static_cast<int32_t>(s.kv->table(a.seq).size());
+      if (s.cache && s.cache->blocks() > 0 && s.cache->evict(short_by) > 0 && s.kv->free_blocks() >= short_by) continue;
       active* victim = nullptr;
       for (auto it = s.running.rbegin(); it != s.running.rend() && !victim; ++it)
         if (it->get() != &a && !(*it)->preempt && (*it)->rows == 0 && std::find(in_pass.begin(), in_pass.end(), it->get()) == in_pass.end())

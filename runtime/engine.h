@@ -105,6 +105,7 @@ class engine {
   void step(served& s);
   void retire(served& s, active& a, finish_reason why, const std::string& error = {});
   void preempt(served& s, active& a);
+  void end_all(served& s, finish_reason why, const std::string& error);
 
   engine_config config_;
   kernels::cpu::thread_pool pool_;

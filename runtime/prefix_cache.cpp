@@ -65,12 +65,14 @@ int prefix_cache::evict(int32_t free_wanted) {
       stack.pop_back();
       for (auto& [k, c] : n->children) {
         if (c->children.empty()) {
-          if (!best || c->last_use < best->last_use) best = c.get();
+          // A block a running sequence shares frees nothing: leave it for now.
+          if (kv_.refcount(c->block) == 1 && (!best || c->last_use < best->last_use)) best = c.get();
         } else {
           stack.push_back(c.get());
         }
       }
     }
+    if (!best) break;  // every leaf is shared with running sequences
     node* parent = best->parent;
     kv_.release_block(best->block);
     --blocks_;

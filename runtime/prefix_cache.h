@@ -29,8 +29,9 @@ class prefix_cache {
   // The cached blocks of the longest prefix of `tokens` in whole blocks that leaves at least
   // one token to evaluate (a pass needs a row to give logits). Counts a hit or a miss.
   std::vector<int32_t> match(std::span<const int32_t> tokens);
-  // Releases least recently used blocks (leaves first) until the pool has `free_wanted` free
-  // blocks or the cache is empty; returns how many it released.
+  // Releases least recently used blocks (leaves first, skipping blocks a sequence still
+  // shares, which would free nothing) until the pool has `free_wanted` free blocks or nothing
+  // more can go; returns how many it released.
   int evict(int32_t free_wanted);
 
   int32_t blocks() const { return blocks_; }
