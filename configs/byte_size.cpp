@@ -1,24 +1,18 @@
 #include "configs/byte_size.h"
 
+#include "configs/number_unit.h"
+
 #include <array>
-#include <cctype>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <utility>
 
 namespace tandem::configs {
 
 std::optional<uint64_t> parse_byte_size(std::string_view text) {
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
-  size_t i = 0;
-  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
-  if (i == 0) return std::nullopt;
-  const std::string number(text.substr(0, i));
-  if (number.find('.') != number.rfind('.') || number == ".") return std::nullopt;
-  std::string_view unit = text.substr(i);
-  while (!unit.empty() && unit.front() == ' ') unit.remove_prefix(1);
+  const auto parts = detail::split_number_unit(text);
+  if (!parts) return std::nullopt;
+  const auto [number, unit] = *parts;
   static constexpr std::array<std::pair<std::string_view, double>, 15> k_units{{
       {"", 1.0},          {"B", 1.0},           {"K", 1024.0},       {"KiB", 1024.0},         {"kB", 1e3},
       {"KB", 1e3},        {"M", 1048576.0},     {"MiB", 1048576.0},  {"MB", 1e6},             {"G", 1073741824.0},
@@ -28,7 +22,7 @@ std::optional<uint64_t> parse_byte_size(std::string_view text) {
   for (const auto& [name, s] : k_units)
     if (unit == name) scale = s;
   if (scale == 0) return std::nullopt;
-  const double v = std::strtod(number.c_str(), nullptr) * scale;
+  const double v = number * scale;
   if (!std::isfinite(v) || v < 0 || v >= 18446744073709551615.0) return std::nullopt;
   return static_cast<uint64_t>(std::llround(v));
 }

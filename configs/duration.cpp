@@ -1,30 +1,25 @@
 #include "configs/duration.h"
 
+#include "configs/number_unit.h"
+
 #include <array>
-#include <cctype>
 #include <cmath>
-#include <cstdlib>
 #include <utility>
 
 namespace tandem::configs {
 
 std::optional<duration> parse_duration(std::string_view text) {
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
-  size_t i = 0;
-  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
-  if (i == 0) return std::nullopt;
-  const std::string number(text.substr(0, i));
-  if (number.find('.') != number.rfind('.') || number == ".") return std::nullopt;
+  const auto parts = detail::split_number_unit(text);
+  if (!parts) return std::nullopt;
+  const auto [number, unit] = *parts;
   static constexpr std::array<std::pair<std::string_view, double>, 7> k_units{{
       {"", 1000.0}, {"ms", 1.0}, {"s", 1000.0}, {"m", 60e3}, {"h", 3600e3}, {"d", 86400e3}, {"min", 60e3},
   }};
-  const std::string_view unit = text.substr(i);
   double scale = 0;
   for (const auto& [name, s] : k_units)
     if (unit == name) scale = s;
   if (scale == 0) return std::nullopt;
-  const double ms = std::strtod(number.c_str(), nullptr) * scale;
+  const double ms = number * scale;
   if (!std::isfinite(ms) || ms < 0 || ms > 100.0 * 365 * 86400e3) return std::nullopt;
   return duration(static_cast<int64_t>(std::llround(ms)));
 }

@@ -53,17 +53,21 @@ std::string run_fcfs(const std::vector<view>& v) {
   return best ? best->st.name : "";
 }
 
+// Idle models whose keep_alive (a process's ttl) has run out leave the device.
+void expire_idle(std::vector<view>& v, time_point now, const char* why, plan& p) {
+  for (auto& x : v)
+    if (x.st.on_device && !x.busy() && !x.e->keep_alive.forever && now - x.st.last_used >= x.e->keep_alive.after) {
+      p.actions.push_back({action_kind::evict_device, x.st.name, why});
+      x.st.on_device = false;
+    }
+}
+
 }  // namespace
 
 plan plan_exclusive(const configs::roster& r, const snapshot& s, const demand& d, time_point now) {
   auto v = join(r, s, d);
   plan p;
-  // Idle past its ttl: the process is stopped.
-  for (auto& x : v)
-    if (x.st.on_device && !x.busy() && !x.e->keep_alive.forever && now - x.st.last_used >= x.e->keep_alive.after) {
-      p.actions.push_back({action_kind::evict_device, x.st.name, "ttl expired"});
-      x.st.on_device = false;
-    }
+  expire_idle(v, now, "ttl expired", p);  // the process is stopped
   const view* want = oldest_waiting(v);
   // A swap waits for the running process's requests to finish (llama-swap drains in-flight).
   const bool draining = std::any_of(v.begin(), v.end(), [](const view& x) { return x.st.on_device && x.st.running > 0; });
@@ -84,11 +88,7 @@ plan plan_exclusive(const configs::roster& r, const snapshot& s, const demand& d
 plan plan_lru_keepalive(const configs::roster& r, const snapshot& s, const demand& d, time_point now) {
   auto v = join(r, s, d);
   plan p;
-  for (auto& x : v)
-    if (x.st.on_device && !x.busy() && !x.e->keep_alive.forever && now - x.st.last_used >= x.e->keep_alive.after) {
-      p.actions.push_back({action_kind::evict_device, x.st.name, "keep_alive expired"});
-      x.st.on_device = false;
-    }
+  expire_idle(v, now, "keep_alive expired", p);
   // Requests in arrival order; each model must fit whole.
   std::vector<view*> waiting;
   for (auto& x : v)
