@@ -40,7 +40,8 @@ struct snapshot {
 struct model_demand {
   std::string name;
   int queued = 0;             // requests waiting to start
-  time_point oldest{};        // arrival of the oldest waiting one
+  time_point oldest{};        // arrival of the oldest request waiting to start or to resume
+                              // after preemption (time_point{}: none waits); its wait ages the model
   double arrivals_per_s = 0;  // recent arrival rate (for prefetching)
 };
 

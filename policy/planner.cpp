@@ -145,7 +145,7 @@ struct world {
 
 double effective_priority(const configs::roster& r, const configs::model_entry& m, const model_demand* d, time_point now) {
   double p = m.priority;
-  if (d && d->queued > 0 && now > d->oldest) {
+  if (d && d->oldest != time_point{} && now > d->oldest) {
     int top = 0;
     for (const auto& x : r.models) top = std::max(top, x.priority);
     const double wait = seconds(now - d->oldest), bound = std::max(1e-3, seconds(r.policy.max_wait));

@@ -1,7 +1,13 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
+
+#include <spdlog/spdlog.h>
+
+#include "policy/planner.h"
+#include "runtime/memory_plan.h"
 
 namespace tandem::runtime {
 
@@ -50,6 +56,13 @@ struct engine::served {
   std::atomic<int32_t> kv_cached{0};
   std::unique_ptr<prefix_cache> cache;
   clock_type::time_point last_pass = clock_type::now();
+  clock_type::time_point loaded_at{};  // when the engine last started loading it (placement by plan)
+  double arrival_rate = 0;             // requests per second, decaying (the planner's prefetch hint)
+  clock_type::time_point last_arrival{};
+  static constexpr double k_rate_window_s = 60;
+  double rate_at(clock_type::time_point t) const {
+    return arrival_rate * std::exp(-std::chrono::duration<double>(t - last_arrival).count() / k_rate_window_s);
+  }
   void publish() {
     const int32_t cached = cache ? cache->blocks() : 0;
     kv_cached = cached;
@@ -70,6 +83,16 @@ engine::engine(std::vector<engine_model> models, const engine_config& config)
         throw std::invalid_argument("engine: models '" + other->cfg.name + "' and '" + cfg.name + "' share a KV pool; each needs its own");
     for (const auto& s : models_)
       if (s->cfg.name == cfg.name) throw std::invalid_argument("engine: model '" + cfg.name + "' is listed twice");
+    if (config.roster) {
+      if (!cfg.placement) throw std::invalid_argument("engine: model '" + cfg.name + "' has no placement; a roster needs one per model");
+      if (!config.roster->find(cfg.name)) throw std::invalid_argument("engine: model '" + cfg.name + "' is not in the roster");
+      if (!models_.empty() && &models_.front()->cfg.placement->arbiter() != &cfg.placement->arbiter())
+        throw std::invalid_argument("engine: model '" + cfg.name + "' is placed in another arbiter than '" + models_.front()->cfg.name + "'");
+      const auto snap = cfg.placement->arbiter().snapshot();
+      if (std::none_of(snap.models.begin(), snap.models.end(), [&](const auto& m) { return m.name == cfg.name; }))
+        throw std::invalid_argument("engine: model '" + cfg.name + "' is registered with the arbiter under another name");
+      if (!cfg.residency) cfg.residency = cfg.placement;
+    }
     auto s = std::make_unique<served>();
     s->cfg = cfg;
     const auto& c = cfg.model->config();
@@ -165,11 +188,17 @@ int32_t engine::kv_blocks_in_use(const std::string& model) const {
 void engine::run() {
   std::unique_lock lock(m_);
   for (;;) {
-    cv_.wait(lock, [&] {
-      if (stop_ || !submitted_.empty()) return true;
-      return std::any_of(models_.begin(), models_.end(),
-                         [](const auto& s) { return !s->waiting.empty() || !s->running.empty() || !s->preempted.empty(); });
-    });
+    if (stalled_) {
+      // Work waits on memory, not on a caller: look again shortly (copies land, timers run).
+      cv_.wait_for(lock, std::chrono::milliseconds(2), [&] { return stop_ || !submitted_.empty(); });
+      stalled_ = false;
+    } else {
+      cv_.wait(lock, [&] {
+        if (stop_ || !submitted_.empty()) return true;
+        return std::any_of(models_.begin(), models_.end(),
+                           [](const auto& s) { return !s->waiting.empty() || !s->running.empty() || !s->preempted.empty(); });
+      });
+    }
     if (stop_) break;
     try {
       iterate(lock);
@@ -231,12 +260,72 @@ engine::served* engine::pick() {
   return best;
 }
 
+engine::served* engine::plan_and_pick() {
+  const auto now = clock_type::now();
+  auto& arb = models_.front()->cfg.placement->arbiter();
+  std::vector<model_facts> facts;
+  for (const auto& m : models_) {
+    model_facts f;
+    f.name = m->cfg.name;
+    f.running = static_cast<int>(m->running.size());
+    f.preempted = static_cast<int>(m->preempted.size());
+    f.queued = static_cast<int>(m->waiting.size());
+    // The oldest request waiting to start or to resume: its wait ages the model.
+    if (!m->waiting.empty()) f.oldest = m->waiting.front()->arrived;
+    for (const auto& a : m->preempted)
+      if (f.oldest == policy::time_point{} || a->arrived < f.oldest) f.oldest = a->arrived;
+    f.last_used = m->last_pass;
+    f.loaded_at = m->loaded_at;
+    f.arrivals_per_s = m->rate_at(now);
+    facts.push_back(std::move(f));
+  }
+  const double link = config_.link_gb_s > 0 ? config_.link_gb_s
+                      : arb.device_backend().info().link_gbps > 0 ? arb.device_backend().info().link_gbps
+                                                                  : 25.0;
+  const auto snap = planner_snapshot(arb.snapshot(), arb.config().block_bytes, facts, link, 2.0);
+  const auto plan = policy::make_plan(*config_.roster, snap, planner_demand(facts), now);
+  auto find = [&](const std::string& name) -> served* {
+    for (auto& m : models_)
+      if (m->cfg.name == name) return m.get();
+    return nullptr;
+  };
+  for (const auto& act : plan.actions) {
+    served* t = find(act.model);
+    if (!t) continue;
+    if (act.kind == policy::action_kind::preempt) {
+      preempt_all(*t);
+    } else if (act.kind != policy::action_kind::resume) {
+      const bool was_on = std::any_of(snap.models.begin(), snap.models.end(), [&](const auto& m) { return m.name == act.model && m.on_device; });
+      const auto st = apply_memory_action(*t->cfg.placement, act);
+      if (act.kind == policy::action_kind::load && !was_on) t->loaded_at = now;
+      spdlog::debug("engine: {} {} ({}): {}", policy::action_name(act.kind), act.model, act.why, memory::status_name(st));
+    }
+  }
+  if (plan.run.empty()) return nullptr;
+  served* s = find(plan.run);
+  return s && runnable(arb.snapshot(), s->cfg.name) ? s : nullptr;
+}
+
+void engine::preempt_all(served& s) {
+  for (auto& a : s.running) {
+    preempt(s, *a);
+    a->preempt = false;
+    ++preemptions_;
+    s.preempted.push_back(std::move(a));
+  }
+  s.running.clear();
+  s.publish();
+}
+
 void engine::iterate(std::unique_lock<std::mutex>& lock) {
   // Take in what was submitted; drop what was cancelled, waiting or running.
   while (!submitted_.empty()) {
     auto a = std::move(submitted_.front());
     submitted_.pop_front();
-    models_[a->model]->waiting.push_back(std::move(a));
+    auto& t = *models_[a->model];
+    t.arrival_rate = t.rate_at(a->arrived) + 1.0 / served::k_rate_window_s;
+    t.last_arrival = a->arrived;
+    t.waiting.push_back(std::move(a));
   }
   for (auto& s : models_) {
     for (auto it = s->waiting.begin(); it != s->waiting.end();) {
@@ -264,8 +353,12 @@ void engine::iterate(std::unique_lock<std::mutex>& lock) {
       }
     }
   }
-  served* s = pick();
-  if (!s) return;
+  served* s = config_.roster ? plan_and_pick() : pick();
+  if (!s) {
+    stalled_ = std::any_of(models_.begin(), models_.end(),
+                           [](const auto& m) { return !m->waiting.empty() || !m->running.empty() || !m->preempted.empty(); });
+    return;
+  }
   s->last_pass = clock_type::now();
   // Preempted sequences come back first, oldest first, as blocks allow: swapped-out KV by copy,
   // the others to be evaluated again from their tokens.

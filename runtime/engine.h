@@ -13,8 +13,12 @@
 // prompt that starts with cached blocks adopts them and skips evaluating those tokens, and
 // cached blocks are released, least recently used first, before anything is preempted.
 //
-// Memory placement (which model is on the device) comes from the planner in a later step;
-// here every model's weights must be readable (owned, or resident in an arbiter).
+// Memory placement: with a roster in the config, every iteration asks the planner
+// (policy/planner.h) for a plan over the arbiter's snapshot and the queues, carries out its
+// memory actions (stage, load, evict; preempt swaps a model's running sequences to host) and
+// steps the model the plan names, once its segments are on the device or streamable. Without
+// one, every model's weights must already be readable (owned, or resident in an arbiter), and
+// the model to step is picked by priority with aging.
 #pragma once
 
 #include <atomic>
@@ -29,7 +33,9 @@
 #include <vector>
 
 #include "kernels/cpu/thread_pool.h"
+#include "configs/roster.h"
 #include "memory/kv_pool.h"
+#include "models/arbiter_residency.h"
 #include "models/forward.h"
 #include "models/model.h"
 #include "models/tokenizer.h"
@@ -50,6 +56,9 @@ struct engine_model {
   kernels::cpu::kv_type kv = kernels::cpu::kv_type::f16;
   models::weight_residency* residency = nullptr;  // null: the model's own weights
   memory::kv_pool* kv_pool = nullptr;            // null: the engine makes one in RAM for every slot
+  // With engine_config::roster: the model's segments in the arbiter, registered under `name`;
+  // the engine moves them by the plan (and reads weights through them when residency is null).
+  models::arbiter_residency* placement = nullptr;
 };
 
 struct engine_config {
@@ -58,6 +67,10 @@ struct engine_config {
   int64_t prefill_chunk = 128;     // prompt tokens of one sequence per pass
   double aging_per_s = 10;         // priority a waiting request gains per second of waiting
   bool prefix_cache = true;        // keep finished sequences' full KV blocks for later prompts
+  // The policy and the models' priorities, keep-alive and pins: with it, the planner places
+  // the models (each needs a placement in one arbiter and a roster entry of its name).
+  const configs::roster* roster = nullptr;
+  double link_gb_s = 0;  // host -> device speed for the planner's reload costs; 0: the backend's throttle, else 25
 };
 
 struct generation_params {
@@ -102,6 +115,8 @@ class engine {
   void run();
   void iterate(std::unique_lock<std::mutex>& lock);
   served* pick();
+  served* plan_and_pick();
+  void preempt_all(served& s);
   void step(served& s);
   void retire(served& s, active& a, finish_reason why, const std::string& error = {});
   void preempt(served& s, active& a);
@@ -117,6 +132,7 @@ class engine {
   std::atomic<int64_t> preemptions_{0};
   std::atomic<int64_t> prefix_reused_{0};
   bool stop_ = false;
+  bool stalled_ = false;  // work waits on memory (copies landing, a plan's timers): poll, do not spin
   std::thread thread_;
 };
 

@@ -38,6 +38,11 @@ finish_reason request_handle::finished() const {
   return done_;
 }
 
+std::chrono::steady_clock::time_point request_handle::finished_at() const {
+  std::lock_guard lock(m_);
+  return finished_at_;
+}
+
 std::string request_handle::error() const {
   std::lock_guard lock(m_);
   return error_;
@@ -61,6 +66,7 @@ void request_handle::finish(finish_reason why, std::string error) {
     std::lock_guard lock(m_);
     if (done_ != finish_reason::none) return;
     done_ = why;
+    finished_at_ = std::chrono::steady_clock::now();
     error_ = std::move(error);
   }
   cv_.notify_all();

@@ -24,6 +24,9 @@ class request_handle {
   void cancel();
   bool cancel_requested() const;
   finish_reason finished() const;
+  // When the engine finished it (the epoch before that): for request durations in logs and
+  // metrics, and the order in which requests ended.
+  std::chrono::steady_clock::time_point finished_at() const;
   std::string error() const;
   // Waits until the request has finished (tokens left unread stay readable).
   void wait() const;
@@ -37,6 +40,7 @@ class request_handle {
   mutable std::condition_variable cv_;
   std::deque<int32_t> tokens_;
   finish_reason done_ = finish_reason::none;
+  std::chrono::steady_clock::time_point finished_at_{};
   std::string error_;
   bool cancel_ = false;
 };

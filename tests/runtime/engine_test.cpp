@@ -9,6 +9,7 @@
 
 #include "memory/arbiter.h"
 #include "memory/cpu_backend.h"
+#include "models/arbiter_residency.h"
 #include "models/synth.h"
 #include "runtime/generate.h"
 #include "tests/test_support.h"
@@ -203,6 +204,87 @@ TEST_SUITE("engine") {
     for (auto& h : low) CHECK(collect(*h).size() == 120);
     CHECK(e.kv_blocks_in_use("low") == 0);
     CHECK(e.kv_blocks_in_use("high") == 0);
+  }
+
+  TEST_CASE("two models on a device budget that holds one: placed by the plan, served by priority, nothing dropped") {
+    const models::model lo(test::data_path("stories260K.gguf").string());
+    const models::model hi(test::data_path("stories260K-q8_0.gguf").string());
+    const auto lo_tok = models::tokenizer::from_gguf(lo.file());
+    const auto hi_tok = models::tokenizer::from_gguf(hi.file());
+    constexpr size_t blk = 16 << 10;
+    auto weights = [&](const models::model& m) {
+      uint64_t b = 0;
+      for (const auto& s : models::segment_sources(m)) b += (s.bytes + blk - 1) / blk * blk;
+      return b;
+    };
+    auto kv_block = [](const models::model& m) { return static_cast<size_t>(models::kv_bytes_per_token(m.config(), kernels::cpu::kv_type::f16) * 16); };
+    const int32_t kv_blocks = 3 * 256 / 16;
+    const uint64_t kv_bytes = ((kv_blocks * kv_block(lo) + blk - 1) / blk + (kv_blocks * kv_block(hi) + blk - 1) / blk) * blk;
+    // Both KV pools and the larger model's weights, with a little room, but not both models.
+    const uint64_t device = kv_bytes + std::max(weights(lo), weights(hi)) + 4 * blk;
+    REQUIRE(device < kv_bytes + weights(lo) + weights(hi));
+
+    configs::roster r;
+    configs::model_entry low, high;
+    low.name = "low";
+    low.priority = 0;
+    high.name = "high";
+    high.priority = 100;
+    for (auto* e : {&low, &high}) {
+      e->keep_alive.forever = true;
+      e->max_sequences = 3;
+      e->context = 256;
+    }
+    r.models = {low, high};
+    r.policy.hysteresis = std::chrono::milliseconds(0);
+    r.policy.prefetch = false;
+    r.policy.stream = false;
+    r.policy.idle_grace = std::chrono::milliseconds(50);  // the idle high model gives the device back soon
+
+    auto backend = memory::make_cpu_backend();
+    memory::arbiter a(*backend, {device, uint64_t{16} << 20, blk});
+    auto lo_kv = memory::kv_pool::make(a, "low", kv_blocks, 16, kv_block(lo));
+    auto hi_kv = memory::kv_pool::make(a, "high", kv_blocks, 16, kv_block(hi));
+    REQUIRE(lo_kv);
+    REQUIRE(hi_kv);
+    models::arbiter_residency lo_place(a, lo, "low"), hi_place(a, hi, "high");
+    std::vector<std::vector<int32_t>> lo_out, hi_out;
+    {
+      runtime::engine e({{"low", &lo, &lo_tok, 0, 3, 256, kernels::cpu::kv_type::f16, nullptr, lo_kv.get(), &lo_place},
+                         {"high", &hi, &hi_tok, 100, 3, 256, kernels::cpu::kv_type::f16, nullptr, hi_kv.get(), &hi_place}},
+                        {.threads = 2, .max_batch_tokens = 64, .prefill_chunk = 32, .roster = &r});
+      const std::vector<std::vector<int32_t>> lo_prompts = {{1, 403, 407, 261}, {1, 300, 12, 99, 5}, {1, 77}};
+      const std::vector<std::vector<int32_t>> hi_prompts = {{1, 260, 33}, {1, 410, 411, 412}};
+      std::vector<std::shared_ptr<runtime::request_handle>> lows, highs;
+      for (const auto& p : lo_prompts) lows.push_back(e.submit({"low", p, greedy(200)}));
+      int32_t first = 0;
+      REQUIRE(lows[0]->next(&first, 60s));  // the low model is on the device and generating
+      for (const auto& p : hi_prompts) highs.push_back(e.submit({"high", p, greedy(12)}));
+      for (size_t i = 0; i < highs.size(); ++i) {
+        CAPTURE(i);
+        CHECK(collect(*highs[i]) == alone(hi, hi_tok, hi_prompts[i], 12));
+        CHECK(highs[i]->finished() == runtime::finish_reason::length);
+      }
+      for (size_t i = 0; i < lows.size(); ++i) {
+        CAPTURE(i);
+        auto got = collect(*lows[i]);
+        if (i == 0) got.insert(got.begin(), first);
+        CHECK(got == alone(lo, lo_tok, lo_prompts[i], 200));
+        CHECK(lows[i]->finished() == runtime::finish_reason::length);
+      }
+      // The higher priority ended first: its requests took the device from the running ones.
+      for (const auto& h : highs)
+        for (const auto& l : lows) CHECK(h->finished_at() < l->finished_at());
+      e.drain();
+      CHECK(e.preemptions() >= 1);
+      CHECK(e.kv_blocks_in_use("low") == 0);
+      CHECK(e.kv_blocks_in_use("high") == 0);
+      a.check_integrity();
+      const auto snap = a.snapshot();
+      for (const auto& o : snap.owners)
+        if (o.who.kind == memory::owner_kind::kv) CHECK(o.host == 0);  // no swapped KV left behind
+    }
+    a.check_integrity();
   }
 
   TEST_CASE("bad requests are refused at submit") {
