@@ -80,7 +80,7 @@ class tokenizer {
 // byte tokens) until the rest arrives. Bytes that can never form a character are replaced
 // by U+FFFD right away. CONTROL/UNKNOWN/UNUSED tokens give no text unless render_special
 // (llama.cpp's generation output hides them too). No space is stripped: a stream continues
-// a prompt.
+// a prompt. The tokenizer must outlive the stream (one per request: it holds no copy).
 class detokenizer_stream {
  public:
   explicit detokenizer_stream(const tokenizer& t, bool render_special = false);
@@ -90,7 +90,7 @@ class detokenizer_stream {
   size_t pending_bytes() const { return pending_.size(); }
 
  private:
-  tokenizer tok_;
+  const tokenizer* tok_;
   bool render_special_;
   std::string pending_;
 };

@@ -18,6 +18,7 @@ struct engine::active {
   std::vector<int32_t> prompt;
   generation_params params;
   sampler smp;
+  text_stream text;
   std::vector<int32_t> history;  // prompt + generated, for the repetition penalty
   clock_type::time_point arrived;
   size_t model = 0;
@@ -30,11 +31,12 @@ struct engine::active {
   bool preempt = false;    // chosen as a victim in the pass being formed
   bool recompute = false;  // preempted without a host copy: its tokens are evaluated again
 
-  active(engine_request r, size_t m)
+  active(engine_request r, size_t m, const models::tokenizer& tok)
       : handle(std::make_shared<request_handle>()),
         prompt(std::move(r.prompt)),
         params(r.params),
         smp(r.params.sampling),
+        text(tok, r.params.stop),
         history(prompt),
         arrived(clock_type::now()),
         model(m) {}
@@ -154,7 +156,9 @@ std::shared_ptr<request_handle> engine::submit(engine_request r) {
   for (const int32_t t : r.prompt)
     if (t < 0 || t >= vocab) throw std::invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(vocab) + ")");
   if (r.params.max_tokens < 0) throw std::invalid_argument("max_tokens must be >= 0");
-  auto a = std::make_shared<active>(std::move(r), m);  // the sampler validates its parameters
+  for (const auto& stop : r.params.stop)
+    if (stop.empty()) throw std::invalid_argument("a stop string is empty");
+  auto a = std::make_shared<active>(std::move(r), m, *cfg.tokenizer);  // the sampler validates its parameters
   auto h = a->handle;
   {
     std::lock_guard lock(m_);
@@ -226,10 +230,13 @@ void engine::end_all(served& s, finish_reason why, const std::string& error) {
 }
 
 void engine::retire(served& s, active& a, finish_reason why, const std::string& error) {
+  const bool completed = why == finish_reason::length || why == finish_reason::eog || why == finish_reason::stop || why == finish_reason::context;
+  if (completed)
+    if (auto rest = a.text.flush(); !rest.empty()) a.handle->push(-1, std::move(rest));
   if (a.seq >= 0) {
     // A sequence that ran to its end leaves its full blocks for later prompts: its KV holds
     // the tokens of positions 0 .. pos-1 (the last sampled token was never evaluated).
-    if (s.cache && (why == finish_reason::length || why == finish_reason::eog || why == finish_reason::context) && !s.kv->swapped_out(a.seq))
+    if (s.cache && completed && !s.kv->swapped_out(a.seq))
       s.cache->insert(std::span<const int32_t>(a.history.data(), static_cast<size_t>(s.ctx->pos(a.seq))), s.kv->table(a.seq));
     s.kv->drop(a.seq);
     s.ctx->reset(a.seq);
@@ -519,8 +526,10 @@ void engine::step(served& s) {
     a.history.push_back(id);
     a.next = id;
     ++a.generated;
-    a.handle->push(id);
-    if (a.generated >= a.params.max_tokens) a.ending = finish_reason::length;
+    auto released = a.text.push(id);
+    a.handle->push(id, std::move(released.text));
+    if (released.stopped) a.ending = finish_reason::stop;
+    else if (a.generated >= a.params.max_tokens) a.ending = finish_reason::length;
     else if (s.ctx->pos(a.seq) + 1 > s.cfg.context) a.ending = finish_reason::context;
   }
 }

@@ -43,6 +43,7 @@
 #include "runtime/prefix_cache.h"
 #include "runtime/request_handle.h"
 #include "runtime/sampler.h"
+#include "runtime/text_stream.h"
 
 namespace tandem::runtime {
 
@@ -77,6 +78,9 @@ struct generation_params {
   int64_t max_tokens = 128;
   sampling_params sampling;
   bool stop_at_eog = true;
+  // The generation ends where one of these first appears in its text, which then stops before
+  // it; text that may still begin one is held back until it cannot (text_stream.h).
+  std::vector<std::string> stop;
 };
 
 struct engine_request {
@@ -95,7 +99,8 @@ class engine {
   engine& operator=(const engine&) = delete;
 
   // Throws std::invalid_argument (before queueing anything) for an unknown model, an empty
-  // prompt, a prompt that does not fit the model's context, or sampling parameters out of range.
+  // prompt, a prompt that does not fit the model's context, sampling parameters out of range,
+  // or an empty stop string.
   std::shared_ptr<request_handle> submit(engine_request r);
   // Waits until every submitted request has finished.
   void drain();

@@ -7,6 +7,7 @@ const char* finish_name(finish_reason r) {
     case finish_reason::none: return "running";
     case finish_reason::length: return "length";
     case finish_reason::eog: return "stop";
+    case finish_reason::stop: return "stop";
     case finish_reason::context: return "context";
     case finish_reason::cancelled: return "cancelled";
     case finish_reason::error: return "error";
@@ -14,13 +15,28 @@ const char* finish_name(finish_reason r) {
   return "?";
 }
 
-bool request_handle::next(int32_t* token, std::chrono::milliseconds timeout) {
+bool request_handle::next(piece* p, std::chrono::milliseconds timeout) {
   std::unique_lock lock(m_);
-  cv_.wait_for(lock, timeout, [&] { return !tokens_.empty() || done_ != finish_reason::none; });
-  if (tokens_.empty()) return false;
-  *token = tokens_.front();
-  tokens_.pop_front();
+  cv_.wait_for(lock, timeout, [&] { return !pieces_.empty() || done_ != finish_reason::none; });
+  if (pieces_.empty()) return false;
+  *p = std::move(pieces_.front());
+  pieces_.pop_front();
   return true;
+}
+
+bool request_handle::next(int32_t* token, std::chrono::milliseconds timeout) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  std::unique_lock lock(m_);
+  for (;;) {
+    if (!cv_.wait_until(lock, until, [&] { return !pieces_.empty() || done_ != finish_reason::none; })) return false;
+    if (pieces_.empty()) return false;
+    const piece p = std::move(pieces_.front());
+    pieces_.pop_front();
+    if (p.token >= 0) {
+      *token = p.token;
+      return true;
+    }
+  }
 }
 
 void request_handle::cancel() {
@@ -53,10 +69,10 @@ void request_handle::wait() const {
   cv_.wait(lock, [&] { return done_ != finish_reason::none; });
 }
 
-void request_handle::push(int32_t token) {
+void request_handle::push(int32_t token, std::string text) {
   {
     std::lock_guard lock(m_);
-    tokens_.push_back(token);
+    pieces_.push_back({token, std::move(text)});
   }
   cv_.notify_all();
 }

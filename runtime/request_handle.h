@@ -1,5 +1,6 @@
 // The caller's side of a request submitted to the engine: a thread-safe stream of generated
-// token ids, a way to cancel, and how it ended. The engine thread pushes; any thread reads.
+// tokens with the text each releases, a way to cancel, and how it ended. The engine thread
+// pushes; any thread reads.
 #pragma once
 
 #include <chrono>
@@ -11,13 +12,24 @@
 
 namespace tandem::runtime {
 
-enum class finish_reason { none, length, eog, context, cancelled, error };
+// stop: a stop string of the request completed (its text is not part of the output).
+enum class finish_reason { none, length, eog, stop, context, cancelled, error };
 const char* finish_name(finish_reason r);
+
+// One generated token and the text that became final with it: complete UTF-8, less what is
+// held back while it may begin a stop string. Text released at the end (held-back text when
+// the request finishes) comes as a piece with token -1.
+struct piece {
+  int32_t token = -1;
+  std::string text;
+};
 
 class request_handle {
  public:
-  // The next generated token, waiting up to `timeout`: true with *token set; false when the
-  // request has finished and every token was read (finished() says why), or on timeout.
+  // The next piece, waiting up to `timeout`: true with *p set; false when the request has
+  // finished and everything was read (finished() says why), or on timeout.
+  bool next(piece* p, std::chrono::milliseconds timeout = std::chrono::hours(24));
+  // The same, token ids only (pieces of text alone are skipped).
   bool next(int32_t* token, std::chrono::milliseconds timeout = std::chrono::hours(24));
   // Asks the engine to stop: the request finishes with `cancelled` within one iteration and
   // its KV is freed. Safe from any thread, at any time, more than once.
@@ -32,13 +44,13 @@ class request_handle {
   void wait() const;
 
   // Engine side.
-  void push(int32_t token);
+  void push(int32_t token, std::string text = {});
   void finish(finish_reason why, std::string error = {});
 
  private:
   mutable std::mutex m_;
   mutable std::condition_variable cv_;
-  std::deque<int32_t> tokens_;
+  std::deque<piece> pieces_;
   finish_reason done_ = finish_reason::none;
   std::chrono::steady_clock::time_point finished_at_{};
   std::string error_;

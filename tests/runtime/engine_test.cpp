@@ -287,6 +287,50 @@ TEST_SUITE("engine") {
     a.check_integrity();
   }
 
+  TEST_CASE("stop strings end the text before them; held-back text comes out at the end") {
+    const models::model m(test::data_path("stories260K.gguf").string());
+    const auto tok = models::tokenizer::from_gguf(m.file());
+    runtime::engine e({{"m", &m, &tok, 0, 4, 256}}, {.threads = 2, .max_batch_tokens = 64, .prefill_chunk = 16});
+    const std::vector<int32_t> prompt = {1, 403, 407, 261};
+    const auto ids = alone(m, tok, prompt, 60);
+    models::detokenizer_stream d(tok);
+    std::string full;
+    for (const int32_t id : ids) full += d.push(id);
+    full += d.flush();
+    REQUIRE(full.size() > 40);
+    auto read = [&](runtime::request_handle& h, std::vector<int32_t>* toks) {
+      std::string text;
+      runtime::piece p;
+      while (h.next(&p, 60s)) {
+        if (p.token >= 0) toks->push_back(p.token);
+        text += p.text;
+      }
+      return text;
+    };
+    // A stop string from the middle of the text, and one that never appears.
+    const std::string stop = full.substr(30, 6);
+    auto params = greedy(60);
+    params.stop = {"never in this story", stop};
+    auto h = e.submit({"m", prompt, params});
+    std::vector<int32_t> toks;
+    CHECK(read(*h, &toks) == full.substr(0, full.find(stop)));
+    CHECK(h->finished() == runtime::finish_reason::stop);
+    CHECK(std::string(runtime::finish_name(h->finished())) == "stop");
+    REQUIRE(toks.size() < ids.size());
+    CHECK(std::equal(toks.begin(), toks.end(), ids.begin()));
+    // Without a match: the whole text, the tail held for a possible match released at the end.
+    params.stop = {full.substr(full.size() - 3) + "zzz"};
+    h = e.submit({"m", prompt, params});
+    toks.clear();
+    CHECK(read(*h, &toks) == full);
+    CHECK(toks == ids);
+    CHECK(h->finished() == runtime::finish_reason::length);
+    params.stop = {""};
+    CHECK_THROWS_AS(e.submit({"m", prompt, params}), std::invalid_argument);
+    e.drain();
+    CHECK(e.kv_blocks_in_use("m") == 0);
+  }
+
   TEST_CASE("bad requests are refused at submit") {
     const models::model m(test::data_path("stories260K.gguf").string());
     const auto tok = models::tokenizer::from_gguf(m.file());
