@@ -105,6 +105,7 @@ model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_
 
     for (int rep = 0; rep < p.reps; ++rep) {
       const auto t0 = clock_type::now();
+      ctx.set_prompt_end(0, p.fast_prompt_attention ? p.prompt : 0);
       ctx.eval({prompt_ids, static_cast<size_t>(p.prompt)});
       r.prefill_tok_s.push_back(static_cast<double>(p.prompt) / seconds_since(t0));
       ctx.reset();

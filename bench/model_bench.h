@@ -19,6 +19,9 @@ struct model_bench_params {
   int64_t batch = 8;     // batched decode: sequences per pass (1 .. models::k_max_sequences)
   int reps = 3;          // timed repetitions of each phase (after one untimed warm-up)
   uint64_t seed = 1;     // token ids
+  // Prefill attention by the prompt kernel (forward_context::set_prompt_end), as the server
+  // computes prompts; off: llama.cpp's f16 arithmetic, as `tandem run` does.
+  bool fast_prompt_attention = false;
 };
 
 struct model_bench_result {

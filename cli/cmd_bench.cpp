@@ -104,6 +104,8 @@ void add_bench_command(CLI::App& root) {
   cmd->add_option("--read-mib", a->read_mib, "buffer of the memory-read ceiling in MiB (0: four times the last-level cache, at least 256)")
       ->check(CLI::Range(0, 1 << 16))
       ->capture_default_str();
+  cmd->add_flag("--fast-prompt", p.fast_prompt_attention,
+                "prefill attention by the prompt kernel, as the server computes prompts (default: llama.cpp's f16 arithmetic, as `tandem run`)");
   cmd->add_flag("--json", a->json, "print one JSON object instead of the table");
   cmd->callback([a, cmd] {
     if (cmd->got_subcommand("swap") || cmd->got_subcommand("serve")) return;

@@ -308,6 +308,7 @@ forward_context::forward_context(const model& m, const context_params& p, kernel
   kv_layer_bytes_ = static_cast<size_t>(n_ctx_ * c.kv_dim()) * kv_elem_bytes(kv_type_);
   n_layer_ = c.n_layer;
   pos_.assign(static_cast<size_t>(sizes.n_seq), 0);
+  prompt_end_.assign(static_cast<size_t>(sizes.n_seq), 0);
   row_seq_.resize(static_cast<size_t>(max_batch_));
   runs_.reserve(static_cast<size_t>(max_batch_));  // at most one run per row: no allocation per step
   step_out_.reserve(static_cast<size_t>(max_batch_));
@@ -358,6 +359,12 @@ void forward_context::check_seq(int64_t seq) const {
 void forward_context::reset(int64_t seq) {
   check_seq(seq);
   pos_[static_cast<size_t>(seq)] = 0;
+  prompt_end_[static_cast<size_t>(seq)] = 0;
+}
+
+void forward_context::set_prompt_end(int64_t seq, int64_t end) {
+  check_seq(seq);
+  prompt_end_[static_cast<size_t>(seq)] = std::max<int64_t>(end, 0);
 }
 
 void forward_context::truncate(int64_t pos, int64_t seq) {
@@ -542,6 +549,7 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
         kernels::cpu::kv_store(v_cache(s, l), kv_type_, p0, v_ + r0 * KV, len, KV);
         runs_.push_back({q_ + r0 * Q, len, p0, k_cache(s, l), v_cache(s, l), attn_ + r0 * Q});
       }
+      runs_.back().prompt_rows = std::clamp<int64_t>(prompt_end_[static_cast<size_t>(s)] - p0, 0, len);
       r0 = r1;
     }
     kernels::cpu::attention_many(runs_.data(), static_cast<int64_t>(runs_.size()), kv_type_, static_cast<int>(c.n_head),

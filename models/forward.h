@@ -135,6 +135,12 @@ class forward_context {
   // adopted from a prefix cache) continues from there. Paged contexts only; throws
   // std::invalid_argument unless the sequence is empty and its blocks cover `pos`.
   void assume(int64_t pos, int64_t seq);
+  // Positions before `end` of `seq` are a prompt's: their attention takes the prompt kernel
+  // (kernels/cpu/ops.h, attention_run::prompt_rows): f32 throughout, each key read once for a
+  // tile of rows, the same result however the prompt is chunked, within float noise of
+  // llama.cpp's f16 arithmetic rather than equal to it. 0 (the default, and after reset): every
+  // row is computed as llama.cpp computes it.
+  void set_prompt_end(int64_t seq, int64_t end);
 
  private:
   // Row r of the chunk is token tokens[r] of sequence seqs[r] at position positions[r]; rows
@@ -160,6 +166,7 @@ class forward_context {
   std::vector<int64_t> pos_;  // next position of each sequence
   int64_t n_logit_rows_ = 1;
   std::vector<int64_t> row_seq_, row_pos_;  // per scratch row: sequence and position (eval_chunk)
+  std::vector<int64_t> prompt_end_;  // per sequence: set_prompt_end
   std::vector<kernels::cpu::attention_run> runs_;  // one per sequence of a chunk (reserved)
   std::vector<int64_t> step_out_;                  // step(): the last row of each sequence's run
 

@@ -20,6 +20,7 @@ struct engine::active {
   sampler smp;
   text_stream text;
   std::vector<int32_t> history;  // prompt + generated, for the repetition penalty
+  int64_t prompt_len = 0;        // of the request as submitted (a recomputed sequence's prompt grows)
   clock_type::time_point arrived;
   size_t model = 0;
   int64_t seq = -1;       // sequence slot while running
@@ -38,6 +39,7 @@ struct engine::active {
         smp(r.params.sampling),
         text(tok, r.params.stop),
         history(prompt),
+        prompt_len(static_cast<int64_t>(prompt.size())),
         arrived(clock_type::now()),
         model(m) {}
 };
@@ -484,6 +486,9 @@ void engine::step(served& s) {
     active& a = *ap;
     if (budget == 0) break;
     if (a.preempt) continue;
+    // The request's own prompt (not tokens it generated and evaluates again after a
+    // preemption) may take the prompt kernel.
+    s.ctx->set_prompt_end(a.seq, config_.fast_prompt_attention ? a.prompt_len : 0);
     const auto plen = static_cast<int64_t>(a.prompt.size());
     if (a.prefilled < plen) {
       const int64_t chunk = std::min({config_.prefill_chunk, plen - a.prefilled, budget});

@@ -68,6 +68,9 @@ struct engine_config {
   int64_t prefill_chunk = 128;     // prompt tokens of one sequence per pass
   double aging_per_s = 10;         // priority a waiting request gains per second of waiting
   bool prefix_cache = true;        // keep finished sequences' full KV blocks for later prompts
+  // Prompts' attention by the prompt kernel (forward_context::set_prompt_end): f32, each key
+  // read once per tile of rows; generated tokens always take the exact (llama.cpp) path.
+  bool fast_prompt_attention = true;
   // The policy and the models' priorities, keep-alive and pins: with it, the planner places
   // the models (each needs a placement in one arbiter and a roster entry of its name).
   const configs::roster* roster = nullptr;

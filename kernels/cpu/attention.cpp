@@ -154,10 +154,24 @@ void attention_many(const attention_run* runs, int64_t n_runs, kv_type kt, int n
   }
   const int per_task = group / parts;
   const int64_t per_row = static_cast<int64_t>(n_kv_heads) * parts;
-  // Units of run i: [first[i], first[i + 1]) (a per-thread buffer: no allocation once warm).
+  // Prompt rows take the prompt kernel where the CPU has AVX-512, in tiles of up to 16 query
+  // vectors: `p_heads` heads of one KV head (the group, or 16 of it) times `p_rows_per_tile`
+  // consecutive rows.
+  const bool prompt_kernel = active_isa() == isa::avx512;
+  const int p_heads = std::min(group, k_prompt_lanes);
+  const int p_parts = (group + p_heads - 1) / p_heads;
+  const int64_t p_rows_per_tile = std::max(1, k_prompt_lanes / p_heads);
+  auto prompt_rows = [&](const attention_run& r) { return prompt_kernel ? std::clamp<int64_t>(r.prompt_rows, 0, std::max<int64_t>(r.n_q, 0)) : 0; };
+  auto prompt_units = [&](const attention_run& r) {
+    return (prompt_rows(r) + p_rows_per_tile - 1) / p_rows_per_tile * n_kv_heads * p_parts;
+  };
+  // Units of run i: [first[i], first[i + 1]): its prompt tiles, then (row, KV head, part) for
+  // the other rows (a per-thread buffer: no allocation once warm).
   thread_local std::vector<int64_t> first;
   first.assign(static_cast<size_t>(n_runs + 1), 0);
-  for (int64_t i = 0; i < n_runs; ++i) first[static_cast<size_t>(i + 1)] = first[static_cast<size_t>(i)] + std::max<int64_t>(runs[i].n_q, 0) * per_row;
+  for (int64_t i = 0; i < n_runs; ++i)
+    first[static_cast<size_t>(i + 1)] = first[static_cast<size_t>(i)] + prompt_units(runs[i]) +
+                                        (std::max<int64_t>(runs[i].n_q, 0) - prompt_rows(runs[i])) * per_row;
   const int64_t units = first[static_cast<size_t>(n_runs)];
   const int64_t* firsts = first.data();
 
@@ -189,8 +203,37 @@ void attention_many(const attention_run* runs, int64_t n_runs, kv_type kt, int n
     for (int64_t u = begin; u < end; ++u) {
       while (u >= firsts[i + 1]) ++i;
       const attention_run& run = runs[i];
-      const int64_t local = u - firsts[i];
-      const int64_t row = zigzag_row(local / per_row, run.n_q);
+      int64_t local = u - firsts[i];
+      const int64_t p_rows = prompt_rows(run), p_units = prompt_units(run);
+      if (local < p_units) {
+        thread_local std::vector<float> prompt_scratch;
+        if (prompt_scratch.size() < prompt_scratch_floats(dp)) prompt_scratch.resize(prompt_scratch_floats(dp));
+        const int64_t per_tile = static_cast<int64_t>(n_kv_heads) * p_parts;
+        const int64_t tile = zigzag_row(local / per_tile, p_units / per_tile);
+        const int kv_head = static_cast<int>(local % per_tile) / p_parts;
+        const int part = static_cast<int>(local % p_parts);
+        const int64_t r0 = tile * p_rows_per_tile;
+        const int64_t head = static_cast<int64_t>(kv_head) * group + part * p_heads;
+        prompt_tile pt;
+        pt.q = run.q + (r0 * n_heads + head) * head_dim;
+        pt.out = run.out + (r0 * n_heads + head) * head_dim;
+        pt.q_row_stride = static_cast<int64_t>(n_heads) * head_dim;
+        pt.n_heads = std::min(p_heads, group - part * p_heads);
+        pt.n_rows = static_cast<int>(std::min(p_rows_per_tile, p_rows - r0));
+        pt.row0_pos = run.pos0 + r0;
+        pt.k = static_cast<const char*>(run.k_cache) + static_cast<size_t>(kv_head) * head_dim * elem;
+        pt.v = static_cast<const char*>(run.v_cache) + static_cast<size_t>(kv_head) * head_dim * elem;
+        pt.kv_stride = kv_stride;
+        pt.pages = run.pages;
+        pt.head_dim = head_dim;
+        pt.padded_dim = dp;
+        pt.scale = scale;
+        pt.kt = kt;
+        attend_prompt_avx512(pt, prompt_scratch.data());
+        continue;
+      }
+      local -= p_units;
+      const int64_t row = p_rows + zigzag_row(local / per_row, run.n_q - p_rows);
       const int kv_head = static_cast<int>(local % per_row) / parts;
       const int part = static_cast<int>(local % parts);
       const int64_t head = static_cast<int64_t>(kv_head) * group + part * per_task;

@@ -69,4 +69,29 @@ struct attention_scratch {
 void attend_avx2(const attention_task& t, const attention_scratch& s);
 void attend_avx512(const attention_task& t, const attention_scratch& s);
 
+// Prompt rows (attention_run::prompt_rows) on AVX-512: consecutive query rows of one sequence
+// and heads of one KV head, as up to 16 query vectors (lane i: row i / n_heads, head
+// i % n_heads of the tile). Not the f16 contract above: f32 throughout, scores from fused
+// multiply-adds over the dimensions in order, a vectorised exponential, blockwise online
+// softmax (attention_prompt_avx512.cpp). Each lane's result depends on its own row only.
+struct prompt_tile {
+  const float* q;         // the tile's first row, its first head
+  float* out;             // same layout as q
+  int64_t q_row_stride;   // floats from one row's queries to the next's
+  int n_heads;            // heads per row in the tile
+  int n_rows;             // n_rows * n_heads <= 16
+  int64_t row0_pos;       // position of the first row
+  const void* k;          // this KV head's key at position 0 (as attention_task)
+  const void* v;
+  int64_t kv_stride;
+  kv_pages pages;
+  int head_dim;
+  int padded_dim;
+  float scale;
+  kv_type kt;
+};
+inline constexpr int k_prompt_lanes = 16;
+size_t prompt_scratch_floats(int padded_dim);
+void attend_prompt_avx512(const prompt_tile& t, float* scratch);
+
 }  // namespace tandem::kernels::cpu

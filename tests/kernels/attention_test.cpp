@@ -307,6 +307,79 @@ TEST_SUITE("attention") {
     }
   }
 
+  TEST_CASE("prompt rows: close to exact attention on every shape, f32 arithmetic where AVX-512 runs them") {
+    tandem::test::isa_guard guard;
+    std::mt19937 rng(31337);
+    thread_pool pool2(2);
+    std::vector<shape> shapes(std::begin(k_shapes), std::end(k_shapes));
+    shapes.push_back({14, 2, 64, 9, 40});   // GQA 7: tiles of 2 rows x 7 heads
+    shapes.push_back({32, 1, 64, 5, 20});   // GQA 32: a KV head's heads split over two tiles
+    shapes.push_back({4, 1, 256, 3, 50});   // wide heads
+    shapes.push_back({16, 4, 64, 70, 0});   // a prompt chunk as the 250M model's
+    for (const auto& sh : shapes)
+      for (kv_type kt : {kv_type::f32, kv_type::f16}) {
+        CAPTURE(sh.n_heads);
+        CAPTURE(sh.n_kv_heads);
+        CAPTURE(sh.head_dim);
+        CAPTURE(sh.n_q);
+        CAPTURE(sh.pos0);
+        CAPTURE(int(kt));
+        auto p = make_problem(rng, sh, kt);
+        const auto exact = reference_attention(p.q, sh.n_q, sh.pos0, p.k, p.v, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale, false);
+        for (const isa path : tandem::test::supported_isas())
+          for (thread_pool* pool : {static_cast<thread_pool*>(nullptr), &pool2}) {
+            CAPTURE(isa_name(path));
+            set_isa(path);
+            std::vector<float> out(p.q.size(), -1.0f);
+            attention_run r{p.q.data(), sh.n_q, sh.pos0, p.k.data(), p.v.data(), out.data()};
+            r.prompt_rows = sh.n_q;
+            attention_many(&r, 1, kt, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale, pool);
+            // Elsewhere the rows take the exact path (the f16 contract on an f16 cache).
+            const double tol = path == isa::avx512 ? 2e-5 : kt == kv_type::f16 ? 1e-2 : 2e-6;
+            double worst = 0;
+            for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::fabs(out[i] - exact[i]));
+            CHECK(worst <= tol);
+          }
+      }
+  }
+
+  TEST_CASE("prompt rows give the same result bit for bit however the prompt is chunked and batched") {
+    std::mt19937 rng(99);
+    thread_pool pool(3);
+    for (const kv_type kt : {kv_type::f16, kv_type::f32}) {
+      const shape whole{16, 4, 64, 45, 0};
+      problem p = make_problem(rng, whole, kt);
+      problem other = make_problem(rng, shape{16, 4, 64, 1, 30}, kt);
+      std::vector<float> want(p.q.size(), -1.0f);
+      attention_run all{p.q.data(), whole.n_q, 0, p.k.data(), p.v.data(), want.data()};
+      all.prompt_rows = whole.n_q;
+      attention_many(&all, 1, kt, 16, 4, 64, p.scale, nullptr);
+      const int64_t row = 16 * 64;
+      for (const std::vector<int64_t>& cuts : {std::vector<int64_t>{0, 1, 2, 45}, std::vector<int64_t>{0, 5, 21, 45}, std::vector<int64_t>{0, 16, 17, 40, 45}})
+        for (thread_pool* pl : {static_cast<thread_pool*>(nullptr), &pool}) {
+          std::vector<float> got(p.q.size(), -1.0f), side(other.q.size(), -1.0f);
+          for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+            // Each chunk beside a decode row of another sequence, as in a mixed engine pass.
+            const int64_t a = cuts[c], n = cuts[c + 1] - cuts[c];
+            attention_run runs[2] = {{other.q.data(), 1, 30, other.k.data(), other.v.data(), side.data()},
+                                     {p.q.data() + a * row, n, a, p.k.data(), p.v.data(), got.data() + a * row}};
+            runs[1].prompt_rows = n;
+            attention_many(runs, 2, kt, 16, 4, 64, p.scale, pl);
+          }
+          CHECK(got == want);
+          CHECK(side == run(other, shape{16, 4, 64, 1, 30}, kt, pl));  // the decode row takes the exact path
+        }
+      // Prompt rows first, then generated rows: those equal the exact path bit for bit.
+      std::vector<float> mixed(p.q.size(), -1.0f);
+      attention_run m{p.q.data(), whole.n_q, 0, p.k.data(), p.v.data(), mixed.data()};
+      m.prompt_rows = 40;
+      attention_many(&m, 1, kt, 16, 4, 64, p.scale, &pool);
+      const auto exact = run(p, whole, kt, &pool);
+      CHECK(std::equal(mixed.begin(), mixed.begin() + 40 * row, want.begin()));
+      CHECK(std::equal(mixed.begin() + 40 * row, mixed.end(), exact.begin() + 40 * row));
+    }
+  }
+
   TEST_CASE("repeated calls give the same result (scratch is reused, not stale)") {
     // A long context then a short one through the same thread's scratch, and back.
     tandem::test::isa_guard guard;

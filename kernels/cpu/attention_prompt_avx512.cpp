@@ -1,0 +1,186 @@
+// The prompt-row attention kernel (attention_impl.h, prompt_tile) with AVX-512: the query
+// vectors of a tile sit in the 16 lanes of a register, so a key's scores for all of them are
+// one chain of fused multiply-adds with the key's elements broadcast, the online softmax runs
+// lane-wise with a vectorised exponential, and each value row is folded into the accumulators
+// of every query vector of the tile. Keys and values are widened once per tile, not per row.
+//
+// Every lane's arithmetic depends on its own row alone, never on which rows share the tile or
+// how far the tile's keys reach: keys a row cannot see get a weight of exactly zero, blocks
+// past its last key rescale by exactly one. So a prompt row gets the same result bit for bit
+// however the prompt is chunked.
+// GCC 12 warns, wrongly, that the undefined pass-through operand of the unmasked AVX-512
+// intrinsics (cvtph_ps, max_ps, min_ps) may be used uninitialised.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu/attention_impl.h"
+
+namespace tandem::kernels::cpu {
+namespace {
+
+constexpr int L = 16;  // lanes: query vectors per tile
+
+// e^x lane-wise, within a few ulp: 2^n * p(r) with x = n ln2 + r, |r| <= ln2 / 2. exp(0) is
+// exactly 1 (the rescale of a block that changes nothing).
+inline __m512 exp_ps(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Row `p` of a cache (f16 or f32) as head_dim floats, zero to dp.
+inline void widen(const prompt_tile& t, const void* base, int64_t p, float* dst) {
+  const int64_t off = kv_row_offset(t.pages, t.kv_stride, p);
+  const int d = t.head_dim;
+  if (t.kt == kv_type::f32) {
+    std::memcpy(dst, static_cast<const float*>(base) + off, static_cast<size_t>(d) * sizeof(float));
+  } else {
+    const auto* src = static_cast<const uint16_t*>(base) + off;
+    int i = 0;
+    for (; i + 16 <= d; i += 16)
+      _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+    for (; i < d; ++i) dst[i] = _cvtsh_ss(src[i]);
+  }
+  for (int i = d; i < t.padded_dim; ++i) dst[i] = 0.0f;
+}
+
+// Scores of keys kb[0..NK) for every lane: NK independent chains over the dimensions.
+template <int NK>
+inline void scores(const float* qt, const float* kb, int dp, int d, __m512* s) {
+  for (int j = 0; j < NK; ++j) s[j] = _mm512_setzero_ps();
+  for (int e = 0; e < d; ++e) {
+    const __m512 q = _mm512_load_ps(qt + e * L);
+    for (int j = 0; j < NK; ++j) s[j] = _mm512_fmadd_ps(_mm512_set1_ps(kb[j * dp + e]), q, s[j]);
+  }
+}
+
+// acc[c] = acc[c] * alpha + sum_j w[j * L] * v[j][c] for the C registers of one query vector.
+template <int C>
+inline void fold(float* acc, const float* w, float alpha, const float* vb, int nb, int dp) {
+  __m512 a[C];
+  const __m512 al = _mm512_set1_ps(alpha);
+  for (int c = 0; c < C; ++c) a[c] = _mm512_mul_ps(_mm512_load_ps(acc + c * 16), al);
+  for (int j = 0; j < nb; ++j) {
+    const __m512 wj = _mm512_set1_ps(w[j * L]);
+    for (int c = 0; c < C; ++c) a[c] = _mm512_fmadd_ps(wj, _mm512_loadu_ps(vb + j * dp + c * 16), a[c]);
+  }
+  for (int c = 0; c < C; ++c) _mm512_store_ps(acc + c * 16, a[c]);
+}
+
+void fold_any(float* acc, const float* w, float alpha, const float* vb, int nb, int dp) {
+  switch (dp / 16) {
+    case 1: fold<1>(acc, w, alpha, vb, nb, dp); return;
+    case 2: fold<2>(acc, w, alpha, vb, nb, dp); return;
+    case 3: fold<3>(acc, w, alpha, vb, nb, dp); return;
+    case 4: fold<4>(acc, w, alpha, vb, nb, dp); return;
+    case 5: fold<5>(acc, w, alpha, vb, nb, dp); return;
+    case 6: fold<6>(acc, w, alpha, vb, nb, dp); return;
+    case 7: fold<7>(acc, w, alpha, vb, nb, dp); return;
+    case 8: fold<8>(acc, w, alpha, vb, nb, dp); return;
+    default:
+      // Wide heads: 8 registers at a time (the same arithmetic per element).
+      for (int c0 = 0; c0 < dp; c0 += 128) {
+        const int cw = dp - c0 < 128 ? dp - c0 : 128;
+        switch (cw / 16) {
+          case 1: fold<1>(acc + c0, w, alpha, vb + c0, nb, dp); break;
+          case 2: fold<2>(acc + c0, w, alpha, vb + c0, nb, dp); break;
+          case 3: fold<3>(acc + c0, w, alpha, vb + c0, nb, dp); break;
+          case 4: fold<4>(acc + c0, w, alpha, vb + c0, nb, dp); break;
+          case 5: fold<5>(acc + c0, w, alpha, vb + c0, nb, dp); break;
+          case 6: fold<6>(acc + c0, w, alpha, vb + c0, nb, dp); break;
+          case 7: fold<7>(acc + c0, w, alpha, vb + c0, nb, dp); break;
+          default: fold<8>(acc + c0, w, alpha, vb + c0, nb, dp); break;
+        }
+      }
+  }
+}
+
+}  // namespace
+
+size_t prompt_scratch_floats(int padded_dim) {
+  // qt, kb, vb, acc, w, alpha, plus 16 floats of alignment slack.
+  return static_cast<size_t>(padded_dim) * L * 4 + L * L + L + 16;
+}
+
+void attend_prompt_avx512(const prompt_tile& t, float* scratch) {
+  const int d = t.head_dim, dp = t.padded_dim, H = t.n_heads;
+  const int M = t.n_rows * H;
+  auto* base = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t{63});
+  float* qt = base;             // [d][L]: the tile's queries, transposed, times scale
+  float* kb = qt + dp * L;      // [L][dp]: widened keys of a block
+  float* vb = kb + dp * L;      // [L][dp]: widened values
+  float* acc = vb + dp * L;     // [L][dp]: value accumulators per lane
+  float* w = acc + dp * L;      // [L keys][L lanes]: weights of a block
+  float* alpha = w + L * L;     // [L]: rescale of each lane's accumulator
+  std::memset(qt, 0, sizeof(float) * static_cast<size_t>(dp) * L);
+  std::memset(acc, 0, sizeof(float) * static_cast<size_t>(dp) * L);
+  alignas(64) int32_t pos[L];
+  for (int i = 0; i < L; ++i) {
+    if (i >= M) {
+      pos[i] = -1;  // an empty lane sees nothing
+      continue;
+    }
+    const float* q = t.q + (i / H) * t.q_row_stride + static_cast<int64_t>(i % H) * d;
+    for (int e = 0; e < d; ++e) qt[e * L + i] = q[e] * t.scale;
+    pos[i] = static_cast<int32_t>(t.row0_pos + i / H);
+  }
+  const __m512i vpos = _mm512_load_si512(pos);
+  const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
+  __m512 m = neg_inf, l = _mm512_setzero_ps();
+  const int64_t n_keys = t.row0_pos + t.n_rows;  // the tile's last row sees this many
+  for (int64_t t0 = 0; t0 < n_keys; t0 += L) {
+    const int nb = n_keys - t0 < L ? static_cast<int>(n_keys - t0) : L;
+    for (int j = 0; j < nb; ++j) {
+      widen(t, t.k, t0 + j, kb + j * dp);
+      widen(t, t.v, t0 + j, vb + j * dp);
+    }
+    __m512 s[L];
+    int j0 = 0;
+    for (; j0 + 8 <= nb; j0 += 8) scores<8>(qt, kb + j0 * dp, dp, d, s + j0);
+    for (; j0 + 4 <= nb; j0 += 4) scores<4>(qt, kb + j0 * dp, dp, d, s + j0);
+    for (; j0 < nb; ++j0) scores<1>(qt, kb + j0 * dp, dp, d, s + j0);
+    __mmask16 vis[L];
+    __m512 mb = neg_inf;
+    for (int j = 0; j < nb; ++j) {
+      vis[j] = _mm512_cmpge_epi32_mask(vpos, _mm512_set1_epi32(static_cast<int32_t>(t0 + j)));
+      s[j] = _mm512_mask_blend_ps(vis[j], neg_inf, s[j]);
+      mb = _mm512_max_ps(mb, s[j]);
+    }
+    const __m512 m_new = _mm512_max_ps(m, mb);
+    // A lane that has seen nothing yet (m_new = -inf) keeps alpha = 1 instead of exp(NaN).
+    const __mmask16 live = _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_NEQ_OQ);
+    const __m512 al = _mm512_mask_blend_ps(live, _mm512_set1_ps(1.0f), exp_ps(_mm512_sub_ps(m, m_new)));
+    l = _mm512_mul_ps(l, al);
+    for (int j = 0; j < nb; ++j) {
+      const __m512 p = _mm512_maskz_mov_ps(vis[j] & live, exp_ps(_mm512_sub_ps(s[j], m_new)));
+      l = _mm512_add_ps(l, p);
+      _mm512_store_ps(w + j * L, p);
+    }
+    _mm512_store_ps(alpha, al);
+    m = m_new;
+    for (int i = 0; i < M; ++i) fold_any(acc + i * dp, w + i, alpha[i], vb, nb, dp);
+  }
+  alignas(64) float sum[L];
+  _mm512_store_ps(sum, l);
+  for (int i = 0; i < M; ++i) {
+    float* out = t.out + (i / H) * t.q_row_stride + static_cast<int64_t>(i % H) * d;
+    const float inv = 1.0f / sum[i];
+    for (int e = 0; e < d; ++e) out[e] = acc[i * dp + e] * inv;
+  }
+}
+
+}  // namespace tandem::kernels::cpu
