@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -74,6 +75,7 @@ serve_bench_result run_serve_bench(const serve_bench_options& o) {
   ec.threads = o.threads;
   ec.max_batch_tokens = o.max_batch_tokens;
   ec.prefill_chunk = o.prefill_chunk;
+  ec.itl_budget = o.itl_budget;
   runtime::engine e({{"low", &m, &tok, 0, 16, ctx}, {"high", &hm, &ht, 100, 4, 1024}}, ec);
   serve_bench_result r;
   r.threads = o.threads > 0 ? o.threads : kernels::cpu::default_thread_count();
@@ -99,12 +101,15 @@ serve_bench_result run_serve_bench(const serve_bench_options& o) {
     r.per_stream_tok_s[c] = r.decode_tok_s[c] / c;
   }
 
-  // Inter-token latency of 4 streams, idle, then while a long prompt is prefilled.
+  // Inter-token latency of 4 streams while a long prompt is prefilled, then of the same 4
+  // streams on their own over the same token positions: the streams' contexts grow as they
+  // run, and that must not count against the prefill.
+  int64_t k_first = 0, k_last = 0;
   auto itl = [&](bool with_prefill) {
     std::vector<timed> rs;
     const auto t0 = clock_type::now();
     // With a prefill, the streams run until its first token, then are cancelled.
-    const int64_t n = with_prefill ? ctx - 32 : o.gen * 2;
+    const int64_t n = with_prefill ? ctx - 32 : k_last + 1;
     for (int i = 0; i < 4; ++i) rs.push_back({e.submit({"low", prompt(300 + i * 23, 16), greedy(n)}), t0, {}});
     timed big{};
     double from = 0, to = 1e300;
@@ -122,22 +127,33 @@ serve_bench_result run_serve_bench(const serve_bench_options& o) {
     }
     read_all(rs);
     if (reader.joinable()) reader.join();
+    std::vector<double> gaps;
     if (with_prefill) {
       r.long_prompt_ttft_ms = big.at_ms.empty() ? 0 : big.at_ms.front();
       to = from + r.long_prompt_ttft_ms;
+      k_first = std::numeric_limits<int64_t>::max();
+      for (const auto& x : rs)
+        for (size_t k = 1; k < x.at_ms.size(); ++k)
+          if (x.at_ms[k] > from && x.at_ms[k - 1] < to) {
+            gaps.push_back(x.at_ms[k] - x.at_ms[k - 1]);
+            k_first = std::min<int64_t>(k_first, static_cast<int64_t>(k));
+            k_last = std::max<int64_t>(k_last, static_cast<int64_t>(k));
+          }
+      if (gaps.empty()) k_first = k_last = 1;
+    } else {
+      for (const auto& x : rs)
+        for (size_t k = static_cast<size_t>(k_first); k <= static_cast<size_t>(k_last) && k < x.at_ms.size(); ++k) gaps.push_back(x.at_ms[k] - x.at_ms[k - 1]);
     }
-    std::vector<double> gaps;
-    for (const auto& x : rs)
-      for (size_t k = 1; k < x.at_ms.size(); ++k)
-        if (x.at_ms[k] > from && x.at_ms[k - 1] < to) gaps.push_back(x.at_ms[k] - x.at_ms[k - 1]);
     return gaps;
   };
-  const auto idle = itl(false);
-  r.itl_p50_ms_idle = pct(idle, 0.5);
-  r.itl_p99_ms_idle = pct(idle, 0.99);
   const auto busy = itl(true);
   r.itl_p50_ms_during_prefill = pct(busy, 0.5);
   r.itl_p99_ms_during_prefill = pct(busy, 0.99);
+  const auto idle = itl(false);
+  r.itl_p50_ms_idle = pct(idle, 0.5);
+  r.itl_p99_ms_idle = pct(idle, 0.99);
+  r.itl_tokens_from = k_first;
+  r.itl_tokens_to = k_last;
 
   // A burst of 4 short high-priority requests: idle, then against 8 long low-priority generations.
   auto burst = [&](bool contended) {
@@ -193,6 +209,9 @@ nlohmann::json to_json(const serve_bench_result& r, const serve_bench_options& o
   j["itl_p99_ms_idle"] = r.itl_p99_ms_idle;
   j["itl_p50_ms_during_prefill"] = r.itl_p50_ms_during_prefill;
   j["itl_p99_ms_during_prefill"] = r.itl_p99_ms_during_prefill;
+  j["itl_p99_ratio"] = r.itl_p99_ms_idle > 0 ? r.itl_p99_ms_during_prefill / r.itl_p99_ms_idle : 0;
+  j["itl_token_positions"] = {r.itl_tokens_from, r.itl_tokens_to};
+  j["itl_budget"] = o.itl_budget;
   j["long_prompt_tokens"] = o.long_prompt;
   j["long_prompt_ttft_ms"] = r.long_prompt_ttft_ms;
   j["burst_ttft_ms_idle"] = r.burst_ttft_ms_idle;
@@ -212,7 +231,8 @@ std::string format_table(const serve_bench_result& r, const serve_bench_options&
     std::snprintf(line, sizeof line, "decode, %2d streams      %9.1f tok/s aggregate, %7.1f per stream\n", c, v, r.per_stream_tok_s.at(c));
     out += line;
   }
-  std::snprintf(line, sizeof line, "ITL idle                 p50 %7.1f ms  p99 %7.1f ms\n", r.itl_p50_ms_idle, r.itl_p99_ms_idle);
+  std::snprintf(line, sizeof line, "ITL idle (tokens %lld..%lld) p50 %7.1f ms  p99 %7.1f ms\n", static_cast<long long>(r.itl_tokens_from),
+                static_cast<long long>(r.itl_tokens_to), r.itl_p50_ms_idle, r.itl_p99_ms_idle);
   out += line;
   std::snprintf(line, sizeof line, "ITL during %lld-token prefill  p50 %7.1f ms  p99 %7.1f ms (that prompt's TTFT %.0f ms)\n",
                 static_cast<long long>(o.long_prompt), r.itl_p50_ms_during_prefill, r.itl_p99_ms_during_prefill, r.long_prompt_ttft_ms);

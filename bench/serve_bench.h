@@ -1,6 +1,6 @@
 // `tandem bench serve`: the engine under synthetic load, in process (no HTTP). Aggregate and
-// per-stream decode at 1, 4 and 16 concurrent sequences; inter-token latency of 4 streams idle
-// and while a long prompt is prefilled; TTFT of a burst of short high-priority requests on an
+// per-stream decode at 1, 4 and 16 concurrent sequences; inter-token latency of 4 streams while
+// a long prompt is prefilled, and alone over the same token positions; TTFT of a burst of short high-priority requests on an
 // idle engine and while a low-priority entry runs 8 long generations; TTFT of a prompt whose
 // prefix is cached against one whose is not.
 #pragma once
@@ -21,6 +21,7 @@ struct serve_bench_options {
   int64_t long_prompt = 3000;   // the prompt prefilled during the ITL test
   int64_t prefill_chunk = 16;   // prompt tokens of one sequence per pass
   int64_t max_batch_tokens = 64;
+  double itl_budget = 1.5;      // engine_config::itl_budget (0: fixed prompt chunks)
 };
 
 struct serve_bench_result {
@@ -29,6 +30,7 @@ struct serve_bench_result {
   double itl_p50_ms_idle = 0, itl_p99_ms_idle = 0;
   double itl_p50_ms_during_prefill = 0, itl_p99_ms_during_prefill = 0;
   double long_prompt_ttft_ms = 0;
+  int64_t itl_tokens_from = 0, itl_tokens_to = 0;  // the streams' token positions both ITL figures cover
   double burst_ttft_ms_idle = 0, burst_ttft_ms_contended = 0;  // median over the burst
   double prefix_miss_ttft_ms = 0, prefix_hit_ttft_ms = 0;
   int threads = 0;

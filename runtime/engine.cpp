@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 #include <spdlog/spdlog.h>
@@ -20,7 +21,6 @@ struct engine::active {
   sampler smp;
   text_stream text;
   std::vector<int32_t> history;  // prompt + generated, for the repetition penalty
-  int64_t prompt_len = 0;        // of the request as submitted (a recomputed sequence's prompt grows)
   clock_type::time_point arrived;
   size_t model = 0;
   int64_t seq = -1;       // sequence slot while running
@@ -39,7 +39,6 @@ struct engine::active {
         smp(r.params.sampling),
         text(tok, r.params.stop),
         history(prompt),
-        prompt_len(static_cast<int64_t>(prompt.size())),
         arrived(clock_type::now()),
         model(m) {}
 };
@@ -61,6 +60,11 @@ struct engine::served {
   std::unique_ptr<prefix_cache> cache;
   clock_type::time_point last_pass = clock_type::now();
   clock_type::time_point loaded_at{};  // when the engine last started loading it (placement by plan)
+  // The ITL budget's estimates (engine_config::itl_budget): seconds of a pass of decode rows
+  // only, and of one prompt row beside them; 0 until measured. Rows of the pass being run.
+  double decode_pass_s = 0, prompt_row_s = 0;
+  int64_t pass_prompt_rows = 0, pass_decode_rows = 0;
+  int64_t passes_with_prompts = 0;
   double arrival_rate = 0;             // requests per second, decaying (the planner's prefetch hint)
   clock_type::time_point last_arrival{};
   static constexpr double k_rate_window_s = 60;
@@ -419,7 +423,9 @@ void engine::iterate(std::unique_lock<std::mutex>& lock) {
   // The pass runs without the lock: submit() and cancel() stay responsive meanwhile.
   lock.unlock();
   try {
+    const auto t0 = clock_type::now();
     step(*s);
+    learn_pass_cost(*s, std::chrono::duration<double>(clock_type::now() - t0).count());
   } catch (const std::exception& e) {
     lock.lock();
     for (auto& a : s->running) retire(*s, *a, finish_reason::error, e.what());
@@ -442,6 +448,31 @@ void engine::iterate(std::unique_lock<std::mutex>& lock) {
     }
   }
   s->publish();
+}
+
+namespace {
+constexpr int64_t k_decode_probe_every = 8;
+}  // namespace
+
+int64_t engine::prompt_row_limit(const served& s) const {
+  if (config_.itl_budget <= 0) return std::numeric_limits<int64_t>::max();
+  // Until both costs are known, a small probe chunk measures them.
+  if (s.decode_pass_s <= 0 || s.prompt_row_s <= 0) return std::min<int64_t>(config_.prefill_chunk, 4);
+  const double rows = (config_.itl_budget - 1.0) * s.decode_pass_s / s.prompt_row_s;
+  // At least one row a pass: a prompt always advances, even when one row costs more than the budget.
+  return std::max<int64_t>(1, static_cast<int64_t>(rows));
+}
+
+void engine::learn_pass_cost(served& s, double seconds) {
+  // Moving averages: the costs drift as contexts grow (attention) and batches change.
+  constexpr double k_weight = 0.25;
+  auto blend = [](double old, double now) { return old <= 0 ? now : old + k_weight * (now - old); };
+  if (s.pass_decode_rows > 0 && s.pass_prompt_rows == 0) {
+    s.decode_pass_s = blend(s.decode_pass_s, seconds);
+  } else if (s.pass_decode_rows > 0 && s.pass_prompt_rows > 0 && s.decode_pass_s > 0) {
+    const double per_row = std::max(seconds - s.decode_pass_s, 0.0) / static_cast<double>(s.pass_prompt_rows);
+    s.prompt_row_s = blend(s.prompt_row_s, std::max(per_row, 1e-6));
+  }
 }
 
 void engine::preempt(served& s, active& a) {
@@ -482,31 +513,51 @@ void engine::step(served& s) {
     }
     return true;
   };
-  for (auto& ap : s.running) {
-    active& a = *ap;
-    if (budget == 0) break;
-    if (a.preempt) continue;
-    // The request's own prompt (not tokens it generated and evaluates again after a
-    // preemption) may take the prompt kernel.
-    s.ctx->set_prompt_end(a.seq, config_.fast_prompt_attention ? a.prompt_len : 0);
-    const auto plen = static_cast<int64_t>(a.prompt.size());
-    if (a.prefilled < plen) {
-      const int64_t chunk = std::min({config_.prefill_chunk, plen - a.prefilled, budget});
-      if (!blocks_for(a, a.prefilled + chunk)) continue;
-      for (int64_t i = 0; i < chunk; ++i) {
-        toks.push_back(a.prompt[static_cast<size_t>(a.prefilled + i)]);
-        seqs.push_back(a.seq);
-      }
-      a.rows = chunk;
-    } else {
-      if (!blocks_for(a, s.ctx->pos(a.seq) + 1)) continue;
-      toks.push_back(a.next);
-      seqs.push_back(a.seq);
-      a.rows = 1;
-    }
-    budget -= a.rows;
-    in_pass.push_back(&a);
+  // Decoding sequences first, one row each, so that no prompt chunk crowds them out of a
+  // pass; then prompt chunks. While sequences decode, the prompt rows of a pass are held to
+  // what fits the ITL budget (prompt_row_limit); with none decoding, a prompt takes whole chunks.
+  int64_t prompt_budget = std::numeric_limits<int64_t>::max();
+  bool decoding = false, prefilling = false;
+  for (const auto& ap : s.running) {
+    if (ap->preempt) continue;
+    (ap->prefilled >= static_cast<int64_t>(ap->prompt.size()) ? decoding : prefilling) = true;
   }
+  if (decoding && prefilling) {
+    prompt_budget = prompt_row_limit(s);
+    // Every few passes, decode rows alone: keeps the measured cost of a decode pass current
+    // as the streams' contexts grow (the budget is relative to it).
+    if (++s.passes_with_prompts % k_decode_probe_every == 0) prompt_budget = 0;
+  }
+  s.pass_prompt_rows = s.pass_decode_rows = 0;
+  for (const bool prompts : {false, true})
+    for (auto& ap : s.running) {
+      active& a = *ap;
+      if (budget == 0) break;
+      if (a.preempt || a.rows > 0) continue;
+      const auto plen = static_cast<int64_t>(a.prompt.size());
+      if ((a.prefilled < plen) != prompts) continue;
+      s.ctx->set_prompt_end(a.seq, config_.fast_attention ? std::numeric_limits<int64_t>::max() : 0);
+      if (prompts) {
+        if (prompt_budget <= 0) break;
+        const int64_t chunk = std::min({config_.prefill_chunk, plen - a.prefilled, budget, prompt_budget});
+        if (!blocks_for(a, a.prefilled + chunk)) continue;
+        for (int64_t i = 0; i < chunk; ++i) {
+          toks.push_back(a.prompt[static_cast<size_t>(a.prefilled + i)]);
+          seqs.push_back(a.seq);
+        }
+        a.rows = chunk;
+        prompt_budget -= chunk;
+        s.pass_prompt_rows += chunk;
+      } else {
+        if (!blocks_for(a, s.ctx->pos(a.seq) + 1)) continue;
+        toks.push_back(a.next);
+        seqs.push_back(a.seq);
+        a.rows = 1;
+        ++s.pass_decode_rows;
+      }
+      budget -= a.rows;
+      in_pass.push_back(&a);
+    }
   if (in_pass.empty()) return;
   s.ctx->step(toks, seqs);
   const auto logits = s.ctx->all_logits_rows();

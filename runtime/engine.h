@@ -66,11 +66,18 @@ struct engine_config {
   int threads = 0;                 // 0: all cores
   int64_t max_batch_tokens = 256;  // rows of one pass
   int64_t prefill_chunk = 128;     // prompt tokens of one sequence per pass
+  // While sequences are decoding, a pass with prompt rows may take this many times a pass of
+  // decode rows alone: the engine measures both costs as it runs and sizes prompt chunks to
+  // fit, so a long prompt slows the streams beside it by this factor at most (one prompt row a
+  // pass always goes in). 0: prompt chunks of prefill_chunk whatever they cost.
+  double itl_budget = 1.5;
   double aging_per_s = 10;         // priority a waiting request gains per second of waiting
   bool prefix_cache = true;        // keep finished sequences' full KV blocks for later prompts
-  // Prompts' attention by the prompt kernel (forward_context::set_prompt_end): f32, each key
-  // read once per tile of rows; generated tokens always take the exact (llama.cpp) path.
-  bool fast_prompt_attention = true;
+  // Attention by the tiled f32 kernel (forward_context::set_prompt_end) for every row, prompt
+  // and generated: each key read once per tile of rows, several times faster than llama.cpp's
+  // f16 arithmetic at long contexts, and within float noise of it. Off: prompts and tokens
+  // are computed as llama.cpp computes them (and as `tandem run` does).
+  bool fast_attention = true;
   // The policy and the models' priorities, keep-alive and pins: with it, the planner places
   // the models (each needs a placement in one arbiter and a roster entry of its name).
   const configs::roster* roster = nullptr;
@@ -126,6 +133,8 @@ class engine {
   served* plan_and_pick();
   void preempt_all(served& s);
   void step(served& s);
+  int64_t prompt_row_limit(const served& s) const;
+  void learn_pass_cost(served& s, double seconds);
   void retire(served& s, active& a, finish_reason why, const std::string& error = {});
   void preempt(served& s, active& a);
   void end_all(served& s, finish_reason why, const std::string& error);

@@ -1,5 +1,6 @@
 #include "runtime/generate.h"
 
+#include <limits>
 #include <stdexcept>
 
 namespace tandem::runtime {
@@ -18,7 +19,7 @@ generate_stats generate(models::forward_context& ctx, const models::tokenizer& t
   generate_stats st;
   st.prompt_tokens = static_cast<int64_t>(prompt.size());
   auto t0 = std::chrono::steady_clock::now();
-  ctx.set_prompt_end(0, opt.fast_prompt_attention ? ctx.pos() + static_cast<int64_t>(prompt.size()) : 0);
+  ctx.set_prompt_end(0, opt.fast_attention ? std::numeric_limits<int64_t>::max() : 0);
   ctx.eval(prompt);
   st.prompt_seconds = seconds_since(t0);
 

@@ -19,10 +19,10 @@ struct generate_options {
   int64_t max_tokens = 128;       // < 0: until end of generation or the context is full
   sampling_params sampling;
   bool stop_at_eog = true;        // stop on EOS / EOT / end-of-turn tokens (not emitted)
-  // The prompt's attention by the prompt kernel (forward_context::set_prompt_end): much faster
-  // on long prompts, within float noise of llama.cpp instead of equal to it. Off by default
-  // for `tandem run`, whose output is llama.cpp's to the token; the engine turns it on.
-  bool fast_prompt_attention = false;
+  // Attention of every row by the tiled f32 kernel (forward_context::set_prompt_end), as the
+  // engine computes it: much faster at long contexts, within float noise of llama.cpp instead
+  // of equal to it. Off by default for `tandem run`, whose output is llama.cpp's to the token.
+  bool fast_attention = false;
 };
 
 struct generate_stats {

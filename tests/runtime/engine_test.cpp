@@ -34,7 +34,7 @@ std::vector<int32_t> alone(const models::model& m, const models::tokenizer& tok,
   o.max_tokens = n;
   o.sampling.temperature = 0;
   o.stop_at_eog = false;
-  o.fast_prompt_attention = true;  // as the engine computes prompts
+  o.fast_attention = true;  // as the engine computes attention
   std::vector<int32_t> out;
   runtime::generate(ctx, tok, prompt, o, [&](int32_t id, const std::string&) {
     if (id >= 0) out.push_back(id);
