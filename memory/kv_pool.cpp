@@ -181,6 +181,32 @@ status kv_pool::swap_in(int64_t seq) {
   return status::ok;
 }
 
+std::optional<allocation> kv_pool::stash(int32_t block) {
+  if (!arbiter_ || block < 0 || block >= n_blocks_) return std::nullopt;
+  const auto host = arbiter_->allocate(tier::host, block_bytes_, {owner_kind::kv, model_, "prefix"});
+  if (!host) return std::nullopt;
+  arbiter_->device_backend()
+      .copy(copy_kind::device_to_host, host->data, memory_ + static_cast<size_t>(block) * block_bytes_, block_bytes_)
+      .wait();
+  return host;
+}
+
+std::optional<int32_t> kv_pool::unstash(const allocation& stashed) {
+  if (!arbiter_ || free_.empty()) return std::nullopt;
+  const int32_t blk = free_.front();
+  free_.pop_front();
+  refs_[static_cast<size_t>(blk)] = 1;
+  retained_[static_cast<size_t>(blk)] = 1;
+  arbiter_->device_backend()
+      .copy(copy_kind::host_to_device, memory_ + static_cast<size_t>(blk) * block_bytes_, stashed.data, block_bytes_)
+      .wait();
+  return blk;
+}
+
+void kv_pool::drop_stash(const allocation& stashed) {
+  if (arbiter_) arbiter_->release(stashed);
+}
+
 void kv_pool::check() const {
   std::vector<int32_t> held(static_cast<size_t>(n_blocks_), 0);
   for (const auto& [seq, t] : tables_)

@@ -78,6 +78,15 @@ class kv_pool {
   // the host copy. no_space when too few blocks are free. Waits for the copy.
   status swap_in(int64_t seq);
 
+  // A prefix cache's spill (blocks held outside any table): a copy of `block` in a host
+  // allocation of block_bytes owned {kv, model, "prefix"}, after the copy has landed; nullopt
+  // without an arbiter or when the host tier has no room. The block itself is untouched.
+  std::optional<allocation> stash(int32_t block);
+  // A free block holding the stash's bytes, with one retained reference (release_block gives
+  // it back); nullopt when no block is free. The stash stays: drop_stash frees it.
+  std::optional<int32_t> unstash(const allocation& stashed);
+  void drop_stash(const allocation& stashed);
+
   // Throws std::logic_error unless every block's count equals the tables holding it plus its
   // retained references, and the free queue holds exactly the blocks no one does.
   void check() const;

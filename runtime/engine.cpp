@@ -57,12 +57,15 @@ struct engine::served {
   std::vector<int64_t> row_seqs;
   std::atomic<int32_t> kv_in_use{0};  // published after each iteration: the pool itself is the engine thread's
   std::atomic<int32_t> kv_cached{0};
+  std::atomic<int32_t> kv_cached_host{0};
+  std::atomic<int64_t> restored{0};
   std::unique_ptr<prefix_cache> cache;
   clock_type::time_point last_pass = clock_type::now();
   clock_type::time_point loaded_at{};  // when the engine last started loading it (placement by plan)
   // The ITL budget's estimates (engine_config::itl_budget): seconds of a pass of decode rows
   // only, and of one prompt row beside them; 0 until measured. Rows of the pass being run.
   double decode_pass_s = 0, prompt_row_s = 0;
+  double prompt_extra_s = 0, prompt_rows_avg = 0;  // averages prompt_row_s is the ratio of
   int64_t pass_prompt_rows = 0, pass_decode_rows = 0;
   int64_t passes_with_prompts = 0;
   double arrival_rate = 0;             // requests per second, decaying (the planner's prefetch hint)
@@ -74,6 +77,8 @@ struct engine::served {
   void publish() {
     const int32_t cached = cache ? cache->blocks() : 0;
     kv_cached = cached;
+    kv_cached_host = cache ? cache->host_blocks() : 0;
+    restored = cache ? cache->restored() : 0;
     kv_in_use = kv->total_blocks() - kv->free_blocks() - cached;
   }
 };
@@ -131,7 +136,7 @@ engine::engine(std::vector<engine_model> models, const engine_config& config)
     cp.kv_pool = s->kv;
     s->ctx = std::make_unique<models::forward_context>(*cfg.model, cp, &pool_, cfg.residency);
     for (int64_t q = cfg.max_sequences - 1; q >= 0; --q) s->free_seqs.push_back(q);
-    if (config.prefix_cache) s->cache = std::make_unique<prefix_cache>(*s->kv);
+    if (config.prefix_cache) s->cache = std::make_unique<prefix_cache>(*s->kv, config.prefix_host_blocks);
     s->row_tokens.reserve(static_cast<size_t>(config.max_batch_tokens));
     s->row_seqs.reserve(static_cast<size_t>(config.max_batch_tokens));
     models_.push_back(std::move(s));
@@ -187,6 +192,18 @@ int32_t engine::kv_blocks_cached(const std::string& model) const {
   for (const auto& s : models_)
     if (s->cfg.name == model) return s->kv_cached.load();
   throw std::invalid_argument("unknown model '" + model + "'");
+}
+
+int32_t engine::kv_blocks_cached_on_host(const std::string& model) const {
+  for (const auto& s : models_)
+    if (s->cfg.name == model) return s->kv_cached_host.load();
+  throw std::invalid_argument("unknown model '" + model + "'");
+}
+
+int64_t engine::prefix_blocks_restored() const {
+  int64_t n = 0;
+  for (const auto& s : models_) n += s->restored.load();
+  return n;
 }
 
 int32_t engine::kv_blocks_in_use(const std::string& model) const {
@@ -470,8 +487,11 @@ void engine::learn_pass_cost(served& s, double seconds) {
   if (s.pass_decode_rows > 0 && s.pass_prompt_rows == 0) {
     s.decode_pass_s = blend(s.decode_pass_s, seconds);
   } else if (s.pass_decode_rows > 0 && s.pass_prompt_rows > 0 && s.decode_pass_s > 0) {
-    const double per_row = std::max(seconds - s.decode_pass_s, 0.0) / static_cast<double>(s.pass_prompt_rows);
-    s.prompt_row_s = blend(s.prompt_row_s, std::max(per_row, 1e-6));
+    // A ratio of averages, not an average of ratios: a pass of one prompt row would otherwise
+    // turn a millisecond of jitter into a millisecond per row, and shrink the next chunks.
+    s.prompt_extra_s = blend(s.prompt_extra_s, seconds - s.decode_pass_s);
+    s.prompt_rows_avg = blend(s.prompt_rows_avg, static_cast<double>(s.pass_prompt_rows));
+    s.prompt_row_s = std::max(s.prompt_extra_s, 1e-6 * s.prompt_rows_avg) / s.prompt_rows_avg;
   }
 }
 

@@ -73,6 +73,9 @@ struct engine_config {
   double itl_budget = 1.5;
   double aging_per_s = 10;         // priority a waiting request gains per second of waiting
   bool prefix_cache = true;        // keep finished sequences' full KV blocks for later prompts
+  // Most prefix-cache blocks kept on the host tier once they leave the device (when the
+  // model's KV pool has an arbiter with a host tier); 0: dropped instead.
+  int32_t prefix_host_blocks = 1 << 20;
   // Attention by the tiled f32 kernel (forward_context::set_prompt_end) for every row, prompt
   // and generated: each key read once per tile of rows, several times faster than llama.cpp's
   // f16 arithmetic at long contexts, and within float noise of it. Off: prompts and tokens
@@ -121,8 +124,12 @@ class engine {
   int64_t preemptions() const;
   // Prompt tokens served from the prefix cache instead of being evaluated, so far.
   int64_t prefix_tokens_reused() const;
-  // KV blocks a model's prefix cache holds (not counted in kv_blocks_in_use).
+  // KV blocks a model's prefix cache holds on the device (not counted in kv_blocks_in_use),
+  // and copies of its blocks waiting on the host tier.
   int32_t kv_blocks_cached(const std::string& model) const;
+  int32_t kv_blocks_cached_on_host(const std::string& model) const;
+  // Prefix-cache blocks copied back from the host for a hit, so far.
+  int64_t prefix_blocks_restored() const;
 
  private:
   struct active;

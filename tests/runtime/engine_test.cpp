@@ -128,7 +128,9 @@ TEST_SUITE("engine") {
       CHECK(e.kv_blocks_in_use("m") == 0);
       pool->check();
       a.check_integrity();
-      CHECK(a.snapshot().host.used == 0);
+      // Nothing swapped out is left behind; the host holds only blocks the prefix cache spilled.
+      for (const auto& o : a.snapshot().owners)
+        if (o.host > 0) CHECK(o.who.part == "prefix");
     }
   }
 
@@ -154,6 +156,43 @@ TEST_SUITE("engine") {
     e.drain();
     CHECK(e.prefix_tokens_reused() >= 3 * 64);  // four full blocks of the 71-token system prompt each
     CHECK(e.kv_blocks_in_use("m") == 0);
+  }
+
+  TEST_CASE("prefix-cache blocks pushed off the device wait on the host; a later hit copies them back") {
+    const models::model m(test::data_path("stories260K.gguf").string());
+    const auto tok = models::tokenizer::from_gguf(m.file());
+    const auto block = static_cast<size_t>(models::kv_bytes_per_token(m.config(), kernels::cpu::kv_type::f16) * 16);
+    auto backend = memory::make_cpu_backend();
+    memory::arbiter a(*backend, {64 << 20, 64 << 20});
+    auto pool = memory::kv_pool::make(a, "m", 10, 16, block);  // 160 positions
+    REQUIRE(pool);
+    runtime::engine e({{"m", &m, &tok, 0, 1, 128, kernels::cpu::kv_type::f16, nullptr, pool.get()}},
+                      {.threads = 2, .max_batch_tokens = 64, .prefill_chunk = 32});
+    std::vector<int32_t> system{1};
+    for (int k = 0; k < 70; ++k) system.push_back(static_cast<int32_t>(20 + (k * 37) % 400));
+    auto with_tail = [&](int t) {
+      auto p = system;
+      for (int k = 0; k < 5 + t; ++k) p.push_back(static_cast<int32_t>(30 + (t * 11 + k) % 300));
+      return p;
+    };
+    CHECK(collect(*e.submit({"m", with_tail(0), greedy(10)})) == alone(m, tok, with_tail(0), 10));
+    e.drain();
+    // Unrelated prompts need the whole pool: the cached blocks go to the host.
+    for (int i = 0; i < 3; ++i) {
+      std::vector<int32_t> other{1};
+      for (int k = 0; k < 100; ++k) other.push_back(static_cast<int32_t>(100 + (k * 13 + i * 7) % 300));
+      CHECK(collect(*e.submit({"m", other, greedy(20)})).size() == 20);
+      e.drain();
+    }
+    CHECK(e.kv_blocks_cached_on_host("m") >= 4);
+    const int64_t reused = e.prefix_tokens_reused();
+    CHECK(collect(*e.submit({"m", with_tail(1), greedy(10)})) == alone(m, tok, with_tail(1), 10));
+    e.drain();
+    CHECK(e.prefix_blocks_restored() >= 4);
+    CHECK(e.prefix_tokens_reused() >= reused + 64);
+    CHECK(e.kv_blocks_in_use("m") == 0);
+    pool->check();
+    a.check_integrity();
   }
 
   TEST_CASE("cancelling at random points frees every KV block") {

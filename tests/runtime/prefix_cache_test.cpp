@@ -2,9 +2,26 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <vector>
 
+#include "memory/arbiter.h"
+#include "memory/cpu_backend.h"
+
 using namespace tandem;
+
+namespace {
+
+constexpr size_t k_block = 64 << 10;  // one arbiter block per KV block
+
+void fill_block(memory::kv_pool& kv, int32_t b, unsigned char v) { std::memset(kv.data() + static_cast<size_t>(b) * k_block, v, k_block); }
+bool block_is(const memory::kv_pool& kv, int32_t b, unsigned char v) {
+  const auto* p = reinterpret_cast<const unsigned char*>(kv.data()) + static_cast<size_t>(b) * k_block;
+  return std::all_of(p, p + k_block, [v](unsigned char x) { return x == v; });
+}
+
+}  // namespace
 
 TEST_SUITE("prefix_cache") {
   TEST_CASE("insert, match whole blocks leaving one token, evict least recently used leaves") {
@@ -58,5 +75,70 @@ TEST_SUITE("prefix_cache") {
       kv.check();
     }
     CHECK(kv.free_blocks() == 8);
+  }
+
+  TEST_CASE("under pressure blocks spill to the host; a hit copies them back unchanged") {
+    auto backend = memory::make_cpu_backend();
+    memory::arbiter a(*backend, {8 * k_block, 8 * k_block});
+    auto kv = memory::kv_pool::make(a, "m", 6, 16, k_block);
+    REQUIRE(kv);
+    {
+      runtime::prefix_cache c(*kv);
+      std::vector<int32_t> t(65);
+      for (int i = 0; i < 65; ++i) t[static_cast<size_t>(i)] = i;
+      REQUIRE(kv->reserve(1, 65) == memory::status::ok);  // 5 blocks, 4 full
+      const auto blocks = kv->table(1);
+      for (size_t i = 0; i < blocks.size(); ++i) fill_block(*kv, blocks[i], static_cast<unsigned char>(10 + i));
+      c.insert(t, blocks);
+      kv->drop(1);
+      CHECK(c.blocks() == 4);
+      CHECK(c.evict(6) == 4);  // deepest first, all of them to the host
+      CHECK(c.blocks() == 0);
+      CHECK(c.host_blocks() == 4);
+      CHECK(kv->free_blocks() == 6);
+      // Another sequence overwrites every device block meanwhile.
+      REQUIRE(kv->reserve(2, 96) == memory::status::ok);
+      for (const int32_t b : kv->table(2)) fill_block(*kv, b, 0xEE);
+      kv->drop(2);
+      const auto back = c.match(t);
+      REQUIRE(back.size() == 4);
+      for (size_t i = 0; i < back.size(); ++i) CHECK(block_is(*kv, back[i], static_cast<unsigned char>(10 + i)));
+      CHECK(c.restored() == 4);
+      CHECK(c.blocks() == 4);
+      CHECK(c.host_blocks() == 0);
+      kv->check();
+      a.check_integrity();
+      // With room for only two blocks on the host, the oldest copies give way.
+      c.evict(6);
+      CHECK(c.host_blocks() + c.blocks() <= 4);
+      a.check_integrity();
+    }
+    kv->check();
+    CHECK(kv->free_blocks() == 6);
+    CHECK(a.snapshot().host.used == 0);  // the cache's host copies went with it
+  }
+
+  TEST_CASE("host copies are capped; without room the deepest blocks are dropped, not kept") {
+    auto backend = memory::make_cpu_backend();
+    memory::arbiter a(*backend, {8 * k_block, 2 * k_block});  // two blocks of host tier
+    auto kv = memory::kv_pool::make(a, "m", 6, 16, k_block);
+    REQUIRE(kv);
+    for (const int32_t cap : {0, 1, 100}) {
+      CAPTURE(cap);
+      runtime::prefix_cache c(*kv, cap);
+      std::vector<int32_t> t(65, 3);
+      for (int i = 0; i < 65; ++i) t[static_cast<size_t>(i)] = i * 7;
+      REQUIRE(kv->reserve(1, 65) == memory::status::ok);
+      c.insert(t, kv->table(1));
+      kv->drop(1);
+      CHECK(c.evict(6) == 4);
+      CHECK(kv->free_blocks() == 6);
+      CHECK(c.host_blocks() == std::min(cap, 2));  // the cap, or what the host tier holds
+      // What is left is the start of the prompt: a match restores it.
+      CHECK(c.match(t).size() == static_cast<size_t>(std::min(cap, 2)));
+      kv->check();
+      a.check_integrity();
+    }
+    CHECK(a.snapshot().host.used == 0);
   }
 }
