@@ -1,7 +1,8 @@
 // The CUDA backend's memory side on a real device: regions per tier, copies in both
 // directions and their order, the arbiter's stage / load / stream / evict, and KV swaps, all
 // through cudaMemcpyAsync on the copy streams. Suites named "gpu*" run as their own CTest entry
-// (memory_gpu), which reports "skipped" (exit 77) where no device answers.
+// (memory_gpu), which reports "skipped" (exit 77) where no device answers; run any other way
+// they pass with a message saying they were skipped.
 #include "memory/cuda_backend.h"
 
 #include <doctest/doctest.h>
@@ -19,12 +20,18 @@ using namespace tandem::memory;
 
 namespace {
 
+// The backend, or null after saying why there is none. Under CTest's memory_gpu entry
+// (TANDEM_GPU_ENTRY set) the process exits 77 instead, which CTest reports as skipped.
 std::unique_ptr<backend> cuda_or_skip() {
   std::string why;
   auto b = make_cuda_backend(&why);
   if (b) return b;
-  std::cerr << "SKIPPED: " << why << "\n";
-  std::exit(77);
+  if (std::getenv("TANDEM_GPU_ENTRY")) {
+    std::cerr << "SKIPPED: " << why << "\n";
+    std::exit(77);
+  }
+  MESSAGE("skipped: " << why);
+  return nullptr;
 }
 
 unsigned char pattern(int seg, size_t i) { return static_cast<unsigned char>((i * 131 + static_cast<size_t>(seg) * 17 + i / 4096) & 0xFF); }
@@ -41,6 +48,7 @@ std::vector<unsigned char> read_back(backend& b, const std::byte* dev, size_t by
 TEST_SUITE("gpu_cuda_backend") {
   TEST_CASE("regions per tier; copies land in order in both directions") {
     auto b = cuda_or_skip();
+    if (!b) return;
     const auto info = b->info();
     MESSAGE("backend: " << info.name << ", " << info.device_bytes / (1 << 20) << " MiB");
     CHECK(info.name.rfind("cuda:0", 0) == 0);
@@ -78,6 +86,7 @@ TEST_SUITE("gpu_cuda_backend") {
 
   TEST_CASE("the arbiter over CUDA: segments reach the device through the host tier, stream through slots, leave") {
     auto b = cuda_or_skip();
+    if (!b) return;
     arbiter a(*b, {256 << 20, 256 << 20});
     std::vector<segment_source> segs;
     const size_t sizes[] = {1 << 20, 5 << 20, (3 << 20) + 123, 9 << 20, 4096, 2 << 20};
@@ -125,6 +134,7 @@ TEST_SUITE("gpu_cuda_backend") {
 
   TEST_CASE("KV blocks swap out to pinned host memory and back unchanged") {
     auto b = cuda_or_skip();
+    if (!b) return;
     arbiter a(*b, {64 << 20, 64 << 20});
     constexpr size_t block = 64 << 10;
     auto pool = kv_pool::make(a, "m", 8, 16, block);
