@@ -65,7 +65,7 @@ void packed_dot_q6k_gfni_avx512(const uint8_t* panel, int64_t cols, const int8_t
 // (panel_dot_avx512 then reuses the wide codes on every pass).
 void expand_packed_avx512(weight_type wt, const uint8_t* packed, int64_t cols, uint8_t* panel);
 // Activation rows from which matmul expands packed panels instead of reading them directly.
-inline constexpr int64_t k_expand_min_act_rows = 16;
+inline constexpr int64_t k_expand_min_act_rows = 32;
 // Bytes of one packed panel of `cols` columns.
 size_t packed_panel_bytes(weight_type wt, int64_t cols);
 

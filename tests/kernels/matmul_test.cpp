@@ -46,7 +46,7 @@ namespace {
 
 // Weights plus k_max_x activation rows; a test runs it with the first n_x <= k_max_x rows,
 // so the (slow to quantize) weights are shared across n_x.
-constexpr int64_t k_max_x = 24;
+constexpr int64_t k_max_x = 40;  // at least k_expand_min_act_rows + 4
 
 struct problem {
   weight_type wt;
@@ -302,7 +302,7 @@ TEST_SUITE("matmul") {
       pack_weights(t, p.w.data(), rows, cols, packed.data());
       for (const isa path : tandem::test::supported_isas()) {
         set_isa(path);
-        for (const int64_t n_x : {int64_t{1}, int64_t{3}, int64_t{8}, k_expand_min_act_rows + 4}) {
+        for (const int64_t n_x : {int64_t{1}, int64_t{3}, int64_t{8}, int64_t{20}, k_expand_min_act_rows + 4}) {
           CAPTURE(display_name(t));
           CAPTURE(isa_name(path));
           CAPTURE(n_x);
