@@ -413,6 +413,7 @@ void engine::iterate(std::unique_lock<std::mutex>& lock) {
   // Admit into free slots while the pool can hold each prompt's first chunk (not while
   // preempted sequences wait: they were first).
   while (s->preempted.empty() && !s->waiting.empty() && !s->free_seqs.empty()) {
+    prefer_cached_prefix(*s);
     auto& a = s->waiting.front();
     const int64_t seq = s->free_seqs.back();
     // A cached prefix is adopted, not evaluated again.
@@ -469,7 +470,33 @@ void engine::iterate(std::unique_lock<std::mutex>& lock) {
 
 namespace {
 constexpr int64_t k_decode_probe_every = 8;
+constexpr size_t k_admission_lookahead = 8;  // waiting requests considered for a cached prefix
 }  // namespace
+
+void engine::prefer_cached_prefix(served& s) {
+  // When the pool cannot hold the next request's first chunk, a request a little further back
+  // whose prompt starts with cached blocks goes first: it needs fewer new blocks, and its
+  // cached ones would otherwise be the next to leave the device.
+  if (!s.cache || s.waiting.size() < 2) return;
+  const int64_t bt = s.kv->block_tokens();
+  const auto& front = *s.waiting.front();
+  const int64_t first = std::min<int64_t>(static_cast<int64_t>(front.prompt.size()), config_.prefill_chunk);
+  if (s.kv->free_blocks() >= (first + bt - 1) / bt) return;  // not tight
+  size_t best = 0;
+  int32_t best_blocks = s.cache->peek(front.prompt);
+  const size_t look = std::min<size_t>(s.waiting.size(), k_admission_lookahead);
+  for (size_t i = 1; i < look; ++i) {
+    const int32_t n = s.cache->peek(s.waiting[i]->prompt);
+    if (n > best_blocks) {
+      best = i;
+      best_blocks = n;
+    }
+  }
+  if (best == 0) return;
+  auto chosen = std::move(s.waiting[best]);
+  s.waiting.erase(s.waiting.begin() + static_cast<long>(best));
+  s.waiting.push_front(std::move(chosen));
+}
 
 int64_t engine::prompt_row_limit(const served& s) const {
   if (config_.itl_budget <= 0) return std::numeric_limits<int64_t>::max();

@@ -141,6 +141,7 @@ class engine {
   void preempt_all(served& s);
   void step(served& s);
   int64_t prompt_row_limit(const served& s) const;
+  void prefer_cached_prefix(served& s);
   void learn_pass_cost(served& s, double seconds);
   void retire(served& s, active& a, finish_reason why, const std::string& error = {});
   void preempt(served& s, active& a);

@@ -103,6 +103,21 @@ std::vector<int32_t> prefix_cache::match(std::span<const int32_t> tokens) {
   return out;
 }
 
+int32_t prefix_cache::peek(std::span<const int32_t> tokens) const {
+  const auto bt = static_cast<size_t>(kv_.block_tokens());
+  const node* at = &root_;
+  const size_t usable = tokens.empty() ? 0 : (tokens.size() - 1) / bt;
+  int32_t n = 0;
+  for (size_t b = 0; b < usable; ++b) {
+    const std::vector<int32_t> key(tokens.begin() + static_cast<long>(b * bt), tokens.begin() + static_cast<long>((b + 1) * bt));
+    const auto it = at->children.find(key);
+    if (it == at->children.end()) break;
+    at = it->second.get();
+    ++n;
+  }
+  return n;
+}
+
 prefix_cache::node* prefix_cache::lru(bool device) {
   // device: the least recently used device block with no device block below it that no
   // sequence shares; else the least recently used host copy with nothing below it.

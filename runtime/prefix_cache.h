@@ -37,6 +37,9 @@ class prefix_cache {
   // copied back into free device blocks first, made by moving other cached blocks off the
   // device if need be (the match stops where none can be had). Counts a hit or a miss.
   std::vector<int32_t> match(std::span<const int32_t> tokens);
+  // How many leading whole blocks of `tokens` match() would give (on the device or waiting on
+  // the host), without touching recency, counters or residency.
+  int32_t peek(std::span<const int32_t> tokens) const;
   // Moves least recently used blocks off the device (to host, or dropped), skipping blocks a
   // sequence still shares (which would free nothing), until the pool has `free_wanted` free
   // blocks or nothing more can go; returns how many device blocks it gave back.

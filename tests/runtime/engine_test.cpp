@@ -195,6 +195,37 @@ TEST_SUITE("engine") {
     a.check_integrity();
   }
 
+  TEST_CASE("when KV is tight, a waiting request with a cached prefix is admitted first") {
+    const models::model m(test::data_path("stories260K.gguf").string());
+    const auto tok = models::tokenizer::from_gguf(m.file());
+    // One sequence slot over 10 blocks of 16 positions.
+    runtime::engine e({{"m", &m, &tok, 0, 1, 160}}, {.threads = 2, .max_batch_tokens = 64, .prefill_chunk = 32});
+    std::vector<int32_t> system{1};
+    for (int k = 0; k < 70; ++k) system.push_back(static_cast<int32_t>(20 + (k * 37) % 400));
+    auto with_tail = [&](int t) {
+      auto p = system;
+      for (int k = 0; k < 5 + t; ++k) p.push_back(static_cast<int32_t>(30 + (t * 11 + k) % 300));
+      return p;
+    };
+    collect(*e.submit({"m", with_tail(0), greedy(4)}));
+    e.drain();
+    std::vector<int32_t> long_prompt{1}, unrelated{1};
+    for (int k = 0; k < 100; ++k) long_prompt.push_back(static_cast<int32_t>(100 + (k * 13) % 300));
+    for (int k = 0; k < 40; ++k) unrelated.push_back(static_cast<int32_t>(50 + (k * 29) % 300));
+    // The long request holds the only slot and pushes part of the system prompt's blocks
+    // out; A (nothing cached) and then B (the system prompt's start cached) wait behind it.
+    auto busy = e.submit({"m", long_prompt, greedy(20)});
+    auto a = e.submit({"m", unrelated, greedy(4)});
+    auto b = e.submit({"m", with_tail(1), greedy(4)});
+    CHECK(collect(*b) == alone(m, tok, with_tail(1), 4));
+    CHECK(collect(*a) == alone(m, tok, unrelated, 4));
+    busy->wait();
+    CHECK(b->finished_at() < a->finished_at());
+    CHECK(e.prefix_tokens_reused() >= 32);
+    e.drain();
+    CHECK(e.kv_blocks_in_use("m") == 0);
+  }
+
   TEST_CASE("cancelling at random points frees every KV block") {
     const models::model m(test::data_path("stories260K-q8_0.gguf").string());
     const auto tok = models::tokenizer::from_gguf(m.file());
