@@ -136,7 +136,8 @@ engine::engine(std::vector<engine_model> models, const engine_config& config)
     cp.kv_pool = s->kv;
     s->ctx = std::make_unique<models::forward_context>(*cfg.model, cp, &pool_, cfg.residency);
     for (int64_t q = cfg.max_sequences - 1; q >= 0; --q) s->free_seqs.push_back(q);
-    if (config.prefix_cache) s->cache = std::make_unique<prefix_cache>(*s->kv, config.prefix_host_blocks);
+    if (config.prefix_cache)
+      s->cache = std::make_unique<prefix_cache>(*s->kv, config.prefix_host_blocks < 0 ? s->kv->total_blocks() : config.prefix_host_blocks);
     s->row_tokens.reserve(static_cast<size_t>(config.max_batch_tokens));
     s->row_seqs.reserve(static_cast<size_t>(config.max_batch_tokens));
     models_.push_back(std::move(s));
@@ -301,7 +302,8 @@ engine::served* engine::plan_and_pick() {
     f.preempted = static_cast<int>(m->preempted.size());
     f.queued = static_cast<int>(m->waiting.size());
     // The oldest request waiting to start or to resume: its wait ages the model.
-    if (!m->waiting.empty()) f.oldest = m->waiting.front()->arrived;
+    for (const auto& a : m->waiting)  // the front is not always the oldest (prefer_cached_prefix)
+      if (f.oldest == policy::time_point{} || a->arrived < f.oldest) f.oldest = a->arrived;
     for (const auto& a : m->preempted)
       if (f.oldest == policy::time_point{} || a->arrived < f.oldest) f.oldest = a->arrived;
     f.last_used = m->last_pass;
@@ -326,7 +328,15 @@ engine::served* engine::plan_and_pick() {
       preempt_all(*t);
     } else if (act.kind != policy::action_kind::resume) {
       const bool was_on = std::any_of(snap.models.begin(), snap.models.end(), [&](const auto& m) { return m.name == act.model && m.on_device; });
-      const auto st = apply_memory_action(*t->cfg.placement, act);
+      auto st = apply_memory_action(*t->cfg.placement, act);
+      if (st == memory::status::no_space &&
+          (act.kind == policy::action_kind::stage || act.kind == policy::action_kind::load)) {
+        // Weights come before cached prefixes: give the host tier back and try again.
+        int dropped = 0;
+        for (auto& m : models_)
+          if (m->cache) dropped += m->cache->drop_host(m->cache->host_blocks());
+        if (dropped > 0) st = apply_memory_action(*t->cfg.placement, act);
+      }
       if (act.kind == policy::action_kind::load && !was_on) t->loaded_at = now;
       spdlog::debug("engine: {} {} ({}): {}", policy::action_name(act.kind), act.model, act.why, memory::status_name(st));
     }
@@ -337,13 +347,16 @@ engine::served* engine::plan_and_pick() {
 }
 
 void engine::preempt_all(served& s) {
-  for (auto& a : s.running) {
+  // One at a time off the running list, so that a copy that throws leaves every sequence in
+  // exactly one list for the error path to end.
+  while (!s.running.empty()) {
+    auto a = s.running.back();
     preempt(s, *a);
     a->preempt = false;
     ++preemptions_;
-    s.preempted.push_back(std::move(a));
+    s.running.pop_back();
+    s.preempted.push_front(std::move(a));
   }
-  s.running.clear();
   s.publish();
 }
 
@@ -471,6 +484,7 @@ void engine::iterate(std::unique_lock<std::mutex>& lock) {
 namespace {
 constexpr int64_t k_decode_probe_every = 8;
 constexpr size_t k_admission_lookahead = 8;  // waiting requests considered for a cached prefix
+constexpr auto k_admission_patience = std::chrono::seconds(2);
 }  // namespace
 
 void engine::prefer_cached_prefix(served& s) {
@@ -480,6 +494,9 @@ void engine::prefer_cached_prefix(served& s) {
   if (!s.cache || s.waiting.size() < 2) return;
   const int64_t bt = s.kv->block_tokens();
   const auto& front = *s.waiting.front();
+  // Not past a request that has waited long: a stream of requests sharing a prompt must not
+  // starve one that shares nothing.
+  if (clock_type::now() - front.arrived > k_admission_patience) return;
   const int64_t first = std::min<int64_t>(static_cast<int64_t>(front.prompt.size()), config_.prefill_chunk);
   if (s.kv->free_blocks() >= (first + bt - 1) / bt) return;  // not tight
   size_t best = 0;
@@ -526,7 +543,13 @@ void engine::preempt(served& s, active& a) {
   // Swapped to the host tier when the pool has one (the sequence resumes bit for bit);
   // otherwise its KV is dropped and its tokens (prompt and generated) are evaluated again.
   a.preempt = true;
-  if (s.kv->swap_out(a.seq) == memory::status::ok) return;
+  auto st = s.kv->swap_out(a.seq);
+  if (st == memory::status::no_space && s.cache && s.cache->host_blocks() > 0) {
+    // The host tier is full of cached prefixes: a running sequence comes first.
+    s.cache->drop_host(static_cast<int32_t>(s.kv->table(a.seq).size()));
+    st = s.kv->swap_out(a.seq);
+  }
+  if (st == memory::status::ok) return;
   s.kv->drop(a.seq);
   s.ctx->reset(a.seq);
   a.recompute = true;

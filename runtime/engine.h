@@ -74,8 +74,10 @@ struct engine_config {
   double aging_per_s = 10;         // priority a waiting request gains per second of waiting
   bool prefix_cache = true;        // keep finished sequences' full KV blocks for later prompts
   // Most prefix-cache blocks kept on the host tier once they leave the device (when the
-  // model's KV pool has an arbiter with a host tier); 0: dropped instead.
-  int32_t prefix_host_blocks = 1 << 20;
+  // model's KV pool has an arbiter with a host tier); 0: dropped instead; below 0: as many
+  // as the model's KV pool has blocks. Host copies give way whenever the host tier is needed
+  // for a sequence's swap-out or a model's weights.
+  int32_t prefix_host_blocks = -1;
   // Attention by the tiled f32 kernel (forward_context::set_prompt_end) for every row, prompt
   // and generated: each key read once per tile of rows, several times faster than llama.cpp's
   // f16 arithmetic at long contexts, and within float noise of it. Off: prompts and tokens

@@ -11,10 +11,27 @@ prefix_cache::~prefix_cache() { release_all(root_); }
 void prefix_cache::release_all(node& n) {
   for (auto& [key, child] : n.children) {
     release_all(*child);
-    if (child->block >= 0) kv_.release_block(child->block);
-    if (child->host) kv_.drop_stash(*child->host);
+    if (child->block >= 0) {
+      kv_.release_block(child->block);
+      --blocks_;
+    }
+    if (child->host) {
+      kv_.drop_stash(*child->host);
+      --host_blocks_;
+    }
   }
   n.children.clear();
+}
+
+int prefix_cache::drop_host(int32_t n) {
+  int dropped = 0;
+  while (dropped < n && host_blocks_ > 0) {
+    node* old = lru(false);
+    if (!old) break;
+    drop(old);
+    ++dropped;
+  }
+  return dropped;
 }
 
 void prefix_cache::drop(node* n) {

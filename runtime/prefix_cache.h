@@ -45,6 +45,10 @@ class prefix_cache {
   // blocks or nothing more can go; returns how many device blocks it gave back.
   int evict(int32_t free_wanted);
 
+  // Drops up to `n` host copies, least recently used first, for a host tier that others need
+  // (a sequence's swap-out, a model's staging); returns how many went.
+  int drop_host(int32_t n);
+
   int32_t blocks() const { return blocks_; }             // on the device
   int32_t host_blocks() const { return host_blocks_; }   // copies waiting on the host
   int64_t hits() const { return hits_; }

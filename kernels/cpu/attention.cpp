@@ -158,7 +158,11 @@ void attention_many(const attention_run* runs, int64_t n_runs, kv_type kt, int n
   // vectors: `p_heads` heads of one KV head (the group, or 16 of it) times `p_rows_per_tile`
   // consecutive rows.
   const bool prompt_kernel = active_isa() == isa::avx512;
-  const int p_heads = std::min(group, k_prompt_lanes);
+  // A KV head's heads are split over more tiles when there are too few tiles to keep the
+  // threads busy (decode of one sequence); a lane's arithmetic does not depend on its tile.
+  int p_split = (group + k_prompt_lanes - 1) / k_prompt_lanes;
+  while (p_split < group && total_rows * n_kv_heads * p_split < threads) ++p_split;
+  const int p_heads = (group + p_split - 1) / p_split;
   const int p_parts = (group + p_heads - 1) / p_heads;
   const int64_t p_rows_per_tile = std::max(1, k_prompt_lanes / p_heads);
   auto prompt_rows = [&](const attention_run& r) { return prompt_kernel ? std::clamp<int64_t>(r.prompt_rows, 0, std::max<int64_t>(r.n_q, 0)) : 0; };

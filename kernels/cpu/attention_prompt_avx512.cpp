@@ -172,7 +172,12 @@ void attend_prompt_avx512(const prompt_tile& t, float* scratch) {
     }
     _mm512_store_ps(alpha, al);
     m = m_new;
-    for (int i = 0; i < M; ++i) fold_any(acc + i * dp, w + i, alpha[i], vb, nb, dp);
+    // Each lane folds only the keys its row sees: their weights are the only non-zero ones,
+    // and a later key's value row (a non-finite one, say) must not reach an earlier row.
+    for (int i = 0; i < M; ++i) {
+      const int64_t seen = pos[i] - t0 + 1;
+      fold_any(acc + i * dp, w + i, alpha[i], vb, seen < nb ? static_cast<int>(seen) : nb, dp);
+    }
   }
   alignas(64) float sum[L];
   _mm512_store_ps(sum, l);

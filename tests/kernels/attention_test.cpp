@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -377,6 +379,27 @@ TEST_SUITE("attention") {
       const auto exact = run(p, whole, kt, &pool);
       CHECK(std::equal(mixed.begin(), mixed.begin() + 40 * row, want.begin()));
       CHECK(std::equal(mixed.begin() + 40 * row, mixed.end(), exact.begin() + 40 * row));
+    }
+  }
+
+  TEST_CASE("prompt rows: a non-finite value at a later position does not reach earlier rows") {
+    std::mt19937 rng(5150);
+    for (const kv_type kt : {kv_type::f32, kv_type::f16}) {
+      const shape sh{4, 1, 32, 20, 0};  // 4 heads on one KV head: tiles of 4 rows
+      problem p = make_problem(rng, sh, kt);
+      const int64_t bad = 13;
+      std::vector<float> row(32, std::numeric_limits<float>::infinity());
+      p.v.store(bad, row, 1);
+      std::vector<float> full(p.q.size(), -1.0f), head(p.q.size(), -1.0f);
+      attention_run all{p.q.data(), sh.n_q, 0, p.k.data(), p.v.data(), full.data()};
+      all.prompt_rows = sh.n_q;
+      attention_many(&all, 1, kt, 4, 1, 32, p.scale, nullptr);
+      attention_run first{p.q.data(), bad, 0, p.k.data(), p.v.data(), head.data()};
+      first.prompt_rows = bad;
+      attention_many(&first, 1, kt, 4, 1, 32, p.scale, nullptr);
+      const size_t n = static_cast<size_t>(bad * 4 * 32);
+      CHECK(std::equal(full.begin(), full.begin() + static_cast<long>(n), head.begin()));
+      CHECK(std::all_of(full.begin(), full.begin() + static_cast<long>(n), [](float x) { return std::isfinite(x); }));
     }
   }
 

@@ -167,7 +167,7 @@ TEST_SUITE("engine") {
     auto pool = memory::kv_pool::make(a, "m", 10, 16, block);  // 160 positions
     REQUIRE(pool);
     runtime::engine e({{"m", &m, &tok, 0, 1, 128, kernels::cpu::kv_type::f16, nullptr, pool.get()}},
-                      {.threads = 2, .max_batch_tokens = 64, .prefill_chunk = 32});
+                      {.threads = 2, .max_batch_tokens = 64, .prefill_chunk = 32, .prefix_host_blocks = 64});
     std::vector<int32_t> system{1};
     for (int k = 0; k < 70; ++k) system.push_back(static_cast<int32_t>(20 + (k * 37) % 400));
     auto with_tail = [&](int t) {
