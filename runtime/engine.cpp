@@ -142,7 +142,38 @@ engine::engine(std::vector<engine_model> models, const engine_config& config)
     s->row_seqs.reserve(static_cast<size_t>(config.max_batch_tokens));
     models_.push_back(std::move(s));
   }
+  if (config.roster) check_placeable();
   thread_ = std::thread([this] { run(); });
+}
+
+void engine::check_placeable() const {
+  // A model that cannot run even with the device to itself would leave its requests waiting
+  // for ever: refuse the configuration instead.
+  auto& arb = models_.front()->cfg.placement->arbiter();
+  const auto snap = arb.snapshot();
+  const uint64_t block = arb.config().block_bytes;
+  auto rounded = [&](uint64_t b) { return (b + block - 1) / block * block; };
+  uint64_t weights_on_device = 0;
+  for (const auto& m : snap.models)
+    for (const auto& seg : m.segments)
+      if (seg.device != memory::residency::absent) weights_on_device += rounded(seg.bytes);
+  const uint64_t other = snap.device.used - weights_on_device;  // KV pools, scratch, slots
+  for (const auto& s : models_) {
+    const auto it = std::find_if(snap.models.begin(), snap.models.end(), [&](const auto& m) { return m.name == s->cfg.name; });
+    uint64_t weights = 0, largest = 0;
+    for (const auto& seg : it->segments) {
+      weights += rounded(seg.bytes);
+      largest = std::max(largest, rounded(seg.bytes));
+    }
+    // Streamed, the planner wants half the weights on the device (policy/planner.h, 2b) and the
+    // pass needs its stream slots.
+    const uint64_t slots = static_cast<uint64_t>(s->cfg.placement->prefetch_depth() + 1) * largest;
+    const uint64_t need = config_.roster->policy.stream ? std::min(weights, std::max(slots, weights / 2)) : weights;
+    if (other + need > snap.device.capacity)
+      throw std::invalid_argument("engine: model '" + s->cfg.name + "' cannot run on a device of " + std::to_string(snap.device.capacity) +
+                                  " bytes: it needs " + std::to_string(need) + (need < weights ? " (stream slots)" : " (weights)") +
+                                  " beside " + std::to_string(other) + " of KV pools and scratch");
+  }
 }
 
 engine::~engine() {

@@ -106,8 +106,10 @@ struct engine_request {
 
 class engine {
  public:
-  // Throws std::invalid_argument for a model entry without a model or tokenizer, or a
-  // duplicate name.
+  // Throws std::invalid_argument for a model entry without a model or tokenizer, a duplicate
+  // name, and (with a roster) a model without a placement or roster entry, or one that could
+  // not run even with the device to itself (its weights, or with policy.stream its stream
+  // slots, beside every model's KV pool and the scratch).
   engine(std::vector<engine_model> models, const engine_config& config);
   ~engine();  // cancels what is still running and joins the thread
   engine(const engine&) = delete;
@@ -144,6 +146,7 @@ class engine {
   void step(served& s);
   int64_t prompt_row_limit(const served& s) const;
   void prefer_cached_prefix(served& s);
+  void check_placeable() const;
   void learn_pass_cost(served& s, double seconds);
   void retire(served& s, active& a, finish_reason why, const std::string& error = {});
   void preempt(served& s, active& a);

@@ -30,15 +30,23 @@ policy::snapshot planner_snapshot(const memory::arbiter_snapshot& a, size_t bloc
     policy::model_state st;
     st.name = f.name;
     bool all_host = !m->segments.empty();
+    uint64_t largest = 0;
     for (const auto& seg : m->segments) {
       const uint64_t b = whole_blocks(seg.bytes, block_bytes);
       st.weight_bytes += b;
+      largest = std::max(largest, b);
       if (seg.device != memory::residency::absent) st.device_bytes += b;
       all_host = all_host && seg.host != memory::residency::absent;
     }
+    const bool all_on = st.device_bytes == st.weight_bytes;
+    // A streamed model's slots are its own device bytes: they go when it is evicted, and with
+    // them it runs even when no segment of its own is on the device (it is on the device in
+    // part, which asks the planner to bring the rest when room can be made).
+    if (!all_on && m->stream_slots > 0)
+      st.device_bytes = std::min(st.device_bytes + static_cast<uint64_t>(m->stream_slots) * largest, st.weight_bytes - 1);
     weights_on_device += st.device_bytes;
     st.on_device = st.device_bytes > 0;
-    if (st.device_bytes == st.weight_bytes) st.device_bytes = 0;  // the planner's "all of it"
+    if (all_on) st.device_bytes = 0;  // the planner's "all of it"
     st.on_host = all_host;
     // The engine's KV pools are fixed device allocations: they count as other bytes, and a
     // preempted sequence's KV leaves the pool's blocks, not the device budget.

@@ -28,9 +28,10 @@ struct model_facts {
   double arrivals_per_s = 0;
 };
 
-// The planner's snapshot: capacities, the device bytes no model's weights hold (KV pools,
-// scratch, stream slots), and per model its weights' residency. Models unknown to the arbiter
-// are left out. Sizes count whole arbiter blocks, as the pools do.
+// The planner's snapshot: capacities, the device bytes no model holds (KV pools, scratch),
+// and per model its weights' residency, a streamed model's stream slots counted as its own
+// device bytes (it is on the device in part). Models unknown to the arbiter are left out.
+// Sizes count whole arbiter blocks, as the pools do.
 policy::snapshot planner_snapshot(const memory::arbiter_snapshot& a, size_t block_bytes, std::span<const model_facts> facts,
                                   double link_gb_s, double disk_gb_s);
 policy::demand planner_demand(std::span<const model_facts> facts);

@@ -358,6 +358,48 @@ TEST_SUITE("engine") {
     a.check_integrity();
   }
 
+  TEST_CASE("a roster model that could not run even alone on the device is refused at construction") {
+    const models::model m(test::data_path("stories260K.gguf").string());
+    const auto tok = models::tokenizer::from_gguf(m.file());
+    constexpr size_t blk = 16 << 10;
+    uint64_t weights = 0, largest = 0;
+    for (const auto& s : models::segment_sources(m)) {
+      weights += (s.bytes + blk - 1) / blk * blk;
+      largest = std::max<uint64_t>(largest, (s.bytes + blk - 1) / blk * blk);
+    }
+    const auto kv_block = static_cast<size_t>(models::kv_bytes_per_token(m.config(), kernels::cpu::kv_type::f16) * 16);
+    const uint64_t kv_bytes = (16 * kv_block + blk - 1) / blk * blk;
+    configs::roster r;
+    configs::model_entry e;
+    e.name = "m";
+    r.models = {e};
+    // Room for the KV pool and what streaming needs (three stream slots, and half the weights
+    // for the planner to start it), not for all the weights.
+    const uint64_t device = kv_bytes + std::max<uint64_t>(3 * largest, weights / 2) + 3 * blk;
+    REQUIRE(device < kv_bytes + weights);
+    for (const bool stream : {false, true}) {
+      CAPTURE(stream);
+      r.policy.stream = stream;
+      auto backend = memory::make_cpu_backend();
+      memory::arbiter a(*backend, {device, 8 << 20, blk});
+      auto pool = memory::kv_pool::make(a, "m", 16, 16, kv_block);
+      REQUIRE(pool);
+      models::arbiter_residency place(a, m, "m");
+      auto make = [&] {
+        runtime::engine eng({{"m", &m, &tok, 0, 1, 256, kernels::cpu::kv_type::f16, nullptr, pool.get(), &place}},
+                            {.threads = 1, .roster = &r});
+        // Streamed, it runs.
+        CHECK(collect(*eng.submit({"m", {1, 403, 407}, greedy(6)})) == alone(m, tok, {1, 403, 407}, 6));
+      };
+      if (stream) {
+        make();
+      } else {
+        CHECK_THROWS_WITH_AS(make(), doctest::Contains("model 'm' cannot run"), std::invalid_argument);
+      }
+      a.check_integrity();
+    }
+  }
+
   TEST_CASE("stop strings end the text before them; held-back text comes out at the end") {
     const models::model m(test::data_path("stories260K.gguf").string());
     const auto tok = models::tokenizer::from_gguf(m.file());

@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "memory/cpu_backend.h"
 #include "tests/test_support.h"
 
@@ -90,10 +92,24 @@ TEST_SUITE("memory_plan") {
     CHECK(snap.models[0].stream_slots == place.prefetch_depth() + 1);
     CHECK(runtime::runnable(snap, "m"));
     const std::vector<runtime::model_facts> facts{{.name = "m"}};
+    uint64_t largest = 0, weights = 0;
+    for (const auto& sg : segs) {
+      largest = std::max(largest, rounded(sg.bytes));
+      weights += rounded(sg.bytes);
+    }
     const auto s = runtime::planner_snapshot(snap, k_block, facts, 25, 2);
     CHECK(s.models[0].on_device);
-    CHECK(s.models[0].device_bytes == first_two);
-    CHECK(s.device_other > 0);  // the slots
+    // The slots are the model's own device bytes; it is on the device in part.
+    CHECK(s.models[0].device_bytes == std::min(first_two + 3 * largest, weights - 1));
+    CHECK(s.device_other == 0);
+
+    // Slots alone (nothing of its own on the device) still count as on the device, in part.
+    CHECK(runtime::apply_memory_action(place, act(policy::action_kind::evict_device)) == memory::status::ok);
+    REQUIRE(place.prepare_streaming() == memory::status::ok);
+    const auto alone = runtime::planner_snapshot(a.snapshot(), k_block, facts, 25, 2);
+    CHECK(alone.models[0].on_device);
+    CHECK(alone.models[0].device_bytes == std::min(3 * largest, weights - 1));
+    CHECK(runtime::runnable(a.snapshot(), "m"));
 
     // The rest comes on when there is room: the slots go back.
     CHECK(runtime::apply_memory_action(place, act(policy::action_kind::load)) == memory::status::ok);
