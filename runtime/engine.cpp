@@ -1,87 +1,12 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
 #include <stdexcept>
 
-#include <spdlog/spdlog.h>
-
-#include "policy/planner.h"
-#include "runtime/memory_plan.h"
+#include "runtime/engine_state.h"
 
 namespace tandem::runtime {
-
-using clock_type = std::chrono::steady_clock;
-
-struct engine::active {
-  std::shared_ptr<request_handle> handle;
-  std::vector<int32_t> prompt;
-  generation_params params;
-  sampler smp;
-  text_stream text;
-  std::vector<int32_t> history;  // prompt + generated, for the repetition penalty
-  clock_type::time_point arrived;
-  size_t model = 0;
-  int64_t seq = -1;       // sequence slot while running
-  int64_t prefilled = 0;  // prompt tokens in the KV
-  int64_t generated = 0;
-  int32_t next = -1;      // the last generated token, fed in the next pass
-  int64_t rows = 0;       // rows it has in the pass being formed
-  finish_reason ending = finish_reason::none;  // set by the pass; retired right after it
-  bool preempt = false;    // chosen as a victim in the pass being formed
-  bool recompute = false;  // preempted without a host copy: its tokens are evaluated again
-
-  active(engine_request r, size_t m, const models::tokenizer& tok)
-      : handle(std::make_shared<request_handle>()),
-        prompt(std::move(r.prompt)),
-        params(r.params),
-        smp(r.params.sampling),
-        text(tok, r.params.stop),
-        history(prompt),
-        arrived(clock_type::now()),
-        model(m) {}
-};
-
-struct engine::served {
-  engine_model cfg;
-  std::unique_ptr<std::byte[]> kv_memory;  // when the engine makes the pool
-  std::unique_ptr<memory::kv_pool> own_kv;
-  memory::kv_pool* kv = nullptr;
-  std::unique_ptr<models::forward_context> ctx;
-  std::deque<std::shared_ptr<active>> waiting;
-  std::vector<std::shared_ptr<active>> running;  // in admission order
-  std::deque<std::shared_ptr<active>> preempted;  // out of KV: swapped to host, or to recompute
-  std::vector<int64_t> free_seqs;
-  std::vector<int32_t> row_tokens;
-  std::vector<int64_t> row_seqs;
-  std::atomic<int32_t> kv_in_use{0};  // published after each iteration: the pool itself is the engine thread's
-  std::atomic<int32_t> kv_cached{0};
-  std::atomic<int32_t> kv_cached_host{0};
-  std::atomic<int64_t> restored{0};
-  std::unique_ptr<prefix_cache> cache;
-  clock_type::time_point last_pass = clock_type::now();
-  clock_type::time_point loaded_at{};  // when the engine last started loading it (placement by plan)
-  // The ITL budget's estimates (engine_config::itl_budget): seconds of a pass of decode rows
-  // only, and of one prompt row beside them; 0 until measured. Rows of the pass being run.
-  double decode_pass_s = 0, prompt_row_s = 0;
-  double prompt_extra_s = 0, prompt_rows_avg = 0;  // averages prompt_row_s is the ratio of
-  int64_t pass_prompt_rows = 0, pass_decode_rows = 0;
-  int64_t passes_with_prompts = 0;
-  double arrival_rate = 0;             // requests per second, decaying (the planner's prefetch hint)
-  clock_type::time_point last_arrival{};
-  static constexpr double k_rate_window_s = 60;
-  double rate_at(clock_type::time_point t) const {
-    return arrival_rate * std::exp(-std::chrono::duration<double>(t - last_arrival).count() / k_rate_window_s);
-  }
-  void publish() {
-    const int32_t cached = cache ? cache->blocks() : 0;
-    kv_cached = cached;
-    kv_cached_host = cache ? cache->host_blocks() : 0;
-    restored = cache ? cache->restored() : 0;
-    kv_in_use = kv->total_blocks() - kv->free_blocks() - cached;
-  }
-};
 
 engine::engine(std::vector<engine_model> models, const engine_config& config)
     : config_(config), pool_(config.threads > 0 ? config.threads : kernels::cpu::default_thread_count()) {
@@ -144,45 +69,6 @@ engine::engine(std::vector<engine_model> models, const engine_config& config)
   }
   if (config.roster) check_placeable();
   thread_ = std::thread([this] { run(); });
-}
-
-void engine::check_placeable() const {
-  // A model that cannot run even with the device to itself would leave its requests waiting
-  // for ever: refuse the configuration instead.
-  auto& arb = models_.front()->cfg.placement->arbiter();
-  const auto snap = arb.snapshot();
-  const uint64_t block = arb.config().block_bytes;
-  auto rounded = [&](uint64_t b) { return (b + block - 1) / block * block; };
-  uint64_t weights_on_device = 0;
-  for (const auto& m : snap.models)
-    for (const auto& seg : m.segments)
-      if (seg.device != memory::residency::absent) weights_on_device += rounded(seg.bytes);
-  const uint64_t other = snap.device.used - weights_on_device;  // KV pools, scratch, slots
-  for (const auto& s : models_) {
-    const auto it = std::find_if(snap.models.begin(), snap.models.end(), [&](const auto& m) { return m.name == s->cfg.name; });
-    uint64_t weights = 0, largest = 0;
-    for (const auto& seg : it->segments) {
-      weights += rounded(seg.bytes);
-      largest = std::max(largest, rounded(seg.bytes));
-    }
-    // Streamed, the planner wants half the weights on the device (policy/planner.h, 2b) and the
-    // pass needs its stream slots.
-    const uint64_t slots = static_cast<uint64_t>(s->cfg.placement->prefetch_depth() + 1) * largest;
-    const uint64_t need = config_.roster->policy.stream ? std::min(weights, std::max(slots, weights / 2)) : weights;
-    if (other + need > snap.device.capacity)
-      throw std::invalid_argument("engine: model '" + s->cfg.name + "' cannot run on a device of " + std::to_string(snap.device.capacity) +
-                                  " bytes: it needs " + std::to_string(need) + (need < weights ? " (stream slots)" : " (weights)") +
-                                  " beside " + std::to_string(other) + " of KV pools and scratch");
-  }
-}
-
-engine::~engine() {
-  {
-    std::lock_guard lock(m_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
 }
 
 std::shared_ptr<request_handle> engine::submit(engine_request r) {
@@ -322,75 +208,6 @@ engine::served* engine::pick() {
   return best;
 }
 
-engine::served* engine::plan_and_pick() {
-  const auto now = clock_type::now();
-  auto& arb = models_.front()->cfg.placement->arbiter();
-  std::vector<model_facts> facts;
-  for (const auto& m : models_) {
-    model_facts f;
-    f.name = m->cfg.name;
-    f.running = static_cast<int>(m->running.size());
-    f.preempted = static_cast<int>(m->preempted.size());
-    f.queued = static_cast<int>(m->waiting.size());
-    // The oldest request waiting to start or to resume: its wait ages the model.
-    for (const auto& a : m->waiting)  // the front is not always the oldest (prefer_cached_prefix)
-      if (f.oldest == policy::time_point{} || a->arrived < f.oldest) f.oldest = a->arrived;
-    for (const auto& a : m->preempted)
-      if (f.oldest == policy::time_point{} || a->arrived < f.oldest) f.oldest = a->arrived;
-    f.last_used = m->last_pass;
-    f.loaded_at = m->loaded_at;
-    f.arrivals_per_s = m->rate_at(now);
-    facts.push_back(std::move(f));
-  }
-  const double link = config_.link_gb_s > 0 ? config_.link_gb_s
-                      : arb.device_backend().info().link_gbps > 0 ? arb.device_backend().info().link_gbps
-                                                                  : 25.0;
-  const auto snap = planner_snapshot(arb.snapshot(), arb.config().block_bytes, facts, link, 2.0);
-  const auto plan = policy::make_plan(*config_.roster, snap, planner_demand(facts), now);
-  auto find = [&](const std::string& name) -> served* {
-    for (auto& m : models_)
-      if (m->cfg.name == name) return m.get();
-    return nullptr;
-  };
-  for (const auto& act : plan.actions) {
-    served* t = find(act.model);
-    if (!t) continue;
-    if (act.kind == policy::action_kind::preempt) {
-      preempt_all(*t);
-    } else if (act.kind != policy::action_kind::resume) {
-      const bool was_on = std::any_of(snap.models.begin(), snap.models.end(), [&](const auto& m) { return m.name == act.model && m.on_device; });
-      auto st = apply_memory_action(*t->cfg.placement, act);
-      if (st == memory::status::no_space &&
-          (act.kind == policy::action_kind::stage || act.kind == policy::action_kind::load)) {
-        // Weights come before cached prefixes: give the host tier back and try again.
-        int dropped = 0;
-        for (auto& m : models_)
-          if (m->cache) dropped += m->cache->drop_host(m->cache->host_blocks());
-        if (dropped > 0) st = apply_memory_action(*t->cfg.placement, act);
-      }
-      if (act.kind == policy::action_kind::load && !was_on) t->loaded_at = now;
-      spdlog::debug("engine: {} {} ({}): {}", policy::action_name(act.kind), act.model, act.why, memory::status_name(st));
-    }
-  }
-  if (plan.run.empty()) return nullptr;
-  served* s = find(plan.run);
-  return s && runnable(arb.snapshot(), s->cfg.name) ? s : nullptr;
-}
-
-void engine::preempt_all(served& s) {
-  // One at a time off the running list, so that a copy that throws leaves every sequence in
-  // exactly one list for the error path to end.
-  while (!s.running.empty()) {
-    auto a = s.running.back();
-    preempt(s, *a);
-    a->preempt = false;
-    ++preemptions_;
-    s.running.pop_back();
-    s.preempted.push_front(std::move(a));
-  }
-  s.publish();
-}
-
 void engine::iterate(std::unique_lock<std::mutex>& lock) {
   // Take in what was submitted; drop what was cancelled, waiting or running.
   while (!submitted_.empty()) {
@@ -512,64 +329,6 @@ void engine::iterate(std::unique_lock<std::mutex>& lock) {
   s->publish();
 }
 
-namespace {
-constexpr int64_t k_decode_probe_every = 8;
-constexpr size_t k_admission_lookahead = 8;  // waiting requests considered for a cached prefix
-constexpr auto k_admission_patience = std::chrono::seconds(2);
-}  // namespace
-
-void engine::prefer_cached_prefix(served& s) {
-  // When the pool cannot hold the next request's first chunk, a request a little further back
-  // whose prompt starts with cached blocks goes first: it needs fewer new blocks, and its
-  // cached ones would otherwise be the next to leave the device.
-  if (!s.cache || s.waiting.size() < 2) return;
-  const int64_t bt = s.kv->block_tokens();
-  const auto& front = *s.waiting.front();
-  // Not past a request that has waited long: a stream of requests sharing a prompt must not
-  // starve one that shares nothing.
-  if (clock_type::now() - front.arrived > k_admission_patience) return;
-  const int64_t first = std::min<int64_t>(static_cast<int64_t>(front.prompt.size()), config_.prefill_chunk);
-  if (s.kv->free_blocks() >= (first + bt - 1) / bt) return;  // not tight
-  size_t best = 0;
-  int32_t best_blocks = s.cache->peek(front.prompt);
-  const size_t look = std::min<size_t>(s.waiting.size(), k_admission_lookahead);
-  for (size_t i = 1; i < look; ++i) {
-    const int32_t n = s.cache->peek(s.waiting[i]->prompt);
-    if (n > best_blocks) {
-      best = i;
-      best_blocks = n;
-    }
-  }
-  if (best == 0) return;
-  auto chosen = std::move(s.waiting[best]);
-  s.waiting.erase(s.waiting.begin() + static_cast<long>(best));
-  s.waiting.push_front(std::move(chosen));
-}
-
-int64_t engine::prompt_row_limit(const served& s) const {
-  if (config_.itl_budget <= 0) return std::numeric_limits<int64_t>::max();
-  // Until both costs are known, a small probe chunk measures them.
-  if (s.decode_pass_s <= 0 || s.prompt_row_s <= 0) return std::min<int64_t>(config_.prefill_chunk, 4);
-  const double rows = (config_.itl_budget - 1.0) * s.decode_pass_s / s.prompt_row_s;
-  // At least one row a pass: a prompt always advances, even when one row costs more than the budget.
-  return std::max<int64_t>(1, static_cast<int64_t>(rows));
-}
-
-void engine::learn_pass_cost(served& s, double seconds) {
-  // Moving averages: the costs drift as contexts grow (attention) and batches change.
-  constexpr double k_weight = 0.25;
-  auto blend = [](double old, double now) { return old <= 0 ? now : old + k_weight * (now - old); };
-  if (s.pass_decode_rows > 0 && s.pass_prompt_rows == 0) {
-    s.decode_pass_s = blend(s.decode_pass_s, seconds);
-  } else if (s.pass_decode_rows > 0 && s.pass_prompt_rows > 0 && s.decode_pass_s > 0) {
-    // A ratio of averages, not an average of ratios: a pass of one prompt row would otherwise
-    // turn a millisecond of jitter into a millisecond per row, and shrink the next chunks.
-    s.prompt_extra_s = blend(s.prompt_extra_s, seconds - s.decode_pass_s);
-    s.prompt_rows_avg = blend(s.prompt_rows_avg, static_cast<double>(s.pass_prompt_rows));
-    s.prompt_row_s = std::max(s.prompt_extra_s, 1e-6 * s.prompt_rows_avg) / s.prompt_rows_avg;
-  }
-}
-
 void engine::preempt(served& s, active& a) {
   // Swapped to the host tier when the pool has one (the sequence resumes bit for bit);
   // otherwise its KV is dropped and its tokens (prompt and generated) are evaluated again.
@@ -586,109 +345,6 @@ void engine::preempt(served& s, active& a) {
   a.recompute = true;
   a.prompt = a.history;
   a.prefilled = 0;
-}
-
-void engine::step(served& s) {
-  auto& toks = s.row_tokens;
-  auto& seqs = s.row_seqs;
-  toks.clear();
-  seqs.clear();
-  int64_t budget = std::min(config_.max_batch_tokens, s.ctx->max_batch());  // the context's scratch rows bound a pass
-  std::vector<active*> in_pass;
-  for (auto& ap : s.running) ap->rows = 0;
-  // Blocks for `tokens` positions of a's sequence; when the pool is out of them, the sequence
-  // admitted last that is not yet in this pass is preempted for them (or a itself).
-  auto blocks_for = [&](active& a, int64_t tokens) {
-    while (s.kv->reserve(a.seq, tokens) != memory::status::ok) {
-      // Cached blocks go before anyone's running work does.
-      const auto short_by = static_cast<int32_t>((tokens + s.kv->block_tokens() - 1) / s.kv->block_tokens()) -
-                            static_cast<int32_t>(s.kv->table(a.seq).size());
-      if (s.cache && s.cache->blocks() > 0 && s.cache->evict(short_by) > 0 && s.kv->free_blocks() >= short_by) continue;
-      active* victim = nullptr;
-      for (auto it = s.running.rbegin(); it != s.running.rend() && !victim; ++it)
-        if (it->get() != &a && !(*it)->preempt && (*it)->rows == 0 && std::find(in_pass.begin(), in_pass.end(), it->get()) == in_pass.end())
-          victim = it->get();
-      if (!victim) victim = &a;
-      preempt(s, *victim);
-      if (victim == &a) return false;
-    }
-    return true;
-  };
-  // Decoding sequences first, one row each, so that no prompt chunk crowds them out of a
-  // pass; then prompt chunks. While sequences decode, the prompt rows of a pass are held to
-  // what fits the ITL budget (prompt_row_limit); with none decoding, a prompt takes whole chunks.
-  int64_t prompt_budget = std::numeric_limits<int64_t>::max();
-  bool decoding = false, prefilling = false;
-  for (const auto& ap : s.running) {
-    if (ap->preempt) continue;
-    (ap->prefilled >= static_cast<int64_t>(ap->prompt.size()) ? decoding : prefilling) = true;
-  }
-  if (decoding && prefilling) {
-    prompt_budget = prompt_row_limit(s);
-    // Every few passes, decode rows alone: keeps the measured cost of a decode pass current
-    // as the streams' contexts grow (the budget is relative to it).
-    if (++s.passes_with_prompts % k_decode_probe_every == 0) prompt_budget = 0;
-  }
-  s.pass_prompt_rows = s.pass_decode_rows = 0;
-  for (const bool prompts : {false, true})
-    for (auto& ap : s.running) {
-      active& a = *ap;
-      if (budget == 0) break;
-      if (a.preempt || a.rows > 0) continue;
-      const auto plen = static_cast<int64_t>(a.prompt.size());
-      if ((a.prefilled < plen) != prompts) continue;
-      s.ctx->set_prompt_end(a.seq, config_.fast_attention ? std::numeric_limits<int64_t>::max() : 0);
-      if (prompts) {
-        if (prompt_budget <= 0) break;
-        const int64_t chunk = std::min({config_.prefill_chunk, plen - a.prefilled, budget, prompt_budget});
-        if (!blocks_for(a, a.prefilled + chunk)) continue;
-        for (int64_t i = 0; i < chunk; ++i) {
-          toks.push_back(a.prompt[static_cast<size_t>(a.prefilled + i)]);
-          seqs.push_back(a.seq);
-        }
-        a.rows = chunk;
-        prompt_budget -= chunk;
-        s.pass_prompt_rows += chunk;
-      } else {
-        if (!blocks_for(a, s.ctx->pos(a.seq) + 1)) continue;
-        toks.push_back(a.next);
-        seqs.push_back(a.seq);
-        a.rows = 1;
-        ++s.pass_decode_rows;
-      }
-      budget -= a.rows;
-      in_pass.push_back(&a);
-    }
-  if (in_pass.empty()) return;
-  s.ctx->step(toks, seqs);
-  const auto logits = s.ctx->all_logits_rows();
-  const int64_t vocab = s.cfg.model->config().n_vocab;
-  std::vector<float> row(static_cast<size_t>(vocab));
-  for (size_t k = 0; k < in_pass.size(); ++k) {
-    active& a = *in_pass[k];
-    if (a.prefilled < static_cast<int64_t>(a.prompt.size())) {
-      a.prefilled += a.rows;
-      if (a.prefilled < static_cast<int64_t>(a.prompt.size())) continue;  // more of the prompt to go
-    }
-    if (a.params.max_tokens == 0) {
-      a.ending = finish_reason::length;
-      continue;
-    }
-    std::copy_n(logits.data() + static_cast<int64_t>(k) * vocab, vocab, row.begin());
-    const int32_t id = a.smp.sample(row, a.history);
-    if (a.params.stop_at_eog && s.cfg.tokenizer->is_eog(id)) {
-      a.ending = finish_reason::eog;
-      continue;
-    }
-    a.history.push_back(id);
-    a.next = id;
-    ++a.generated;
-    auto released = a.text.push(id);
-    a.handle->push(id, std::move(released.text));
-    if (released.stopped) a.ending = finish_reason::stop;
-    else if (a.generated >= a.params.max_tokens) a.ending = finish_reason::length;
-    else if (s.ctx->pos(a.seq) + 1 > s.cfg.context) a.ending = finish_reason::context;
-  }
 }
 
 }  // namespace tandem::runtime
