@@ -135,11 +135,12 @@ class forward_context {
   // adopted from a prefix cache) continues from there. Paged contexts only; throws
   // std::invalid_argument unless the sequence is empty and its blocks cover `pos`.
   void assume(int64_t pos, int64_t seq);
-  // Positions before `end` of `seq` are a prompt's: their attention takes the prompt kernel
-  // (kernels/cpu/ops.h, attention_run::prompt_rows): f32 throughout, each key read once for a
-  // tile of rows, the same result however the prompt is chunked, within float noise of
-  // llama.cpp's f16 arithmetic rather than equal to it. 0 (the default, and after reset): every
-  // row is computed as llama.cpp computes it.
+  // Positions before `end` of `seq` (a prompt's, or all of them with a large `end`, as the
+  // engine asks) take the tiled attention kernel (kernels/cpu/ops.h,
+  // attention_run::prompt_rows): f32 throughout, each key read once for a tile of rows, the
+  // same result however the sequence is chunked or batched, within float noise of llama.cpp's
+  // f16 arithmetic rather than equal to it. 0 (the default, and after reset): every row is
+  // computed as llama.cpp computes it.
   void set_prompt_end(int64_t seq, int64_t end);
 
  private:

@@ -94,11 +94,11 @@ struct attention_run {
   const void* v_cache;
   float* out;
   kv_pages pages = {};
-  // The first prompt_rows rows are a prompt's: where the CPU has AVX-512 they take the prompt
-  // kernel, which reads each key and value once for a tile of rows and keeps f32 throughout
-  // (not llama.cpp's f16 arithmetic; results differ from it by float noise). A row's result
-  // does not depend on the other rows of the call, so a prompt gives the same KV however it
-  // is chunked. The other rows (generated tokens) take the exact path.
+  // The first prompt_rows rows (a prompt's; the engine asks for every row) take, where the CPU
+  // has AVX-512, the tiled kernel, which reads each key and value once for a tile of rows and
+  // keeps f32 throughout (not llama.cpp's f16 arithmetic; results differ from it by float
+  // noise). A row's result does not depend on the other rows of the call, so a sequence gets
+  // the same KV however it is chunked or batched. The other rows take the exact path.
   int64_t prompt_rows = 0;
 };
 
