@@ -19,8 +19,7 @@ engine::engine(std::vector<engine_model> models, const engine_config& config)
     for (const auto& other : models_)
       if (cfg.kv_pool && other->cfg.kv_pool == cfg.kv_pool)
         throw std::invalid_argument("engine: models '" + other->cfg.name + "' and '" + cfg.name + "' share a KV pool; each needs its own");
-    for (const auto& s : models_)
-      if (s->cfg.name == cfg.name) throw std::invalid_argument("engine: model '" + cfg.name + "' is listed twice");
+    if (find(cfg.name)) throw std::invalid_argument("engine: model '" + cfg.name + "' is listed twice");
     if (config.roster) {
       if (!cfg.placement) throw std::invalid_argument("engine: model '" + cfg.name + "' has no placement; a roster needs one per model");
       if (!config.roster->find(cfg.name)) throw std::invalid_argument("engine: model '" + cfg.name + "' is not in the roster");
@@ -106,16 +105,23 @@ void engine::drain() {
 int64_t engine::preemptions() const { return preemptions_.load(); }
 int64_t engine::prefix_tokens_reused() const { return prefix_reused_.load(); }
 
-int32_t engine::kv_blocks_cached(const std::string& model) const {
+engine::served* engine::find(const std::string& name) const {
   for (const auto& s : models_)
-    if (s->cfg.name == model) return s->kv_cached.load();
-  throw std::invalid_argument("unknown model '" + model + "'");
+    if (s->cfg.name == name) return s.get();
+  return nullptr;
+}
+
+const engine::served& engine::known(const std::string& name) const {
+  if (const served* s = find(name)) return *s;
+  throw std::invalid_argument("unknown model '" + name + "'");
+}
+
+int32_t engine::kv_blocks_cached(const std::string& model) const {
+  return known(model).kv_cached.load();
 }
 
 int32_t engine::kv_blocks_cached_on_host(const std::string& model) const {
-  for (const auto& s : models_)
-    if (s->cfg.name == model) return s->kv_cached_host.load();
-  throw std::invalid_argument("unknown model '" + model + "'");
+  return known(model).kv_cached_host.load();
 }
 
 int64_t engine::prefix_blocks_restored() const {
@@ -125,9 +131,7 @@ int64_t engine::prefix_blocks_restored() const {
 }
 
 int32_t engine::kv_blocks_in_use(const std::string& model) const {
-  for (const auto& s : models_)
-    if (s->cfg.name == model) return s->kv_in_use.load();
-  throw std::invalid_argument("unknown model '" + model + "'");
+  return known(model).kv_in_use.load();
 }
 
 void engine::run() {

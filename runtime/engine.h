@@ -140,6 +140,8 @@ class engine {
   struct served;
   void run();
   void iterate(std::unique_lock<std::mutex>& lock);
+  served* find(const std::string& name) const;        // null when no model has that name
+  const served& known(const std::string& name) const;  // throws std::invalid_argument for an unknown name
   served* pick();
   served* plan_and_pick();
   void preempt_all(served& s);

@@ -76,11 +76,6 @@ engine::served* engine::plan_and_pick() {
                                                                   : 25.0;
   const auto snap = planner_snapshot(arb.snapshot(), arb.config().block_bytes, facts, link, 2.0);
   const auto plan = policy::make_plan(*config_.roster, snap, planner_demand(facts), now);
-  auto find = [&](const std::string& name) -> served* {
-    for (auto& m : models_)
-      if (m->cfg.name == name) return m.get();
-    return nullptr;
-  };
   for (const auto& act : plan.actions) {
     served* t = find(act.model);
     if (!t) continue;
