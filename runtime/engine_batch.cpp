@@ -73,7 +73,8 @@ void engine::step(served& s) {
   toks.clear();
   seqs.clear();
   int64_t budget = std::min(config_.max_batch_tokens, s.ctx->max_batch());  // the context's scratch rows bound a pass
-  std::vector<active*> in_pass;
+  auto& in_pass = s.in_pass;
+  in_pass.clear();
   for (auto& ap : s.running) ap->rows = 0;
   // Blocks for `tokens` positions of a's sequence; when the pool is out of them, the sequence
   // admitted last that is not yet in this pass is preempted for them (or a itself).
@@ -142,7 +143,8 @@ void engine::step(served& s) {
   s.ctx->step(toks, seqs);
   const auto logits = s.ctx->all_logits_rows();
   const int64_t vocab = s.cfg.model->config().n_vocab;
-  std::vector<float> row(static_cast<size_t>(vocab));
+  auto& row = s.sample_row;  // the sampler edits its logits (penalties): a copy per row
+  row.resize(static_cast<size_t>(vocab));
   for (size_t k = 0; k < in_pass.size(); ++k) {
     active& a = *in_pass[k];
     if (a.prefilled < static_cast<int64_t>(a.prompt.size())) {

@@ -56,6 +56,8 @@ struct engine::served {
   std::vector<int64_t> free_seqs;
   std::vector<int32_t> row_tokens;
   std::vector<int64_t> row_seqs;
+  std::vector<active*> in_pass;    // sequences of the pass being formed (kept: no allocation per pass)
+  std::vector<float> sample_row;   // one row of logits for the sampler
   std::atomic<int32_t> kv_in_use{0};  // published after each iteration: the pool itself is the engine thread's
   std::atomic<int32_t> kv_cached{0};
   std::atomic<int32_t> kv_cached_host{0};
