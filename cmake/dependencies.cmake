@@ -10,3 +10,5 @@ find_package(yaml-cpp REQUIRED)
 if(TANDEM_BUILD_TESTS)
   find_package(doctest REQUIRED)
 endif()
+# Boost.Asio and Boost.Beast are header-only: the headers target is all the API needs.
+find_package(Boost 1.74 REQUIRED)
