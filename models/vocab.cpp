@@ -11,11 +11,11 @@ namespace {
 
 // Id keys read from metadata. Only those a tokenizer uses get a member in `vocab`, but all
 // are validated so that a broken file is refused at load, not when the id is first used.
-constexpr std::array<std::string_view, 15> k_id_keys = {
+constexpr std::array<std::string_view, 18> k_id_keys = {
     k_key_bos, k_key_eos, k_key_eot, k_key_eom, k_key_unk, k_key_pad,
     "tokenizer.ggml.seperator_token_id", "tokenizer.ggml.cls_token_id", "tokenizer.ggml.mask_token_id",
-    "tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.fim_mid_token_id",
-    k_key_fim_pad, k_key_fim_rep, k_key_fim_sep,
+    k_key_fim_pre, k_key_fim_suf, k_key_fim_mid, k_key_fim_pad, k_key_fim_rep, k_key_fim_sep,
+    k_key_old_prefix, k_key_old_suffix, k_key_old_middle,
 };
 constexpr std::array<std::string_view, 4> k_flag_keys = {
     k_key_add_bos, k_key_add_eos, k_key_add_space_prefix, "tokenizer.ggml.remove_extra_whitespaces",
@@ -32,6 +32,25 @@ constexpr std::array<std::string_view, 9> k_eot_texts = {
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
     "<EOT>", "_<EOT>", "<end_of_utterance>",
 };
+
+// Where each FIM token is found, in fim_role order: its key, the older key (pre, suf and mid
+// only), then the token texts llama.cpp recognises, for files converted before the keys
+// existed. Empty strings only pad the table.
+struct fim_source {
+  std::string_view key, old_key;
+  std::array<std::string_view, 7> texts;
+};
+constexpr std::array<fim_source, k_fim_roles> k_fim_sources = {{
+    {k_key_fim_pre, k_key_old_prefix,
+     {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>"}},
+    {k_key_fim_suf, k_key_old_suffix,
+     {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>"}},
+    {k_key_fim_mid, k_key_old_middle,
+     {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>"}},
+    {k_key_fim_pad, "", {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"}},
+    {k_key_fim_rep, "", {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"}},
+    {k_key_fim_sep, "", {"<|file_sep|>"}},
+}};
 
 [[noreturn]] void fail(const vocab_data& d, std::string_view key, const std::string& what) {
   throw gguf_error(d.source + ": " + std::string(key) + ": " + what);
@@ -95,10 +114,30 @@ vocab::vocab(vocab_data d) : data_(std::move(d)) {
   if (eom_ < 0)
     if (auto id = find("<|eom_id|>")) eom_ = *id;
 
+  for (size_t r = 0; r < k_fim_roles; ++r) {
+    const fim_source& src = k_fim_sources[r];
+    int32_t id = read_id(src.key);
+    if (id < 0 && !src.old_key.empty()) id = read_id(src.old_key);
+    for (auto t : src.texts) {
+      if (id >= 0 || t.empty()) break;
+      if (auto found = find(t)) id = *found;
+    }
+    fim_[r] = id;
+    // Some vocabularies store FIM markers as USER_DEFINED (DeepSeek-Coder), which is matched
+    // in plain text: a user's code containing "<｜fim▁end｜>" would then end the prefix early.
+    // As CONTROL they are only matched when special tokens are parsed. llama.cpp does the
+    // same for markers it finds by text; doing it for ids from keys too closes the same hole
+    // in files whose converter wrote the key but left the type.
+    if (id >= 0 && (types_[static_cast<size_t>(id)] == token_type::normal ||
+                    types_[static_cast<size_t>(id)] == token_type::user_defined))
+      types_[static_cast<size_t>(id)] = token_type::control;
+  }
+
   // End-of-generation tokens: the ids named in metadata plus the well-known texts. The
   // texts are control tokens in practice; mark them so, as llama.cpp does, so that they are
-  // parsed as special and hidden when special tokens are not rendered.
-  for (int32_t id : {eos_, eot_, eom_, read_id(k_key_fim_pad), read_id(k_key_fim_rep), read_id(k_key_fim_sep)})
+  // parsed as special and hidden when special tokens are not rendered. A code model that
+  // emits a FIM pad, repository or file separator has finished the middle.
+  for (int32_t id : {eos_, eot_, eom_, fim(fim_role::pad), fim(fim_role::rep), fim(fim_role::sep)})
     if (id >= 0) eog_.push_back(id);
   for (auto t : k_eog_texts)
     if (auto id = find(t)) {

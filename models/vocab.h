@@ -3,6 +3,7 @@
 // plain vocab_data (tests), and validated once: later code may trust every id it holds.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -15,6 +16,11 @@
 namespace tandem::models {
 
 class gguf_file;
+
+// The tokens of a fill-in-the-middle prompt: prefix, suffix and middle markers, padding,
+// repository name and file separator (see models/fim.h).
+enum class fim_role { pre, suf, mid, pad, rep, sep };
+inline constexpr size_t k_fim_roles = 6;
 
 // tokenizer.ggml.token_type values, numbered as in llama.cpp.
 enum class token_type : int32_t {
@@ -46,9 +52,16 @@ inline constexpr std::string_view k_key_eot = "tokenizer.ggml.eot_token_id";
 inline constexpr std::string_view k_key_eom = "tokenizer.ggml.eom_token_id";
 inline constexpr std::string_view k_key_unk = "tokenizer.ggml.unknown_token_id";
 inline constexpr std::string_view k_key_pad = "tokenizer.ggml.padding_token_id";
+inline constexpr std::string_view k_key_fim_pre = "tokenizer.ggml.fim_pre_token_id";
+inline constexpr std::string_view k_key_fim_suf = "tokenizer.ggml.fim_suf_token_id";
+inline constexpr std::string_view k_key_fim_mid = "tokenizer.ggml.fim_mid_token_id";
 inline constexpr std::string_view k_key_fim_pad = "tokenizer.ggml.fim_pad_token_id";
 inline constexpr std::string_view k_key_fim_rep = "tokenizer.ggml.fim_rep_token_id";
 inline constexpr std::string_view k_key_fim_sep = "tokenizer.ggml.fim_sep_token_id";
+// Older names of fim_pre / fim_suf / fim_mid that CodeLlama-era converters wrote.
+inline constexpr std::string_view k_key_old_prefix = "tokenizer.ggml.prefix_token_id";
+inline constexpr std::string_view k_key_old_suffix = "tokenizer.ggml.suffix_token_id";
+inline constexpr std::string_view k_key_old_middle = "tokenizer.ggml.middle_token_id";
 inline constexpr std::string_view k_key_add_bos = "tokenizer.ggml.add_bos_token";
 inline constexpr std::string_view k_key_add_eos = "tokenizer.ggml.add_eos_token";
 inline constexpr std::string_view k_key_add_space_prefix = "tokenizer.ggml.add_space_prefix";
@@ -85,6 +98,13 @@ class vocab {
   int32_t unk() const { return unk_; }
   int32_t pad() const { return pad_; }
 
+  // Fill-in-the-middle token for `r`, -1 when absent: the fim_*_token_id key (for pre, suf
+  // and mid also the older prefix/suffix/middle key), else the token whose text is one that
+  // llama.cpp looks for (<|fim_prefix|>, <fim_prefix>, <｜fim▁begin｜>, ▁<PRE>, ...). FIM
+  // tokens stored as NORMAL or USER_DEFINED are made CONTROL, so that user text never turns
+  // into one unless special tokens are parsed.
+  int32_t fim(fim_role r) const { return fim_[static_cast<size_t>(r)]; }
+
   // The id stored under a *_token_id key (e.g. "tokenizer.ggml.fim_pre_token_id"), -1 when
   // absent. Every stored id was validated at construction.
   int32_t id_of_key(std::string_view key) const { return read_id(key); }
@@ -92,7 +112,7 @@ class vocab {
   // A flag from the metadata, nullopt when the key is absent.
   std::optional<bool> flag(std::string_view key) const;
 
-  // End of generation: eos, eot, eom, fim pad/rep/sep, and tokens whose text is one of the
+  // End of generation: eos, eot, eom, fim(pad / rep / sep), and tokens whose text is one of the
   // end-of-turn markers llama.cpp recognises (<|im_end|>, <|eot_id|>, <end_of_turn>, ...).
   bool is_eog(int32_t id) const;
   const std::vector<int32_t>& eog_ids() const { return eog_; }
@@ -115,6 +135,7 @@ class vocab {
   int32_t bos_ = -1, eos_ = -1, eot_ = -1, eom_ = -1, unk_ = -1, pad_ = -1;
   std::vector<int32_t> eog_;                      // sorted
   std::vector<std::vector<int32_t>> specials_;    // by first byte; longest text first
+  std::array<int32_t, k_fim_roles> fim_{-1, -1, -1, -1, -1, -1};  // by fim_role
 };
 
 }  // namespace tandem::models
