@@ -10,6 +10,8 @@ namespace tandem::runtime {
 
 engine::engine(std::vector<engine_model> models, const engine_config& config)
     : config_(config), pool_(config.threads > 0 ? config.threads : kernels::cpu::default_thread_count()) {
+  if (config.roster) roster_ = *config.roster;
+  config_.roster = nullptr;  // roster_ is the one read from here on
   if (config.max_batch_tokens < 1 || config.prefill_chunk < 1)
     throw std::invalid_argument("engine: max_batch_tokens and prefill_chunk must be >= 1");
   for (auto& cfg : models) {
@@ -66,7 +68,7 @@ engine::engine(std::vector<engine_model> models, const engine_config& config)
     s->row_seqs.reserve(static_cast<size_t>(config.max_batch_tokens));
     models_.push_back(std::move(s));
   }
-  if (config.roster) check_placeable();
+  if (roster_) check_placeable();
   thread_ = std::thread([this] { run(); });
 }
 
@@ -90,6 +92,11 @@ std::shared_ptr<request_handle> engine::submit(engine_request r) {
   auto h = a->handle;
   {
     std::lock_guard lock(m_);
+    auto& s = *models_[m];
+    if (cfg.max_queue > 0 && s.in_flight >= cfg.max_sequences + cfg.max_queue)
+      throw queue_full("model '" + cfg.name + "' has " + std::to_string(s.in_flight - cfg.max_sequences) +
+                       " requests waiting, its limit; retry later");
+    ++s.in_flight;
     submitted_.push_back(std::move(a));
     ++in_flight_;
   }
@@ -142,11 +149,16 @@ void engine::run() {
       cv_.wait_for(lock, std::chrono::milliseconds(2), [&] { return stop_ || !submitted_.empty(); });
       stalled_ = false;
     } else {
-      cv_.wait(lock, [&] {
-        if (stop_ || !submitted_.empty()) return true;
+      auto ready = [&] {
+        if (stop_ || !submitted_.empty() || !controls_.empty()) return true;
         return std::any_of(models_.begin(), models_.end(),
                            [](const auto& s) { return !s->waiting.empty() || !s->running.empty() || !s->preempted.empty(); });
-      });
+      };
+      // With a roster the plan also runs when idle: keep-alive expiry, prefetch, the home model.
+      if (roster_)
+        cv_.wait_for(lock, std::chrono::milliseconds(250), ready);
+      else
+        cv_.wait(lock, ready);
     }
     if (stop_) break;
     try {
@@ -191,6 +203,7 @@ void engine::retire(served& s, active& a, finish_reason why, const std::string& 
   s.publish();
   // The caller learns of the end only once its KV is free (a drained engine holds none).
   a.handle->finish(why, error);
+  --s.in_flight;
   --in_flight_;
   if (in_flight_ == 0) idle_cv_.notify_all();
 }
@@ -248,7 +261,8 @@ void engine::iterate(std::unique_lock<std::mutex>& lock) {
       }
     }
   }
-  served* s = config_.roster ? plan_and_pick() : pick();
+  apply_controls();
+  served* s = roster_ ? plan_and_pick() : pick();
   if (!s) {
     stalled_ = std::any_of(models_.begin(), models_.end(),
                            [](const auto& m) { return !m->waiting.empty() || !m->running.empty() || !m->preempted.empty(); });
@@ -298,6 +312,8 @@ void engine::iterate(std::unique_lock<std::mutex>& lock) {
       a->prefilled = start;
       prefix_reused_ += start;
     }
+    ++s->prefix_queries;
+    if (start > 0) ++s->prefix_hits;
     s->free_seqs.pop_back();
     a->seq = seq;
     s->running.push_back(std::move(a));
@@ -324,6 +340,7 @@ void engine::iterate(std::unique_lock<std::mutex>& lock) {
     } else if ((*it)->preempt) {
       (*it)->preempt = false;
       ++preemptions_;
+      ++s->preemptions;
       s->preempted.push_back(std::move(*it));
       it = s->running.erase(it);
     } else {

@@ -28,6 +28,8 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,6 +42,7 @@
 #include "models/model.h"
 #include "models/tokenizer.h"
 #include "models/weight_residency.h"
+#include "policy/plan_types.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/request_handle.h"
 #include "runtime/sampler.h"
@@ -60,6 +63,43 @@ struct engine_model {
   // With engine_config::roster: the model's segments in the arbiter, registered under `name`;
   // the engine moves them by the plan (and reads weights through them when residency is null).
   models::arbiter_residency* placement = nullptr;
+  // Requests that may wait beyond the max_sequences running ones; submit() refuses more with
+  // queue_full. 0: no limit.
+  int max_queue = 0;
+};
+
+// submit() on a model whose queue is full (engine_model::max_queue): the caller should retry
+// later (HTTP 429).
+struct queue_full : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// An operator's change to a served model (admin routes, Ollama's keep_alive), applied by the
+// engine thread before its next plan; needs a roster. Unset fields stay as they are.
+struct model_control {
+  std::optional<int> priority{};
+  std::optional<bool> pinned{};
+  std::optional<configs::keep_alive_setting> keep_alive{};
+  bool load = false;   // bring the weights to the device now (the keep-alive clock restarts)
+  bool evict = false;  // take them off the device now: running sequences are swapped out and
+                       // resume when the plan brings the model back for its waiting work
+};
+
+// One model as the engine sees it, for the admin routes and /metrics.
+struct model_stats {
+  int queued = 0, running = 0, preempted = 0;
+  int32_t kv_blocks_used = 0, kv_blocks_total = 0, kv_blocks_cached = 0, kv_blocks_cached_host = 0;
+  int priority = 0;
+  bool pinned = false;
+  configs::keep_alive_setting keep_alive;
+  std::chrono::steady_clock::time_point last_used{};  // last pass (or load)
+  int64_t prefix_queries = 0, prefix_hits = 0;  // admissions, and those that adopted cached blocks
+  int64_t preemptions = 0;
+  // Weights brought to the device (swap-ins) and taken off it (swap-outs) by the plan or an
+  // operator; a swap-in's seconds run from its start until every segment is resident.
+  int64_t swap_ins = 0, swap_outs = 0;
+  uint64_t swap_in_bytes = 0, swap_out_bytes = 0;
+  double swap_in_seconds = 0, last_swap_in_seconds = 0;
 };
 
 struct engine_config {
@@ -84,7 +124,8 @@ struct engine_config {
   // are computed as llama.cpp computes them (and as `tandem run` does).
   bool fast_attention = true;
   // The policy and the models' priorities, keep-alive and pins: with it, the planner places
-  // the models (each needs a placement in one arbiter and a roster entry of its name).
+  // the models (each needs a placement in one arbiter and a roster entry of its name). The
+  // engine keeps a copy, which model_control changes.
   const configs::roster* roster = nullptr;
   double link_gb_s = 0;  // host -> device speed for the planner's reload costs; 0: the backend's throttle, else 25
 };
@@ -134,6 +175,9 @@ class engine {
   int32_t kv_blocks_cached_on_host(const std::string& model) const;
   // Prefix-cache blocks copied back from the host for a hit, so far.
   int64_t prefix_blocks_restored() const;
+  // Throws std::invalid_argument for an unknown model, and (control) without a roster.
+  void control(const std::string& model, const model_control& c);
+  model_stats stats(const std::string& model) const;
 
  private:
   struct active;
@@ -149,17 +193,22 @@ class engine {
   int64_t prompt_row_limit(const served& s) const;
   void prefer_cached_prefix(served& s);
   void check_placeable() const;
+  void apply_controls();
+  void carry_out(served& t, const policy::action& act, const memory::arbiter_snapshot& snap);
+  void finish_swap_ins();
   void learn_pass_cost(served& s, double seconds);
   void retire(served& s, active& a, finish_reason why, const std::string& error = {});
   void preempt(served& s, active& a);
   void end_all(served& s, finish_reason why, const std::string& error);
 
   engine_config config_;
+  std::optional<configs::roster> roster_;  // the engine's own copy: operators change it (control)
   kernels::cpu::thread_pool pool_;
   std::vector<std::unique_ptr<served>> models_;
-  std::mutex m_;
+  mutable std::mutex m_;
   std::condition_variable cv_, idle_cv_;
   std::deque<std::shared_ptr<active>> submitted_;
+  std::deque<std::pair<std::string, model_control>> controls_;
   int in_flight_ = 0;  // submitted and not yet finished
   std::atomic<int64_t> preemptions_{0};
   std::atomic<int64_t> prefix_reused_{0};

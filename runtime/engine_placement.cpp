@@ -34,7 +34,7 @@ void engine::check_placeable() const {
     // Streamed, the planner wants half the weights on the device (policy/planner.h, 2b) and the
     // pass needs its stream slots.
     const uint64_t slots = static_cast<uint64_t>(s->cfg.placement->prefetch_depth() + 1) * largest;
-    const uint64_t need = config_.roster->policy.stream ? std::min(weights, std::max(slots, weights / 2)) : weights;
+    const uint64_t need = roster_->policy.stream ? std::min(weights, std::max(slots, weights / 2)) : weights;
     if (other + need > snap.device.capacity)
       throw std::invalid_argument("engine: model '" + s->cfg.name + "' cannot run on a device of " + std::to_string(snap.device.capacity) +
                                   " bytes: it needs " + std::to_string(need) + (need < weights ? " (stream slots)" : " (weights)") +
@@ -74,31 +74,139 @@ engine::served* engine::plan_and_pick() {
   const double link = config_.link_gb_s > 0 ? config_.link_gb_s
                       : arb.device_backend().info().link_gbps > 0 ? arb.device_backend().info().link_gbps
                                                                   : 25.0;
-  const auto snap = planner_snapshot(arb.snapshot(), arb.config().block_bytes, facts, link, 2.0);
-  const auto plan = policy::make_plan(*config_.roster, snap, planner_demand(facts), now);
+  const auto snap_now = arb.snapshot();
+  const auto snap = planner_snapshot(snap_now, arb.config().block_bytes, facts, link, 2.0);
+  const auto plan = policy::make_plan(*roster_, snap, planner_demand(facts), now);
   for (const auto& act : plan.actions) {
     served* t = find(act.model);
     if (!t) continue;
-    if (act.kind == policy::action_kind::preempt) {
+    if (act.kind == policy::action_kind::preempt)
       preempt_all(*t);
-    } else if (act.kind != policy::action_kind::resume) {
-      const bool was_on = std::any_of(snap.models.begin(), snap.models.end(), [&](const auto& m) { return m.name == act.model && m.on_device; });
-      auto st = apply_memory_action(*t->cfg.placement, act);
-      if (st == memory::status::no_space &&
-          (act.kind == policy::action_kind::stage || act.kind == policy::action_kind::load)) {
-        // Weights come before cached prefixes: give the host tier back and try again.
-        int dropped = 0;
-        for (auto& m : models_)
-          if (m->cache) dropped += m->cache->drop_host(m->cache->host_blocks());
-        if (dropped > 0) st = apply_memory_action(*t->cfg.placement, act);
-      }
-      if (act.kind == policy::action_kind::load && !was_on) t->loaded_at = now;
-      spdlog::debug("engine: {} {} ({}): {}", policy::action_name(act.kind), act.model, act.why, memory::status_name(st));
-    }
+    else if (act.kind != policy::action_kind::resume)
+      carry_out(*t, act, snap_now);
   }
+  finish_swap_ins();
   if (plan.run.empty()) return nullptr;
   served* s = find(plan.run);
   return s && runnable(arb.snapshot(), s->cfg.name) ? s : nullptr;
+}
+
+namespace {
+
+const memory::model_snapshot* model_in(const memory::arbiter_snapshot& snap, const std::string& name) {
+  for (const auto& m : snap.models)
+    if (m.name == name) return &m;
+  return nullptr;
+}
+
+}  // namespace
+
+void engine::carry_out(served& t, const policy::action& act, const memory::arbiter_snapshot& snap) {
+  const auto now = clock_type::now();
+  const auto* before = model_in(snap, t.cfg.name);
+  uint64_t absent = 0, present = 0;  // weight bytes off and on the device before the action
+  if (before)
+    for (const auto& seg : before->segments) (seg.device == memory::residency::absent ? absent : present) += seg.bytes;
+  const bool was_on = present > 0 || (before && before->stream_slots > 0);
+  auto st = apply_memory_action(*t.cfg.placement, act);
+  if (st == memory::status::no_space && (act.kind == policy::action_kind::stage || act.kind == policy::action_kind::load)) {
+    // Weights come before cached prefixes: give the host tier back and try again.
+    int dropped = 0;
+    for (auto& m : models_)
+      if (m->cache) dropped += m->cache->drop_host(m->cache->host_blocks());
+    if (dropped > 0) st = apply_memory_action(*t.cfg.placement, act);
+  }
+  if (act.kind == policy::action_kind::load && !was_on && st == memory::status::ok) {
+    t.loaded_at = now;
+    ++t.swap_ins;
+    t.swap_in_bytes += absent;
+    t.swap_in_started = now;
+  } else if (act.kind == policy::action_kind::evict_device && present > 0 && st == memory::status::ok) {
+    ++t.swap_outs;
+    t.swap_out_bytes += present;
+    t.swap_in_started.reset();
+  }
+  spdlog::debug("engine: {} {} ({}): {}", policy::action_name(act.kind), act.model, act.why, memory::status_name(st));
+}
+
+void engine::finish_swap_ins() {
+  if (std::none_of(models_.begin(), models_.end(), [](const auto& m) { return m->swap_in_started.has_value(); })) return;
+  const auto snap = models_.front()->cfg.placement->arbiter().snapshot();
+  const auto now = clock_type::now();
+  for (auto& m : models_) {
+    if (!m->swap_in_started) continue;
+    const auto* ms = model_in(snap, m->cfg.name);
+    if (ms && std::any_of(ms->segments.begin(), ms->segments.end(), [](const auto& seg) { return seg.device == memory::residency::in_flight; }))
+      continue;
+    const double secs = std::chrono::duration<double>(now - *m->swap_in_started).count();
+    m->last_swap_in_seconds = secs;
+    m->swap_in_seconds += secs;
+    m->swap_in_started.reset();
+  }
+}
+
+void engine::control(const std::string& model, const model_control& c) {
+  known(model);
+  if (!roster_) throw std::invalid_argument("engine: model '" + model + "' is not placed by a roster; it cannot be loaded, evicted or pinned");
+  {
+    std::lock_guard lock(m_);
+    controls_.emplace_back(model, c);
+  }
+  cv_.notify_all();
+}
+
+void engine::apply_controls() {
+  while (!controls_.empty()) {
+    auto [name, c] = std::move(controls_.front());
+    controls_.pop_front();
+    served& s = *find(name);
+    auto entry = std::find_if(roster_->models.begin(), roster_->models.end(), [&](const auto& e) { return e.name == name; });
+    if (c.priority) entry->priority = s.cfg.priority = *c.priority;
+    if (c.pinned) entry->pinned = *c.pinned;
+    if (c.keep_alive) entry->keep_alive = *c.keep_alive;
+    auto& arb = s.cfg.placement->arbiter();
+    if (c.evict) {
+      preempt_all(s);  // resumed when the plan brings the model back for them
+      carry_out(s, {policy::action_kind::evict_device, name, "operator", 0}, arb.snapshot());
+    }
+    if (c.load) {
+      carry_out(s, {policy::action_kind::stage, name, "operator", 0}, arb.snapshot());
+      carry_out(s, {policy::action_kind::load, name, "operator", 0}, arb.snapshot());
+      s.last_pass = clock_type::now();  // the keep-alive clock starts now
+    }
+  }
+}
+
+model_stats engine::stats(const std::string& model) const {
+  const served& s = known(model);
+  std::lock_guard lock(m_);
+  model_stats st;
+  st.queued = static_cast<int>(s.waiting.size());
+  for (const auto& a : submitted_)
+    if (models_[a->model].get() == &s) ++st.queued;
+  st.running = static_cast<int>(s.running.size());
+  st.preempted = static_cast<int>(s.preempted.size());
+  st.kv_blocks_used = s.kv_in_use.load();
+  st.kv_blocks_total = s.kv->total_blocks();
+  st.kv_blocks_cached = s.kv_cached.load();
+  st.kv_blocks_cached_host = s.kv_cached_host.load();
+  st.priority = s.cfg.priority;
+  if (roster_)
+    if (const auto* e = roster_->find(model)) {
+      st.pinned = e->pinned;
+      st.keep_alive = e->keep_alive;
+    }
+  st.last_used = s.last_pass;
+  st.prefix_queries = s.prefix_queries;
+  st.prefix_hits = s.prefix_hits;
+  st.preemptions = s.preemptions;
+  st.swap_ins = s.swap_ins;
+  st.swap_outs = s.swap_outs;
+  st.swap_in_bytes = s.swap_in_bytes;
+  st.swap_out_bytes = s.swap_out_bytes;
+  st.swap_in_seconds = s.swap_in_seconds;
+  st.last_swap_in_seconds = s.last_swap_in_seconds;
+  return st;
 }
 
 void engine::preempt_all(served& s) {
@@ -109,6 +217,7 @@ void engine::preempt_all(served& s) {
     preempt(s, *a);
     a->preempt = false;
     ++preemptions_;
+    ++s.preemptions;
     s.running.pop_back();
     s.preempted.push_front(std::move(a));
   }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "runtime/engine.h"
@@ -65,6 +66,13 @@ struct engine::served {
   std::unique_ptr<prefix_cache> cache;
   clock_type::time_point last_pass = clock_type::now();
   clock_type::time_point loaded_at{};  // when the engine last started loading it (placement by plan)
+  int in_flight = 0;  // submitted and not finished (engine::m_): the queue limit
+  // For model_stats (engine::m_).
+  int64_t prefix_queries = 0, prefix_hits = 0, preemptions = 0;
+  int64_t swap_ins = 0, swap_outs = 0;
+  uint64_t swap_in_bytes = 0, swap_out_bytes = 0;
+  double swap_in_seconds = 0, last_swap_in_seconds = 0;
+  std::optional<clock_type::time_point> swap_in_started;  // a swap-in whose segments are still landing
   // The ITL budget's estimates (engine_config::itl_budget): seconds of a pass of decode rows
   // only, and of one prompt row beside them; 0 until measured. Rows of the pass being run.
   double decode_pass_s = 0, prompt_row_s = 0;

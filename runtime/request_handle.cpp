@@ -69,23 +69,40 @@ void request_handle::wait() const {
   cv_.wait(lock, [&] { return done_ != finish_reason::none; });
 }
 
+void request_handle::set_notify(std::function<void()> f) {
+  bool now = false;
+  {
+    std::lock_guard lock(m_);
+    notify_ = f;
+    now = notify_ && (!pieces_.empty() || done_ != finish_reason::none);
+  }
+  if (now) f();
+}
+
 void request_handle::push(int32_t token, std::string text) {
+  std::function<void()> f;
   {
     std::lock_guard lock(m_);
     pieces_.push_back({token, std::move(text)});
+    f = notify_;
   }
   cv_.notify_all();
+  if (f) f();
 }
 
 void request_handle::finish(finish_reason why, std::string error) {
+  std::function<void()> f;
   {
     std::lock_guard lock(m_);
     if (done_ != finish_reason::none) return;
     done_ = why;
     finished_at_ = std::chrono::steady_clock::now();
     error_ = std::move(error);
+    f = std::move(notify_);  // nothing follows the end: drop what the callback holds
+    notify_ = nullptr;
   }
   cv_.notify_all();
+  if (f) f();
 }
 
 }  // namespace tandem::runtime

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -43,6 +44,12 @@ class request_handle {
   // Waits until the request has finished (tokens left unread stay readable).
   void wait() const;
 
+  // Calls f (on the engine's thread, or here when something is already readable) whenever a
+  // piece arrives or the request finishes: for readers that must not block a thread per
+  // request (the HTTP server posts to its connection's strand). f must be cheap and must not
+  // call back into this handle's push/finish. An empty f removes it.
+  void set_notify(std::function<void()> f);
+
   // Engine side.
   void push(int32_t token, std::string text = {});
   void finish(finish_reason why, std::string error = {});
@@ -55,6 +62,7 @@ class request_handle {
   std::chrono::steady_clock::time_point finished_at_{};
   std::string error_;
   bool cancel_ = false;
+  std::function<void()> notify_;
 };
 
 }  // namespace tandem::runtime

@@ -456,4 +456,84 @@ TEST_SUITE("engine") {
     bad.sampling.top_p = 2;
     CHECK_THROWS_AS(e.submit({"m", {1}, bad}), std::invalid_argument);
   }
+
+  TEST_CASE("a model's queue limit refuses submissions beyond it with queue_full") {
+    const models::model m(test::data_path("stories260K.gguf").string());
+    const auto tok = models::tokenizer::from_gguf(m.file());
+    runtime::engine_model em{"m", &m, &tok, 0, 1, 256};
+    em.max_queue = 1;
+    runtime::engine e({em}, {.threads = 1});
+    auto a = e.submit({"m", {1, 403}, greedy(200)});
+    int32_t t = 0;
+    REQUIRE(a->next(&t, 60s));  // running
+    auto b = e.submit({"m", {1, 404}, greedy(5)});  // waiting: the one place in the queue
+    CHECK_THROWS_AS(e.submit({"m", {1, 405}, greedy(5)}), runtime::queue_full);
+    const auto st = e.stats("m");
+    CHECK(st.running == 1);
+    CHECK(st.queued == 1);
+    a->cancel();
+    CHECK(collect(*b).size() == 5);
+    CHECK_NOTHROW(e.submit({"m", {1, 405}, greedy(1)})->wait());
+  }
+
+  TEST_CASE("operator controls: load, evict with a sequence running (it resumes), pin, priority and keep-alive") {
+    const models::model m(test::data_path("stories260K.gguf").string());
+    const auto tok = models::tokenizer::from_gguf(m.file());
+    configs::roster r;
+    configs::model_entry me;
+    me.name = "m";
+    me.context = 256;
+    me.max_sequences = 2;
+    r.models = {me};
+    r.policy.prefetch = false;
+    auto backend = memory::make_cpu_backend();
+    memory::arbiter a(*backend, {uint64_t{32} << 20, uint64_t{32} << 20, 16 << 10});
+    const auto block = static_cast<size_t>(models::kv_bytes_per_token(m.config(), kernels::cpu::kv_type::f16) * 16);
+    auto kv = memory::kv_pool::make(a, "m", 32, 16, block);
+    models::arbiter_residency place(a, m, "m");
+    auto on_device = [&] {
+      for (const auto& ms : a.snapshot().models)
+        for (const auto& seg : ms.segments)
+          if (seg.device != memory::residency::resident) return false;
+      return true;
+    };
+    auto until = [](auto pred) {
+      for (int i = 0; i < 2000 && !pred(); ++i) std::this_thread::sleep_for(5ms);
+      return pred();
+    };
+    runtime::engine e({{"m", &m, &tok, 0, 2, 256, kernels::cpu::kv_type::f16, nullptr, kv.get(), &place}}, {.threads = 1, .roster = &r});
+    CHECK_FALSE(on_device());
+    e.control("m", {.load = true});
+    CHECK(until(on_device));
+    CHECK(until([&] { return e.stats("m").swap_ins == 1 && e.stats("m").last_swap_in_seconds >= 0; }));
+
+    const std::vector<int32_t> prompt{1, 403, 407};
+    auto h = e.submit({"m", prompt, greedy(120)});
+    int32_t first = 0;
+    REQUIRE(h->next(&first, 60s));
+    e.control("m", {.evict = true});
+    auto got = collect(*h);
+    got.insert(got.begin(), first);
+    CHECK(got == alone(m, tok, prompt, 120));  // swapped out, brought back, bit for bit
+    const auto st = e.stats("m");
+    CHECK(st.swap_outs >= 1);
+    CHECK(st.preemptions >= 1);
+
+    e.control("m", {.priority = 42, .pinned = true, .keep_alive = configs::keep_alive_setting{true, {}}});
+    CHECK(until([&] { return e.stats("m").priority == 42; }));
+    CHECK(e.stats("m").pinned);
+    CHECK(e.stats("m").keep_alive.forever);
+    CHECK_THROWS_AS(e.control("nope", {}), std::invalid_argument);
+    e.drain();
+    CHECK(e.kv_blocks_in_use("m") == 0);
+    a.check_integrity();
+  }
+
+  TEST_CASE("controls need a roster") {
+    const models::model m(test::data_path("stories260K.gguf").string());
+    const auto tok = models::tokenizer::from_gguf(m.file());
+    runtime::engine e({{"m", &m, &tok}}, {.threads = 1});
+    CHECK_THROWS_AS(e.control("m", {.load = true}), std::invalid_argument);
+    CHECK(e.stats("m").kv_blocks_total > 0);
+  }
 }

@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
+
 #include <thread>
 
 using namespace tandem::runtime;
@@ -56,5 +58,20 @@ TEST_SUITE("request_handle") {
     CHECK(h.finished() == finish_reason::cancelled);
     CHECK(std::string(finish_name(finish_reason::stop)) == "stop");
     CHECK(std::string(finish_name(finish_reason::eog)) == "stop");
+  }
+
+  TEST_CASE("set_notify: called for every piece and the end, at once when something is already readable, dropped at the end") {
+    request_handle h;
+    std::atomic<int> calls{0};
+    h.push(1, "a");
+    h.set_notify([&] { ++calls; });
+    CHECK(calls == 1);  // a piece was waiting
+    h.push(2, "b");
+    CHECK(calls == 2);
+    h.finish(finish_reason::length);
+    CHECK(calls == 3);
+    h.push(3, "c");  // nothing follows the end: the callback is gone
+    CHECK(calls == 3);
+    h.set_notify(nullptr);
   }
 }
