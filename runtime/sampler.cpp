@@ -6,7 +6,6 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
-#include <unordered_set>
 
 namespace tandem::runtime {
 namespace {
@@ -28,6 +27,10 @@ void validate(const sampling_params& p) {
   if (!(std::isfinite(p.repeat_penalty) && p.repeat_penalty > 0.0f))
     bad_param("repeat_penalty", "finite and > 0", p.repeat_penalty);
   if (p.repeat_last_n < -1) bad_param("repeat_last_n", ">= -1", p.repeat_last_n);
+  if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f))
+    bad_param("presence_penalty", "in [-2, 2]", p.presence_penalty);
+  if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f))
+    bad_param("frequency_penalty", "in [-2, 2]", p.frequency_penalty);
 }
 
 }  // namespace
@@ -44,15 +47,21 @@ int32_t sampler::sample(std::span<float> logits, std::span<const int32_t> histor
   for (float& v : logits)
     if (std::isnan(v)) v = -k_inf;
 
-  // Repetition penalty as in llama.cpp: divide positive logits, multiply negative ones, once
-  // per distinct recent token.
-  if (p.repeat_penalty != 1.0f && p.repeat_last_n != 0 && !history.empty()) {
+  // Penalties as llama.cpp's penalties sampler: per distinct token of the window, the
+  // repetition penalty divides a positive logit and multiplies a negative one (once, however
+  // often the token repeats), then presence and frequency subtract.
+  const bool penalised = p.repeat_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+  if (penalised && p.repeat_last_n != 0 && !history.empty()) {
     const size_t last = p.repeat_last_n < 0 ? history.size() : std::min<size_t>(history.size(), p.repeat_last_n);
-    std::unordered_set<int32_t> seen;
+    counts_.clear();
     for (size_t k = history.size() - last; k < history.size(); ++k) {
       const int32_t t = history[k];
-      if (t < 0 || t >= n || !seen.insert(t).second) continue;
-      logits[t] = logits[t] > 0 ? logits[t] / p.repeat_penalty : logits[t] * p.repeat_penalty;
+      if (t >= 0 && t < n) ++counts_[t];
+    }
+    for (const auto& [t, count] : counts_) {
+      float& v = logits[t];
+      v = v > 0 ? v / p.repeat_penalty : v * p.repeat_penalty;
+      v -= static_cast<float>(count) * p.frequency_penalty + p.presence_penalty;
     }
   }
 

@@ -1,9 +1,11 @@
-// Token sampling: greedy, temperature, top-k, top-p, min-p, repetition penalty, seeded RNG.
+// Token sampling: greedy, temperature, top-k, top-p, min-p, repetition, presence and frequency
+// penalties, seeded RNG.
 #pragma once
 
 #include <cstdint>
 #include <random>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 namespace tandem::runtime {
@@ -17,12 +19,18 @@ struct sampling_params {
   float min_p = 0.05f;         // in [0, 1]; 0: disabled
   float repeat_penalty = 1.0f; // finite, > 0; 1: disabled; applied to the last repeat_last_n tokens
   int repeat_last_n = 64;      // >= -1; -1: the whole history, 0: none
+  // Each in [-2, 2]; 0: disabled. Over the same last repeat_last_n tokens, a token seen c times
+  // loses c * frequency_penalty + presence_penalty from its logit (OpenAI's definition;
+  // negative values favour repeats).
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
   uint64_t seed = 0xDEADBEEF;
 };
 
-// Stateful per sequence (owns the RNG). Order of the chain: repetition penalty, top-k,
-// top-p, min-p (both on the temperature-1 distribution), temperature, softmax, draw;
-// llama.cpp's common sampler order (temperature last).
+// Stateful per sequence (owns the RNG). Order of the chain: penalties (repetition, then
+// presence and frequency, as llama.cpp's penalties sampler), top-k, top-p, min-p (both on the
+// temperature-1 distribution), temperature, softmax, draw; llama.cpp's common sampler order
+// (temperature last).
 //
 // Non-finite logits: NaN counts as -inf (never picked). When any logit is +inf the pick is
 // among the +inf tokens only: the lowest id for greedy, otherwise uniform over the first
@@ -33,8 +41,8 @@ class sampler {
   // Throws std::invalid_argument naming the field when a parameter is out of range.
   explicit sampler(const sampling_params& p);
   // Picks the next token from logits (n_vocab floats; modified in place: NaNs become -inf and
-  // the penalty is applied). history is the sequence so far (prompt + generated), used by the
-  // repetition penalty; ids outside the vocabulary are ignored. Throws std::invalid_argument
+  // the penalties are applied). history is the sequence so far (prompt + generated), used by the
+  // penalties; ids outside the vocabulary are ignored. Throws std::invalid_argument
   // for empty logits.
   int32_t sample(std::span<float> logits, std::span<const int32_t> history);
   const sampling_params& params() const { return params_; }
@@ -45,6 +53,7 @@ class sampler {
   sampling_params params_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> candidates_;  // reused across calls
+  std::unordered_map<int32_t, int32_t> counts_;        // penalty window: token -> occurrences; reused
 };
 
 }  // namespace tandem::runtime

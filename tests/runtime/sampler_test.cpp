@@ -183,6 +183,92 @@ TEST_SUITE("sampler") {
     CHECK(draw(plain, {3.0f, 2.5f, 0.0f}, {0}) == 0);
   }
 
+  TEST_CASE("presence and frequency penalties subtract c * frequency + presence per distinct token") {
+    sampling_params p = greedy_params();
+    p.presence_penalty = 0.5f;
+    p.frequency_penalty = 0.25f;
+    p.repeat_last_n = 4;
+    sampler s(p);
+    // Token 0 three times, token 2 once, token 1 never; 7 is outside the vocabulary and -1 is
+    // not a token: both ignored.
+    std::vector<float> l = {3.0f, 1.0f, -1.0f, 0.5f};
+    const std::vector<int32_t> history = {0, 0, 2, 0, 7, -1};
+    // Only the last four count: {2, 0, 7, -1} -> token 0 once, token 2 once.
+    s.sample(l, history);
+    CHECK(l[0] == doctest::Approx(3.0f - 0.25f - 0.5f));
+    CHECK(l[1] == 1.0f);
+    CHECK(l[2] == doctest::Approx(-1.0f - 0.25f - 0.5f));
+    CHECK(l[3] == 0.5f);
+
+    // The whole window: token 0 three times.
+    p.repeat_last_n = -1;
+    sampler whole(p);
+    l = {3.0f, 1.0f, -1.0f, 0.5f};
+    whole.sample(l, history);
+    CHECK(l[0] == doctest::Approx(3.0f - 3 * 0.25f - 0.5f));
+    CHECK(l[2] == doctest::Approx(-1.0f - 0.25f - 0.5f));
+
+    // A window of 0 turns every penalty off.
+    p.repeat_last_n = 0;
+    sampler none(p);
+    l = {3.0f, 1.0f, -1.0f, 0.5f};
+    none.sample(l, history);
+    CHECK(l == std::vector<float>{3.0f, 1.0f, -1.0f, 0.5f});
+  }
+
+  TEST_CASE("presence and frequency penalties change the pick") {
+    sampling_params p = greedy_params();
+    p.presence_penalty = 0.6f;
+    sampler pres(p);
+    CHECK(draw(pres, {3.0f, 2.5f}, {0}) == 1);     // 2.4 < 2.5
+    CHECK(draw(pres, {3.0f, 2.5f}, {0, 0}) == 1);  // presence does not grow with the count
+    CHECK(draw(pres, {3.0f, 2.3f}, {0, 0}) == 0);
+
+    p = greedy_params();
+    p.frequency_penalty = 0.2f;
+    sampler freq(p);
+    CHECK(draw(freq, {3.0f, 2.5f}, {0}) == 0);        // 2.8
+    CHECK(draw(freq, {3.0f, 2.5f}, {0, 0, 0}) == 1);  // 2.4
+
+    // Negative values favour what was already said.
+    p = greedy_params();
+    p.presence_penalty = -1.0f;
+    sampler favour(p);
+    CHECK(draw(favour, {2.5f, 3.0f}, {0}) == 0);  // 3.5 > 3.0
+  }
+
+  TEST_CASE("the repetition penalty divides before presence subtracts") {
+    // 3 / 1.5 - 0.6 = 1.4 < 1.5; the other order would give (3 - 0.6) / 1.5 = 1.6 > 1.5.
+    sampling_params p = greedy_params();
+    p.repeat_penalty = 1.5f;
+    p.presence_penalty = 0.6f;
+    sampler s(p);
+    CHECK(draw(s, {3.0f, 1.5f}, {0}) == 1);
+    std::vector<float> l = {3.0f, 1.5f};
+    s.sample(l, std::vector<int32_t>{0});
+    CHECK(l[0] == doctest::Approx(1.4f));
+  }
+
+  TEST_CASE("the penalties apply before top-k") {
+    // Top-1 after the penalty keeps token 1, at any temperature.
+    sampling_params p = plain_params(5.0f, 31);
+    p.top_k = 1;
+    p.presence_penalty = 1.0f;
+    sampler s(p);
+    for (int i = 0; i < 50; ++i) CHECK(draw(s, {3.0f, 2.5f, 0.0f}, {0}) == 1);
+  }
+
+  TEST_CASE("presence and frequency penalties default to off") {
+    const sampling_params p;
+    CHECK(p.presence_penalty == 0.0f);
+    CHECK(p.frequency_penalty == 0.0f);
+    // With the repetition penalty at 1 too, the logits come back untouched.
+    sampler s(plain_params(1.0f, 32));
+    std::vector<float> l = {3.0f, -1.0f, 0.5f};
+    s.sample(l, std::vector<int32_t>{0, 1, 1, 2});
+    CHECK(l == std::vector<float>{3.0f, -1.0f, 0.5f});
+  }
+
   TEST_CASE("at temperature 1 without filters the draws follow softmax") {
     std::mt19937 rng(10);
     const int n = 12;
@@ -320,6 +406,11 @@ TEST_SUITE("sampler") {
       rejects("min_p", [v](sampling_params& p) { p.min_p = v; });
     }
     rejects("repeat_last_n", [](sampling_params& p) { p.repeat_last_n = -2; });
+    for (float v : {-2.01f, 2.01f, k_nan, k_inf, -k_inf}) {
+      CAPTURE(v);
+      rejects("presence_penalty", [v](sampling_params& p) { p.presence_penalty = v; });
+      rejects("frequency_penalty", [v](sampling_params& p) { p.frequency_penalty = v; });
+    }
 
     // The edges of every range are accepted; a negative top_k just disables top-k.
     sampling_params edge;
@@ -329,7 +420,11 @@ TEST_SUITE("sampler") {
     edge.repeat_penalty = 1e-6f;
     edge.repeat_last_n = -1;
     edge.top_k = -5;
+    edge.presence_penalty = -2.0f;
+    edge.frequency_penalty = 2.0f;
     CHECK_NOTHROW(sampler{edge});
+    edge.presence_penalty = 2.0f;
+    edge.frequency_penalty = -2.0f;
     edge.top_p = 1.0f;
     edge.min_p = 0.0f;
     edge.repeat_penalty = 10.0f;
