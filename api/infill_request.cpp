@@ -60,8 +60,9 @@ infill_request parse_infill(const json& body, const request_limits& limits) {
   r.id_slot = optional_integer(body, "id_slot", -1, k_int64_max).value_or(-1);
   r.samplers = optional_string_array(body, "samplers").value_or(std::vector<std::string>{});
   r.response_fields = optional_string_array(body, "response_fields").value_or(std::vector<std::string>{});
-  if (auto n = optional_integer(body, "n_cmpl", 1, k_int64_max); n && *n != 1)
-    throw bad_request("only n_cmpl=1 is supported (one completion per request)", "n_cmpl");
+  // llama.vscode asks for 3 alternatives by default; one completion is served (the response
+  // is a single object either way), rather than refusing the plugin's every request.
+  optional_integer(body, "n_cmpl", 1, 16);
   return r;
 }
 

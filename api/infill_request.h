@@ -45,7 +45,7 @@ struct infill_request {
 };
 
 // Requires input_prefix and input_suffix (strings, may be empty), as llama.cpp does. n_cmpl
-// (several completions at once) must be 1 when given.
+// (alternatives wanted, 1 to 16) is accepted and one completion is served.
 infill_request parse_infill(const nlohmann::json& body, const request_limits& limits);
 
 }  // namespace tandem::api

@@ -19,7 +19,7 @@ using json = nlohmann::json;
 // is still type-checked, and rejected where a value would ask for something not done.
 constexpr std::string_view k_common_keys[] = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
-    "frequency_penalty", "repetition_penalty", "repeat_penalty", "stop", "stream", "stream_options", "n",
+    "frequency_penalty", "repetition_penalty", "repeat_penalty", "ignore_eos", "stop", "stream", "stream_options", "n",
     "logprobs", "logit_bias", "response_format",
     "user", "store", "metadata", "service_tier", "parallel_tool_calls", "cache_prompt", "id_slot", "n_probs",
     "reasoning_effort", "modalities"};
@@ -129,6 +129,8 @@ void read_common(const json& body, parsed_generation& g) {
   g.model = read_model(body);
   read_sampling(body, g.params.sampling);
   g.params.stop = read_stop(body);
+  // vLLM's and llama.cpp's extra: generate past end-of-generation tokens (benchmarks).
+  g.params.stop_at_eog = !optional_bool(body, "ignore_eos").value_or(false);
   read_stream(body, g);
   reject_unsupported_common(body);
 }

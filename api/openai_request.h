@@ -6,7 +6,8 @@
 // Sampling defaults are OpenAI's (temperature 1, top_p 1, top-k and min-p off, no penalties);
 // the penalties' window is the sampler's default (the last 64 tokens, as llama.cpp's server).
 // vLLM's and llama.cpp's extras are accepted: top_k (0 or -1: off), min_p,
-// repetition_penalty / repeat_penalty (repetition_penalty wins when both are given).
+// repetition_penalty / repeat_penalty (repetition_penalty wins when both are given), and
+// ignore_eos (generate past end-of-generation tokens).
 #pragma once
 
 #include <nlohmann/json.hpp>

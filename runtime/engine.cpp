@@ -264,8 +264,10 @@ void engine::iterate(std::unique_lock<std::mutex>& lock) {
   apply_controls();
   served* s = roster_ ? plan_and_pick() : pick();
   if (!s) {
-    stalled_ = std::any_of(models_.begin(), models_.end(),
-                           [](const auto& m) { return !m->waiting.empty() || !m->running.empty() || !m->preempted.empty(); });
+    // (apply_controls may have set it already: an eviction to retry.)
+    stalled_ = stalled_ || std::any_of(models_.begin(), models_.end(), [](const auto& m) {
+                 return !m->waiting.empty() || !m->running.empty() || !m->preempted.empty();
+               });
     return;
   }
   s->last_pass = clock_type::now();

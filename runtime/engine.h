@@ -194,7 +194,7 @@ class engine {
   void prefer_cached_prefix(served& s);
   void check_placeable() const;
   void apply_controls();
-  void carry_out(served& t, const policy::action& act, const memory::arbiter_snapshot& snap);
+  memory::status carry_out(served& t, const policy::action& act, const memory::arbiter_snapshot& snap);
   void finish_swap_ins();
   void learn_pass_cost(served& s, double seconds);
   void retire(served& s, active& a, finish_reason why, const std::string& error = {});

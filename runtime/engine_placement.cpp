@@ -101,7 +101,7 @@ const memory::model_snapshot* model_in(const memory::arbiter_snapshot& snap, con
 
 }  // namespace
 
-void engine::carry_out(served& t, const policy::action& act, const memory::arbiter_snapshot& snap) {
+memory::status engine::carry_out(served& t, const policy::action& act, const memory::arbiter_snapshot& snap) {
   const auto now = clock_type::now();
   const auto* before = model_in(snap, t.cfg.name);
   uint64_t absent = 0, present = 0;  // weight bytes off and on the device before the action
@@ -127,6 +127,7 @@ void engine::carry_out(served& t, const policy::action& act, const memory::arbit
     t.swap_in_started.reset();
   }
   spdlog::debug("engine: {} {} ({}): {}", policy::action_name(act.kind), act.model, act.why, memory::status_name(st));
+  return st;
 }
 
 void engine::finish_swap_ins() {
@@ -156,6 +157,7 @@ void engine::control(const std::string& model, const model_control& c) {
 }
 
 void engine::apply_controls() {
+  std::deque<std::pair<std::string, model_control>> later;
   while (!controls_.empty()) {
     auto [name, c] = std::move(controls_.front());
     controls_.pop_front();
@@ -167,13 +169,19 @@ void engine::apply_controls() {
     auto& arb = s.cfg.placement->arbiter();
     if (c.evict) {
       preempt_all(s);  // resumed when the plan brings the model back for them
-      carry_out(s, {policy::action_kind::evict_device, name, "operator", 0}, arb.snapshot());
+      // Busy: copies still landing, or a lease: try again shortly rather than forget it.
+      if (carry_out(s, {policy::action_kind::evict_device, name, "operator", 0}, arb.snapshot()) == memory::status::busy)
+        later.emplace_back(name, model_control{.evict = true});
     }
     if (c.load) {
       carry_out(s, {policy::action_kind::stage, name, "operator", 0}, arb.snapshot());
       carry_out(s, {policy::action_kind::load, name, "operator", 0}, arb.snapshot());
       s.last_pass = clock_type::now();  // the keep-alive clock starts now
     }
+  }
+  if (!later.empty()) {
+    stalled_ = true;
+    for (auto& l : later) controls_.push_back(std::move(l));
   }
 }
 

@@ -156,8 +156,8 @@ TEST_SUITE("infill_request") {
         {R"({"input_prefix": "", "input_suffix": "", "samplers": "top_k"})", "samplers", "array"},
         {R"({"input_prefix": "", "input_suffix": "", "samplers": [1]})", "samplers[0]", "string"},
         {R"({"input_prefix": "", "input_suffix": "", "response_fields": [null]})", "response_fields[0]", "string"},
-        {R"({"input_prefix": "", "input_suffix": "", "n_cmpl": 3})", "n_cmpl", "n_cmpl=1"},
-        {R"({"input_prefix": "", "input_suffix": "", "n_cmpl": 0})", "n_cmpl", "at least 1"},
+        {R"({"input_prefix": "", "input_suffix": "", "n_cmpl": 17})", "n_cmpl", "n_cmpl"},
+        {R"({"input_prefix": "", "input_suffix": "", "n_cmpl": 0})", "n_cmpl", "between 1 and 16"},
     };
     int refused = 0;
     for (const auto& c : cases) refused += check_rejected(parse, c);

@@ -1,0 +1,204 @@
+#include "api/router.h"
+
+#include <algorithm>
+#include <cctype>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "api/api_error.h"
+#include "api/routes.h"
+
+namespace tandem::api {
+
+namespace {
+
+enum class access { open, inference, admin };
+
+// Constant-time comparison: a key check must not leak how much of a guess was right.
+bool same_key(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+// The key of "Authorization: Bearer KEY" (the scheme name is case-insensitive); "" otherwise.
+std::string bearer(const http_request& r) {
+  constexpr std::string_view scheme = "bearer ";
+  if (r.authorization.size() <= scheme.size()) return {};
+  for (size_t i = 0; i < scheme.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(r.authorization[i])) != scheme[i]) return {};
+  return r.authorization.substr(scheme.size());
+}
+
+bool any_key(const std::vector<std::string>& keys, const std::string& k) {
+  bool ok = false;
+  for (const auto& key : keys) ok |= same_key(key, k);
+  return ok;
+}
+
+void authorize(const server_context& ctx, const http_request& r, access a) {
+  if (a == access::open) return;
+  const auto& cfg = ctx.config;
+  const std::string key = bearer(r);
+  if (a == access::admin) {
+    if (cfg.admin_keys.empty()) {
+      if (!r.loopback) throw api_error(403, "permission_error", "admin routes answer only on loopback when no admin keys are configured");
+      return;
+    }
+    if (key.empty()) throw api_error(401, "authentication_error", "admin routes need an admin key: Authorization: Bearer KEY");
+    if (!any_key(cfg.admin_keys, key)) throw api_error(403, "permission_error", "this key is not an admin key");
+    return;
+  }
+  if (cfg.api_keys.empty()) return;
+  if (key.empty()) throw api_error(401, "authentication_error", "you didn't provide an API key: Authorization: Bearer KEY", {}, "invalid_api_key");
+  // An admin key may do what an inference key may.
+  if (!any_key(cfg.api_keys, key) && !any_key(cfg.admin_keys, key))
+    throw api_error(401, "authentication_error", "incorrect API key provided", {}, "invalid_api_key");
+}
+
+bool is_ollama(const std::string& path) { return path.rfind("/api/", 0) == 0; }
+
+std::vector<std::string> split_path(const std::string& p) {
+  std::vector<std::string> parts;
+  size_t i = 0;
+  while (i < p.size()) {
+    while (i < p.size() && p[i] == '/') ++i;
+    const size_t j = p.find('/', i);
+    if (i < p.size()) parts.push_back(p.substr(i, j == std::string::npos ? std::string::npos : j - i));
+    if (j == std::string::npos) break;
+    i = j;
+  }
+  return parts;
+}
+
+[[noreturn]] void wrong_method(const http_request& r, const char* allowed) {
+  api_error e(405, "invalid_request_error", r.method + " is not allowed on " + r.path + "; use " + allowed);
+  throw e;
+}
+
+route_result dispatch(server_context& ctx, const http_request& r) {
+  const auto& p = r.path;
+  const bool get = r.method == "GET" || r.method == "HEAD";
+  const bool post = r.method == "POST";
+  auto only = [&](bool ok, const char* allowed) {
+    if (!ok) wrong_method(r, allowed);
+  };
+  if (p == "/health" || p == "/v1/health") {
+    only(get, "GET");
+    return handle_health(ctx, r);
+  }
+  if (p == "/" && get) {
+    http_response res;
+    res.content_type = "text/plain";
+    res.body = "tandem is running";  // Ollama clients probe GET / for a server
+    return res;
+  }
+  if (p == "/metrics") {
+    only(get, "GET");
+    authorize(ctx, r, access::inference);
+    return handle_metrics(ctx, r);
+  }
+  if (p.rfind("/admin/", 0) == 0) {
+    authorize(ctx, r, access::admin);
+    const auto parts = split_path(p);
+    if (parts.size() == 2 && parts[1] == "models") {
+      only(get, "GET");
+      return handle_admin_models(ctx, r);
+    }
+    if (parts.size() == 3 && parts[1] == "models") {
+      only(r.method == "PATCH", "PATCH");
+      return handle_admin_patch(ctx, r, parts[2]);
+    }
+    if (parts.size() == 4 && parts[1] == "models") {
+      only(post, "POST");
+      return handle_admin_action(ctx, r, parts[2], parts[3]);
+    }
+    throw api_error(404, "invalid_request_error", "no route " + p, {}, "unknown_url");
+  }
+  authorize(ctx, r, access::inference);
+  if (p == "/v1/models" || p == "/models") {
+    only(get, "GET");
+    return handle_openai_models(ctx, r);
+  }
+  if (p.rfind("/v1/models/", 0) == 0) {
+    only(get, "GET");
+    return handle_openai_model(ctx, r, p.substr(11));
+  }
+  if (p == "/v1/completions" || p == "/completions") {
+    only(post, "POST");
+    return handle_completions(ctx, r);
+  }
+  if (p == "/v1/chat/completions" || p == "/chat/completions") {
+    only(post, "POST");
+    return handle_chat_completions(ctx, r);
+  }
+  if (p == "/infill") {
+    only(post, "POST");
+    return handle_infill(ctx, r);
+  }
+  if (p == "/api/generate") {
+    only(post, "POST");
+    return handle_ollama_generate(ctx, r);
+  }
+  if (p == "/api/chat") {
+    only(post, "POST");
+    return handle_ollama_chat(ctx, r);
+  }
+  if (p == "/api/tags") {
+    only(get, "GET");
+    return handle_ollama_tags(ctx, r);
+  }
+  if (p == "/api/ps") {
+    only(get, "GET");
+    return handle_ollama_ps(ctx, r);
+  }
+  if (p == "/api/version") {
+    only(get, "GET");
+    return handle_ollama_version(ctx, r);
+  }
+  if (p == "/api/show") {
+    only(post, "POST");
+    return handle_ollama_show(ctx, r);
+  }
+  throw api_error(404, "invalid_request_error", "no route " + r.method + " " + p, {}, "unknown_url");
+}
+
+}  // namespace
+
+http_response error_response(const std::string& path, int status, const std::string& type, const std::string& message,
+                             const std::string& param, const std::string& code, int retry_after_s) {
+  http_response res;
+  res.status = status;
+  if (is_ollama(path)) {
+    res.body = nlohmann::json{{"error", message}}.dump();
+  } else {
+    nlohmann::json e{{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
+    if (!param.empty()) e["param"] = param;
+    if (!code.empty())
+      e["code"] = code;
+    else
+      e["code"] = status;
+    res.body = nlohmann::json{{"error", e}}.dump();
+  }
+  if (retry_after_s > 0) res.headers.emplace_back("Retry-After", std::to_string(retry_after_s));
+  if (status == 401) res.headers.emplace_back("WWW-Authenticate", "Bearer");
+  return res;
+}
+
+route_handler make_router(server_context& ctx) {
+  return [&ctx](const http_request& r) -> route_result {
+    try {
+      return dispatch(ctx, r);
+    } catch (const api_error& e) {
+      if (e.status >= 500) spdlog::warn("http: {} {}: {} {}", r.method, r.path, e.status, e.what());
+      return error_response(r.path, e.status, e.type, e.what(), e.param, e.code, e.retry_after_s);
+    } catch (const std::exception& e) {
+      spdlog::error("http: {} {}: {}", r.method, r.path, e.what());
+      return error_response(r.path, 500, "server_error", std::string("internal error: ") + e.what());
+    }
+  };
+}
+
+}  // namespace tandem::api

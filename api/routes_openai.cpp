@@ -1,0 +1,166 @@
+// POST /v1/completions and POST /v1/chat/completions: OpenAI's shapes, streamed as SSE
+// (`data: {...}` events, a usage chunk when asked, `data: [DONE]`) or answered whole.
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "api/api_error.h"
+#include "api/generation.h"
+#include "api/json_body.h"
+#include "api/openai_request.h"
+#include "api/routes.h"
+#include "models/fim.h"
+
+namespace tandem::api {
+
+using nlohmann::json;
+
+namespace {
+
+enum class dialect { completion, chat };
+
+struct openai_state {
+  dialect kind;
+  std::string id, model;
+  int64_t created = unix_seconds();
+  bool stream = false, include_usage = false, sent_role = false;
+  std::string text;  // the whole answer (not streamed)
+  request_clock clock;
+  openai_state(server_context& ctx, dialect k, std::string m, int64_t prompt_tokens)
+      : kind(k),
+        id(make_id(k == dialect::chat ? "chatcmpl-" : "cmpl-")),
+        model(std::move(m)),
+        clock(ctx, model, k == dialect::chat ? "chat" : "completions", prompt_tokens) {}
+
+  json usage() const {
+    return {{"prompt_tokens", clock.prompt_tokens()},
+            {"completion_tokens", clock.generated()},
+            {"total_tokens", clock.prompt_tokens() + clock.generated()}};
+  }
+  json chunk(json choice) const {
+    json c{{"id", id},
+           {"object", kind == dialect::chat ? "chat.completion.chunk" : "text_completion"},
+           {"created", created},
+           {"model", model},
+           {"choices", json::array({std::move(choice)})}};
+    if (include_usage) c["usage"] = nullptr;  // OpenAI: null on every chunk but the last
+    return c;
+  }
+  json delta_choice(json delta, json finish) const {
+    if (kind == dialect::chat) return {{"index", 0}, {"delta", std::move(delta)}, {"finish_reason", std::move(finish)}};
+    return {{"index", 0}, {"text", delta.value("content", "")}, {"logprobs", nullptr}, {"finish_reason", std::move(finish)}};
+  }
+  static std::string event(const json& j) { return "data: " + j.dump() + "\n\n"; }
+
+  // The role goes out with the first chunk of a chat stream.
+  std::string role_event() {
+    if (kind != dialect::chat || sent_role) return {};
+    sent_role = true;
+    return event(chunk(delta_choice({{"role", "assistant"}, {"content", ""}}, nullptr)));
+  }
+};
+
+std::string error_event(const std::string& message) {
+  return "data: " + json{{"error", {{"message", message}, {"type", "server_error"}, {"param", nullptr}, {"code", 500}}}}.dump() + "\n\n";
+}
+
+generation_stream make_stream(server_context& ctx, submission sub, std::shared_ptr<openai_state> st) {
+  generation_stream g;
+  g.handle = sub.handle;
+  g.chunked = st->stream;
+  g.content_type = st->stream ? "text/event-stream" : "application/json";
+  g.on_piece = [st](const runtime::piece& p) -> std::string {
+    if (p.token >= 0) st->clock.token();
+    if (!st->stream) {
+      st->text += p.text;
+      return {};
+    }
+    std::string out = st->role_event();
+    if (!p.text.empty()) out += openai_state::event(st->chunk(st->delta_choice({{"content", p.text}}, nullptr)));
+    return out;
+  };
+  g.on_end = [st, h = sub.handle]() -> http_response {
+    const auto why = h->finished();
+    http_response r;
+    if (why == runtime::finish_reason::error) {
+      if (st->stream) {
+        r.body = error_event(h->error()) + "data: [DONE]\n\n";
+        return r;
+      }
+      r.status = 500;
+      r.body = json{{"error", {{"message", h->error()}, {"type", "server_error"}, {"param", nullptr}, {"code", 500}}}}.dump();
+      return r;
+    }
+    const char* finish = openai_finish_reason(why);
+    if (st->stream) {
+      r.body = st->role_event() + openai_state::event(st->chunk(st->delta_choice(json::object(), finish)));
+      if (st->include_usage) {
+        json u{{"id", st->id},
+               {"object", st->kind == dialect::chat ? "chat.completion.chunk" : "text_completion"},
+               {"created", st->created},
+               {"model", st->model},
+               {"choices", json::array()},
+               {"usage", st->usage()}};
+        r.body += openai_state::event(u);
+      }
+      r.body += "data: [DONE]\n\n";
+      return r;
+    }
+    json choice = st->kind == dialect::chat
+                      ? json{{"index", 0}, {"message", {{"role", "assistant"}, {"content", st->text}}}, {"logprobs", nullptr}, {"finish_reason", finish}}
+                      : json{{"index", 0}, {"text", st->text}, {"logprobs", nullptr}, {"finish_reason", finish}};
+    r.body = json{{"id", st->id},
+                  {"object", st->kind == dialect::chat ? "chat.completion" : "text_completion"},
+                  {"created", st->created},
+                  {"model", st->model},
+                  {"choices", json::array({choice})},
+                  {"usage", st->usage()}}
+                 .dump();
+    return r;
+  };
+  g.on_close = [st, h = sub.handle](bool gone) { st->clock.finish(h->finished(), gone); };
+  (void)ctx;
+  return g;
+}
+
+request_limits limits_of(const server_context& ctx) { return {ctx.config.limits.max_tokens}; }
+
+}  // namespace
+
+route_result handle_completions(server_context& ctx, const http_request& r) {
+  const auto req = parse_completion_request(parse_json_object(r), limits_of(ctx));
+  const auto& m = resolve_model(ctx, req.model);
+  std::vector<int32_t> prompt;
+  if (req.suffix) {
+    // OpenAI's `suffix`: the prompt is the text before the cursor, the suffix the text after.
+    const auto fim = models::find_fim_tokens(*m.tokenizer);
+    if (!fim.usable())
+      throw bad_request("model `" + m.name() + "` has no fill-in-the-middle tokens, so it cannot take a suffix", "suffix");
+    if (!req.prompt) throw bad_request("a suffix needs a text prompt, not token ids", "prompt");
+    models::infill_input in;
+    in.prefix = *req.prompt;
+    in.suffix = *req.suffix;
+    prompt = models::build_infill_prompt(*m.tokenizer, fim, in, m.entry->context, m.entry->context, req.params.max_tokens);
+  } else if (req.prompt_tokens) {
+    prompt = *req.prompt_tokens;
+  } else {
+    prompt = tokenize_prompt(m, req.prompt.value_or(""));
+  }
+  auto sub = submit_generation(ctx, m, std::move(prompt), req.params);
+  auto st = std::make_shared<openai_state>(ctx, dialect::completion, m.name(), sub.prompt_tokens);
+  st->stream = req.stream;
+  st->include_usage = req.include_usage;
+  return make_stream(ctx, std::move(sub), st);
+}
+
+route_result handle_chat_completions(server_context& ctx, const http_request& r) {
+  const auto req = parse_chat_request(parse_json_object(r), limits_of(ctx));
+  const auto& m = resolve_model(ctx, req.model);
+  auto sub = submit_generation(ctx, m, tokenize_chat(m, req.messages), req.params);
+  auto st = std::make_shared<openai_state>(ctx, dialect::chat, m.name(), sub.prompt_tokens);
+  st->stream = req.stream;
+  st->include_usage = req.include_usage;
+  return make_stream(ctx, std::move(sub), st);
+}
+
+}  // namespace tandem::api

@@ -1,0 +1,110 @@
+// `tandem serve`: opens every model of a roster, places them by its policy, and serves the
+// HTTP API (api/) until SIGINT or SIGTERM, then shuts down gracefully. `--check` only
+// validates the roster (model files need not exist when it states their sizes).
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <stdexcept>
+#include <thread>
+
+#include <pthread.h>
+#include <spdlog/spdlog.h>
+
+#include "api/http_server.h"
+#include "api/router.h"
+#include "api/server_context.h"
+#include "cli/command_registry.h"
+#include "configs/byte_size.h"
+#include "configs/duration.h"
+#include "configs/roster_loader.h"
+#include "runtime/served_roster.h"
+
+namespace tandem::cli {
+namespace {
+
+struct serve_args {
+  std::string roster, listen, grace = "10s";
+  int threads = 0;
+  int http_threads = 2;
+  bool check = false;
+};
+
+void print_summary(const configs::roster& r, const runtime::served_roster* s, const std::string& address) {
+  using configs::format_byte_size;
+  const auto& d = r.devices.front();
+  std::string out = "tandem: roster " + r.source + "\n";
+  out += "  device " + d.name + ": " + (s ? s->backend().info().name : std::string(configs::backend_name(d.backend))) + ", budget " +
+         format_byte_size(d.vram) + " device, " + format_byte_size(d.host) + " pinned host\n";
+  for (const auto& m : r.models) {
+    out += "  model " + m.name + " (" + configs::role_name(m.role) + ", priority " + std::to_string(m.priority) + (m.pinned ? ", pinned" : "") +
+           ", keep_alive " + (m.keep_alive.forever ? std::string("forever") : configs::format_duration(m.keep_alive.after)) + ", " +
+           std::to_string(m.max_sequences) + " x " + std::to_string(m.context) + " positions): " + m.file + "\n";
+  }
+  out += "  policy " + r.policy.name + (r.policy.home.empty() ? "" : ", home " + r.policy.home) + "\n";
+  if (!address.empty()) out += "tandem: listening on http://" + address + "\n";
+  std::fputs(out.c_str(), stdout);
+  std::fflush(stdout);
+}
+
+void run_serve(const serve_args& a) {
+  if (a.check) {
+    const auto r = configs::load_roster(a.roster, {.require_files = false});
+    print_summary(r, nullptr, "");
+    std::puts("tandem: roster OK");
+    return;
+  }
+  const auto grace = configs::parse_duration(a.grace);
+  if (!grace) throw std::runtime_error("--shutdown-grace '" + a.grace + "': expected a duration such as 10s");
+  auto roster = configs::load_roster(a.roster);
+  if (!a.listen.empty()) roster.server.listen = a.listen;
+  api::http_server_config hc;
+  api::parse_listen(roster.server.listen, &hc.host, &hc.port);
+  const auto& lim = roster.server.limits;
+  hc.threads = a.http_threads;
+  hc.max_body_bytes = lim.max_body_bytes;
+  hc.max_connections = lim.max_connections;
+  hc.idle_timeout = lim.idle_timeout;
+  hc.request_timeout = lim.request_timeout;
+  if (hc.host != "127.0.0.1" && hc.host != "::1" && roster.server.api_keys.empty())
+    spdlog::warn("serve: listening on {} without api_keys: anyone who can reach it may use the models", hc.host);
+
+  // Signals are taken by sigwait below: block them before any thread starts so that none of
+  // the engine's or the server's threads receives them.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  runtime::serve_options so;
+  so.threads = a.threads;
+  runtime::served_roster served(roster, so);
+  api::server_context ctx(served, roster.server);
+  api::http_server server(hc, api::make_router(ctx));
+  const std::string address = (hc.host.find(':') != std::string::npos ? "[" + hc.host + "]" : hc.host) + ":" + std::to_string(server.port());
+  print_summary(served.roster(), &served, address);
+
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  std::fprintf(stderr, "tandem: %s: stopping (in-flight requests have %s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM", a.grace.c_str());
+  server.stop(*grace);
+  served.executor().drain();
+  std::fputs("tandem: stopped\n", stderr);
+}
+
+void add_serve_command(CLI::App& root) {
+  auto a = std::make_shared<serve_args>();
+  auto* cmd = root.add_subcommand("serve", "Serve a roster's models over the HTTP API (OpenAI, /infill, Ollama, admin, metrics)");
+  cmd->add_option("-c,--config", a->roster, "roster YAML (configs/README.md)")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--listen", a->listen, "HOST:PORT to listen on, instead of the roster's server.listen (port 0: any free port)");
+  cmd->add_option("-t,--threads", a->threads, "compute threads of the engine (0: all cores)")->capture_default_str();
+  cmd->add_option("--http-threads", a->http_threads, "threads running the HTTP sessions")->check(CLI::Range(1, 64))->capture_default_str();
+  cmd->add_option("--shutdown-grace", a->grace, "on SIGINT/SIGTERM, how long in-flight requests may still run")->capture_default_str();
+  cmd->add_flag("--check", a->check, "validate the roster and print its summary, without opening model files");
+  cmd->callback([a] { run_serve(*a); });
+}
+
+const command_registrar reg{"serve", &add_serve_command};
+
+}  // namespace
+}  // namespace tandem::cli

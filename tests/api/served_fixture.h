@@ -1,0 +1,86 @@
+// The API tests' server: a roster of the committed stories260K model (F32, and Q8_0 as a code
+// model) and a synthetic code model with a DeepSeek-Coder vocabulary (so it has FIM tokens),
+// served by the real engine and HTTP server on 127.0.0.1 with an ephemeral port.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "api/http_server.h"
+#include "api/router.h"
+#include "api/server_context.h"
+#include "configs/roster_loader.h"
+#include "models/synth.h"
+#include "runtime/served_roster.h"
+#include "tests/test_support.h"
+
+namespace tandem::test {
+
+// The synthetic FIM model, written once per test process.
+inline std::filesystem::path fim_model_path() {
+  static scratch_dir dir;
+  static std::once_flag once;
+  const auto path = dir / "coder-synth.gguf";
+  std::call_once(once, [&] {
+    models::synth_options o;
+    o.arch = "llama";
+    o.dim = 64;
+    o.layers = 2;
+    o.heads = 4;
+    o.kv_heads = 2;
+    o.ffn = 128;
+    o.context = 1024;
+    o.vocab_path = data_path("vocab/ggml-vocab-deepseek-coder.gguf").string();
+    o.type = kernels::weight_type::q8_0;
+    o.seed = 7;
+    o.threads = 1;
+    o.name = "coder-synth";
+    models::synth_model(o, path.string());
+  });
+  return path;
+}
+
+struct served_fixture {
+  scratch_dir dir;
+  configs::roster roster;
+  std::unique_ptr<runtime::served_roster> served;
+  std::unique_ptr<api::server_context> ctx;
+  std::unique_ptr<api::http_server> server;
+  uint16_t port = 0;
+
+  // `server_yaml`: the roster's server section (indented by two spaces per level).
+  explicit served_fixture(const std::string& server_yaml = "  limits:\n    max_tokens: 256\n", int stories_sequences = 4,
+                          std::chrono::milliseconds idle_timeout = std::chrono::seconds(30)) {
+    const std::string yaml = "server:\n  listen: 127.0.0.1:0\n" + server_yaml +
+                             "devices:\n  - name: cpu0\n    backend: cpu\n    vram: 96MiB\n    host: 128MiB\n"
+                             "models:\n"
+                             "  - name: stories\n    aliases: [default]\n    path: " + data_path("stories260K.gguf").string() +
+                             "\n    priority: 10\n    keep_alive: 30m\n    preload: device\n    context: 256\n    max_sequences: " +
+                             std::to_string(stories_sequences) +
+                             "\n  - name: stories-q8\n    path: " + data_path("stories260K-q8_0.gguf").string() +
+                             "\n    role: code\n    priority: 50\n    keep_alive: 10m\n    context: 256\n    max_sequences: 2\n"
+                             "  - name: coder\n    path: " + fim_model_path().string() +
+                             "\n    role: code\n    priority: 40\n    context: 512\n    max_sequences: 2\n"
+                             "policy:\n  name: tandem\n  home: stories\n";
+    roster = configs::parse_roster(yaml, "test-roster.yaml", dir.path().string());
+    runtime::serve_options so;
+    so.threads = 2;
+    served = std::make_unique<runtime::served_roster>(roster, so);
+    ctx = std::make_unique<api::server_context>(*served, roster.server);
+    api::http_server_config hc;
+    hc.host = "127.0.0.1";
+    hc.port = 0;
+    hc.max_body_bytes = roster.server.limits.max_body_bytes;
+    hc.idle_timeout = idle_timeout;
+    server = std::make_unique<api::http_server>(hc, api::make_router(*ctx));
+    port = server->port();
+  }
+  ~served_fixture() {
+    server->stop();
+    served->executor().drain();
+  }
+};
+
+}  // namespace tandem::test
