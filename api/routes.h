@@ -13,8 +13,8 @@ namespace tandem::api {
 route_result handle_health(server_context& ctx, const http_request& r);
 route_result handle_metrics(server_context& ctx, const http_request& r);
 
-// GET /v1/models, GET /v1/models/{id}, POST /v1/completions, POST /v1/chat/completions
-// (routes_openai.cpp)
+// GET /v1/models, GET /v1/models/{id} (routes_catalog.cpp); POST /v1/completions,
+// POST /v1/chat/completions (routes_openai.cpp)
 route_result handle_openai_models(server_context& ctx, const http_request& r);
 route_result handle_openai_model(server_context& ctx, const http_request& r, const std::string& id);
 route_result handle_completions(server_context& ctx, const http_request& r);
@@ -23,8 +23,8 @@ route_result handle_chat_completions(server_context& ctx, const http_request& r)
 // POST /infill (routes_infill.cpp)
 route_result handle_infill(server_context& ctx, const http_request& r);
 
-// POST /api/generate, POST /api/chat, GET /api/tags, GET /api/ps, GET /api/version,
-// POST /api/show (routes_ollama.cpp)
+// POST /api/generate, POST /api/chat (routes_ollama.cpp); GET /api/tags, GET /api/ps,
+// GET /api/version, POST /api/show (routes_catalog.cpp)
 route_result handle_ollama_generate(server_context& ctx, const http_request& r);
 route_result handle_ollama_chat(server_context& ctx, const http_request& r);
 route_result handle_ollama_tags(server_context& ctx, const http_request& r);

@@ -35,6 +35,16 @@ server_context::server_context(runtime::served_roster& s, const configs::server_
   m.declare("tandem_swap_out_bytes_total", "Weight bytes evicted from the device.", metric_type::counter);
 }
 
+http_server_config http_config_of(const configs::server_config& s) {
+  http_server_config hc;
+  parse_listen(s.listen, &hc.host, &hc.port);
+  hc.max_body_bytes = s.limits.max_body_bytes;
+  hc.max_connections = s.limits.max_connections;
+  hc.idle_timeout = s.limits.idle_timeout;
+  hc.request_timeout = s.limits.request_timeout;
+  return hc;
+}
+
 const runtime::served_model& resolve_model(server_context& ctx, std::string_view name) {
   if (const auto* m = ctx.served.find(name)) return *m;
   throw api_error(404, "invalid_request_error", "The model `" + std::string(name) + "` does not exist.", "model", "model_not_found");

@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "api/http_server.h"
 #include "api/prometheus.h"
 #include "configs/roster.h"
 #include "runtime/served_roster.h"
@@ -26,6 +27,10 @@ struct server_context {
 
   server_context(runtime::served_roster& s, const configs::server_config& c);
 };
+
+// The HTTP server's settings from the roster's server section (listen address and limits).
+// Throws std::invalid_argument for a bad listen address.
+http_server_config http_config_of(const configs::server_config& s);
 
 // The model a request names (by name or alias): throws api_error 404 model_not_found.
 const runtime::served_model& resolve_model(server_context& ctx, std::string_view name);

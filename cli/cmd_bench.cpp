@@ -1,14 +1,20 @@
 // `tandem bench`: prefill, decode and batched-decode throughput of one model on the CPU, and
 // decode's weight-read bandwidth against the memory-read ceiling measured in the same
 // process (bench/bench_report.h does the work). The table or the JSON object goes to stdout.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <stdexcept>
 
+#include "api/router.h"
+#include "api/server_context.h"
 #include "bench/bench_report.h"
+#include "bench/http_load.h"
 #include "bench/serve_bench.h"
 #include "bench/swap_bench.h"
 #include "cli/command_registry.h"
+#include "configs/roster_loader.h"
+#include "runtime/served_roster.h"
 #include "models/forward.h"
 
 namespace tandem::cli {
@@ -85,6 +91,63 @@ void add_serve_command(CLI::App& bench_cmd) {
   });
 }
 
+void add_http_command(CLI::App& bench_cmd) {
+  struct http_args {
+    std::string roster;
+    bench::http_load_options opt;
+    double seconds = 120, baseline_seconds = 5;
+    int threads = 0;
+    bool json = false;
+  };
+  auto a = std::make_shared<http_args>();
+  auto* cmd = bench_cmd.add_subcommand("http", "Load-test tandem serve on loopback: concurrent streaming clients, some hanging up mid-stream");
+  cmd->add_option("-c,--config", a->roster, "roster YAML to serve (in this process, on an ephemeral port)")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--clients", a->opt.clients, "concurrent streaming clients")->check(CLI::Range(1, 1024))->capture_default_str();
+  cmd->add_option("--seconds", a->seconds, "how long the load runs")->check(CLI::Range(1.0, 86400.0))->capture_default_str();
+  cmd->add_option("--baseline-seconds", a->baseline_seconds, "one client alone first, for the ratio (0: skip)")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  cmd->add_option("--disconnect", a->opt.disconnect_fraction, "fraction of clients that hang up mid-stream")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  cmd->add_option("--max-tokens", a->opt.max_tokens, "tokens per request")->check(CLI::Range(int64_t{1}, int64_t{4096}))->capture_default_str();
+  cmd->add_option("--models", a->opt.models, "models to ask, round-robin (default: every model of the roster)");
+  cmd->add_option("-t,--threads", a->threads, "compute threads of the engine (0: all cores)")->capture_default_str();
+  cmd->add_flag("--json", a->json, "print one JSON object instead of the summary");
+  cmd->callback([a] {
+    auto roster = configs::load_roster(a->roster);
+    roster.server.listen = "127.0.0.1:0";
+    // Enough queue for every client: the test is about robustness, not refusals.
+    roster.server.limits.max_queue = std::max(roster.server.limits.max_queue, a->opt.clients + 8);
+    roster.server.limits.max_connections = std::max(roster.server.limits.max_connections, 2 * a->opt.clients + 8);
+    runtime::served_roster served(roster, {.threads = a->threads});
+    api::server_context ctx(served, roster.server);
+    api::http_server server(api::http_config_of(roster.server), api::make_router(ctx));
+    if (a->opt.models.empty())
+      for (const auto& m : roster.models) a->opt.models.push_back(m.name);
+    a->opt.duration = std::chrono::milliseconds(static_cast<int64_t>(a->seconds * 1000));
+    a->opt.baseline = std::chrono::milliseconds(static_cast<int64_t>(a->baseline_seconds * 1000));
+    const auto r = bench::run_http_load(server.port(), a->opt);
+    server.stop(std::chrono::seconds(10));
+    served.executor().drain();
+    // After the load: no KV held, and the arbiter's books balance.
+    int64_t kv_left = 0;
+    for (const auto& m : served.models()) kv_left += served.executor().kv_blocks_in_use(m->name());
+    std::string integrity = "ok";
+    try {
+      served.arbiter().check_integrity();
+    } catch (const std::exception& e) {
+      integrity = e.what();
+    }
+    auto j = bench::to_json(r);
+    j["kv_blocks_in_use_after"] = kv_left;
+    j["arbiter_integrity"] = integrity;
+    std::string out = a->json ? j.dump() + "\n"
+                              : bench::format_table(r) + "after the load: " + std::to_string(kv_left) + " KV blocks in use, arbiter integrity " + integrity + "\n";
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fflush(stdout);
+    if (r.failed > 0 || kv_left > 0 || integrity != "ok") throw exit_request{1};
+  });
+}
+
 void add_bench_command(CLI::App& root) {
   auto a = std::make_shared<bench_args>();
   auto& p = a->opt.params;
@@ -92,6 +155,7 @@ void add_bench_command(CLI::App& root) {
   cmd->require_subcommand(0, 1);
   add_swap_command(*cmd);
   add_serve_command(*cmd);
+  add_http_command(*cmd);
   cmd->add_option("-m,--model", a->opt.model_path, "GGUF model file")->check(CLI::ExistingFile);
   cmd->add_option("-t,--threads", a->opt.threads, "threads (0: all cores)")->check(CLI::Range(0, 1024))->capture_default_str();
   cmd->add_option("-p,--prompt", p.prompt, "prefill: prompt tokens")
@@ -111,7 +175,7 @@ void add_bench_command(CLI::App& root) {
                 "prefill attention by the prompt kernel, as the server computes prompts (default: llama.cpp's f16 arithmetic, as `tandem run`)");
   cmd->add_flag("--json", a->json, "print one JSON object instead of the table");
   cmd->callback([a, cmd] {
-    if (cmd->got_subcommand("swap") || cmd->got_subcommand("serve")) return;
+    if (cmd->got_subcommand("swap") || cmd->got_subcommand("serve") || cmd->got_subcommand("http")) return;
     if (a->opt.model_path.empty()) throw std::runtime_error("bench: -m/--model is required");
     run_bench_command(*a);
   });

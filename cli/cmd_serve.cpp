@@ -40,6 +40,7 @@ void print_summary(const configs::roster& r, const runtime::served_roster* s, co
            ", keep_alive " + (m.keep_alive.forever ? std::string("forever") : configs::format_duration(m.keep_alive.after)) + ", " +
            std::to_string(m.max_sequences) + " x " + std::to_string(m.context) + " positions): " + m.file + "\n";
   }
+  for (const auto& k : r.skipped) out += "  skipped optional model " + k + "\n";
   out += "  policy " + r.policy.name + (r.policy.home.empty() ? "" : ", home " + r.policy.home) + "\n";
   if (!address.empty()) out += "tandem: listening on http://" + address + "\n";
   std::fputs(out.c_str(), stdout);
@@ -57,14 +58,8 @@ void run_serve(const serve_args& a) {
   if (!grace) throw std::runtime_error("--shutdown-grace '" + a.grace + "': expected a duration such as 10s");
   auto roster = configs::load_roster(a.roster);
   if (!a.listen.empty()) roster.server.listen = a.listen;
-  api::http_server_config hc;
-  api::parse_listen(roster.server.listen, &hc.host, &hc.port);
-  const auto& lim = roster.server.limits;
+  auto hc = api::http_config_of(roster.server);
   hc.threads = a.http_threads;
-  hc.max_body_bytes = lim.max_body_bytes;
-  hc.max_connections = lim.max_connections;
-  hc.idle_timeout = lim.idle_timeout;
-  hc.request_timeout = lim.request_timeout;
   if (hc.host != "127.0.0.1" && hc.host != "::1" && roster.server.api_keys.empty())
     spdlog::warn("serve: listening on {} without api_keys: anyone who can reach it may use the models", hc.host);
 

@@ -70,6 +70,10 @@ struct model_entry {
   // cross-checks them against the file.
   std::optional<uint64_t> size_bytes;
   std::optional<uint64_t> kv_bytes_per_token;
+  // A model served when its file is there and left out (with a note) when it is not, so one
+  // roster runs whether or not an optional download happened.
+  bool optional = false;
+  bool missing = false;  // set by the loader for an optional model without its file
   int line = 0;  // where the entry starts, for later messages
 };
 
@@ -89,6 +93,7 @@ struct roster {
   std::vector<device_config> devices;
   std::vector<model_entry> models;
   policy_config policy;
+  std::vector<std::string> skipped;  // optional models left out, with why
 
   // The model with this name or alias, or null.
   const model_entry* find(const std::string& name_or_alias) const;

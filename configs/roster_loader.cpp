@@ -67,7 +67,7 @@ device_config read_device(const reader& r, const YAML::Node& n, const std::strin
 model_entry read_model(const reader& r, const YAML::Node& n, const std::string& path) {
   r.only_keys(n, path,
               {"name", "aliases", "path", "role", "priority", "pinned", "keep_alive", "preload", "context", "max_sequences", "kv_type",
-               "draft", "medusa", "chat_template", "size", "kv_bytes_per_token"});
+               "draft", "medusa", "chat_template", "size", "kv_bytes_per_token", "optional"});
   model_entry m;
   m.line = n.Mark().line + 1;
   if (!n["name"]) r.fail(n, path, "missing key 'name'");
@@ -99,8 +99,15 @@ model_entry read_model(const reader& r, const YAML::Node& n, const std::string& 
   if (n["kv_bytes_per_token"]) m.kv_bytes_per_token = r.size(n["kv_bytes_per_token"], path + ".kv_bytes_per_token");
   if (m.kv_bytes_per_token && *m.kv_bytes_per_token == 0) r.fail(n["kv_bytes_per_token"], path + ".kv_bytes_per_token", "must be > 0");
 
+  if (n["optional"]) m.optional = r.boolean(n["optional"], path + ".optional");
+
   std::error_code ec;
   const bool present = fs::is_regular_file(m.file, ec);
+  // Left out by parse_roster: to serve it needs its file; to simulate, its stated sizes.
+  if (!present && m.optional && (r.options().require_files || !m.size_bytes || !m.kv_bytes_per_token)) {
+    m.missing = true;
+    return m;
+  }
   if (r.options().require_files && !present)
     r.fail(n["path"], path + ".path", "model file '" + m.path + "' not found" + (m.file != m.path ? " (looked for " + m.file + ")" : ""));
   if (!present && (!m.size_bytes || !m.kv_bytes_per_token))
@@ -257,7 +264,14 @@ roster parse_roster(std::string_view yaml, const std::string& source, const std:
   const auto models = doc["models"];
   if (!models) r.fail(doc, "", "missing key 'models'");
   if (!models.IsSequence() || models.size() == 0) r.fail(models, "models", "expected a non-empty list of models, got " + reader::kind(models));
-  for (size_t i = 0; i < models.size(); ++i) out.models.push_back(read_model(r, models[i], "models[" + std::to_string(i) + "]"));
+  for (size_t i = 0; i < models.size(); ++i) {
+    auto m = read_model(r, models[i], "models[" + std::to_string(i) + "]");
+    if (m.missing)
+      out.skipped.push_back(m.name + " (" + m.file + " not found)");
+    else
+      out.models.push_back(std::move(m));
+  }
+  if (out.models.empty()) r.fail(models, "models", "every model is optional and none of their files is there");
   if (doc["policy"]) read_policy(r, doc["policy"], out.policy);
   check_roster(r, doc, out);
   return out;

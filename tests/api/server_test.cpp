@@ -5,13 +5,13 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "http_client.h"
+#include "bench/http_client.h"
 #include "served_fixture.h"
 
 using nlohmann::json;
 using namespace std::chrono_literals;
-using tandem::test::http_call;
-using tandem::test::http_conn;
+using tandem::bench::http_call;
+using tandem::bench::http_conn;
 
 namespace {
 

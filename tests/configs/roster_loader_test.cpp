@@ -127,9 +127,12 @@ TEST_SUITE("roster_loader") {
 
   TEST_CASE("the demo and office rosters load; the JSON Schema validates both") {
     const auto demo = configs::load_roster(repo_file("configs/demo.yaml"));
-    REQUIRE(demo.models.size() == 2);
-    CHECK(demo.models[0].size_bytes > 0u);  // from the file
-    CHECK(demo.models[1].priority > demo.models[0].priority);
+    // SmolLM2 is optional: served when setup fetched it, else left out with a note.
+    REQUIRE(demo.models.size() + demo.skipped.size() == 3);
+    CHECK((demo.skipped.empty() ? demo.find("chat") != nullptr : demo.skipped[0].rfind("smollm", 0) == 0));
+    REQUIRE(demo.find("stories"));
+    CHECK(demo.find("stories")->size_bytes > 0u);  // from the file
+    CHECK(demo.find("stories-q8")->priority > demo.find("stories")->priority);
     CHECK(demo.policy.home == "stories");
     const auto office = configs::load_roster(repo_file("configs/office-24gb.yaml"), {.require_files = false});
     REQUIRE(office.models.size() == 3);
@@ -150,5 +153,24 @@ TEST_SUITE("roster_loader") {
     CHECK_FALSE(schema.errors(test::yaml_to_json(YAML::Load(k_base + "extra: 1\n"))).empty());
     CHECK_FALSE(schema.errors(test::yaml_to_json(YAML::Load("devices: [{vram: lots}]\nmodels: [{name: a, path: b}]\n"))).empty());
     CHECK(schema.errors(test::yaml_to_json(YAML::Load(k_base))).empty());
+  }
+
+  TEST_CASE("an optional model without its file is left out with a note; a required one is an error") {
+    test::scratch_dir dir;
+    const auto real = test::data_path("stories260K.gguf").string();
+    const std::string yaml = "devices:\n  - name: d\n    vram: 64MiB\nmodels:\n  - name: here\n    path: " + real +
+                             "\n  - name: gone\n    path: nowhere.gguf\n    optional: true\n";
+    const auto r = configs::parse_roster(yaml, "r.yaml", dir.path().string());
+    REQUIRE(r.models.size() == 1);
+    CHECK(r.models[0].name == "here");
+    REQUIRE(r.skipped.size() == 1);
+    CHECK(r.skipped[0].find("gone") == 0);
+    CHECK(r.find("gone") == nullptr);
+    // Without require_files (sim, serve --check) it stays when it states its sizes.
+    CHECK(configs::parse_roster(yaml, "r.yaml", dir.path().string(), {.require_files = false}).models.size() == 1);
+    const auto sized = configs::parse_roster(yaml + "    size: 1GiB\n    kv_bytes_per_token: 1KiB\n", "r.yaml", dir.path().string(), {.require_files = false});
+    CHECK(sized.models.size() == 2);
+    const std::string only_gone = "devices:\n  - name: d\n    vram: 64MiB\nmodels:\n  - name: gone\n    path: nowhere.gguf\n    optional: true\n";
+    CHECK_THROWS_WITH_AS(configs::parse_roster(only_gone, "r.yaml", dir.path().string()), doctest::Contains("none of their files"), config_error);
   }
 }
