@@ -8,6 +8,7 @@
 #include <thread>
 
 #include <pthread.h>
+#include <unistd.h>
 #include <spdlog/spdlog.h>
 
 #include "api/http_server.h"
@@ -47,6 +48,26 @@ void print_summary(const configs::roster& r, const runtime::served_roster* s, co
   std::fflush(stdout);
 }
 
+// On a terminal, the preloads' progress until they have landed (/health answers 503 until then).
+void show_loading(runtime::served_roster& served) {
+  if (!isatty(STDERR_FILENO)) return;
+  bool shown = false;
+  while (!served.ready()) {
+    uint64_t landed = 0, total = 0;
+    for (const auto& m : served.arbiter().snapshot().models)
+      for (const auto& seg : m.segments)
+        if (seg.device != memory::residency::absent) {
+          total += seg.bytes;
+          if (seg.device == memory::residency::resident) landed += seg.bytes;
+        }
+    std::fprintf(stderr, "\rtandem: loading weights to the device: %s / %s   ", configs::format_byte_size(landed).c_str(),
+                 configs::format_byte_size(total).c_str());
+    shown = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (shown) std::fputs("\rtandem: weights loaded                                          \n", stderr);
+}
+
 void run_serve(const serve_args& a) {
   if (a.check) {
     const auto r = configs::load_roster(a.roster, {.require_files = false});
@@ -77,6 +98,7 @@ void run_serve(const serve_args& a) {
   api::server_context ctx(served, roster.server);
   api::http_server server(hc, api::make_router(ctx));
   const std::string address = (hc.host.find(':') != std::string::npos ? "[" + hc.host + "]" : hc.host) + ":" + std::to_string(server.port());
+  show_loading(served);
   print_summary(served.roster(), &served, address);
 
   int sig = 0;
