@@ -48,11 +48,13 @@ submission submit_generation(server_context& ctx, const runtime::served_model& m
   return s;
 }
 
-request_clock::request_clock(server_context& ctx, std::string model, std::string route, int64_t prompt_tokens)
-    : ctx_(ctx), model_(std::move(model)), route_(std::move(route)), prompt_tokens_(prompt_tokens) {}
+request_clock::request_clock(server_context& ctx, std::string model, std::string route, int64_t prompt_tokens, clock::time_point arrived)
+    : ctx_(ctx), model_(std::move(model)), route_(std::move(route)), prompt_tokens_(prompt_tokens), start_(arrived) {}
 
-void request_clock::token() {
-  const auto now = clock::now();
+void request_clock::token(clock::time_point at) {
+  // The engine's release time, not when the strand got to it: a write in flight makes the
+  // session take several pieces at once.
+  const auto now = at == clock::time_point{} ? clock::now() : at;
   const labels l{{"model", model_}};
   if (generated_ == 0) {
     first_ = now;

@@ -38,8 +38,10 @@ submission submit_generation(server_context& ctx, const runtime::served_model& m
 class request_clock {
  public:
   using clock = std::chrono::steady_clock;
-  request_clock(server_context& ctx, std::string model, std::string route, int64_t prompt_tokens);
-  void token();  // a generated token reached the client's stream
+  // `arrived`: when the request was read (http_request::received_at), so tokenizing and
+  // templating count in the first token's latency.
+  request_clock(server_context& ctx, std::string model, std::string route, int64_t prompt_tokens, clock::time_point arrived);
+  void token(clock::time_point at);  // the engine released a generated token at `at`
   // Records the request: outcome (stop, length, cancelled, error, disconnected), tokens, times.
   void finish(runtime::finish_reason why, bool client_gone);
   int64_t generated() const { return generated_; }
@@ -53,7 +55,7 @@ class request_clock {
   server_context& ctx_;
   std::string model_, route_;
   int64_t prompt_tokens_ = 0, generated_ = 0;
-  clock::time_point start_ = clock::now(), first_{}, last_{};
+  clock::time_point start_, first_{}, last_{};
   bool done_ = false;
 };
 

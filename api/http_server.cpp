@@ -55,7 +55,9 @@ struct http_server::impl {
   net::io_context ioc;
   tcp::acceptor acceptor;  // after ioc: an I/O object goes before its context
 
-  impl(const http_server_config& c, route_handler h) : cfg(c), handler(std::move(h)), ioc(c.threads), acceptor(ioc) {}
+  bool on_loopback = false;
+  // On a strand: stop() closes it from another thread while an accept handler may re-arm it.
+  impl(const http_server_config& c, route_handler h) : cfg(c), handler(std::move(h)), ioc(c.threads), acceptor(net::make_strand(ioc)) {}
   void accept();
 };
 
@@ -108,7 +110,8 @@ class session : public std::enable_shared_from_this<session> {
         if (cancel_generation) self->gen_->handle->cancel();
         return;  // the generation's end closes the connection
       }
-      if (self->responding_ && !cancel_generation) return;  // closes once the response is out
+      // A response (or a stream's last chunk) being written closes the connection once it is out.
+      if ((self->responding_ || self->writing_) && !cancel_generation) return;
       self->close();
     });
   }
@@ -144,7 +147,11 @@ class session : public std::enable_shared_from_this<session> {
     r.body = std::move(req.body());
     r.authorization = std::string(req[http::field::authorization]);
     r.content_type = std::string(req[http::field::content_type]);
+    r.host = std::string(req[http::field::host]);
+    r.origin = std::string(req[http::field::origin]);
     r.loopback = loopback_;
+    r.server_on_loopback = srv_.on_loopback;
+    head_ = req.method() == http::verb::head;
     keep_alive_ = req.keep_alive() && !srv_.stopping;
     route_result res;
     try {
@@ -174,8 +181,13 @@ class session : public std::enable_shared_from_this<session> {
     res->set(http::field::content_type, r.content_type);
     for (const auto& [k, v] : r.headers) res->set(k, v);
     res->keep_alive(keep_alive_);
-    res->body() = std::move(r.body);
-    res->prepare_payload();
+    if (head_) {
+      // HEAD: the headers a GET would get, without the body (Ollama's client probes with HEAD /).
+      res->content_length(r.body.size());
+    } else {
+      res->body() = std::move(r.body);
+      res->prepare_payload();
+    }
     stream_.expires_after(srv_.cfg.write_timeout);
     responding_ = true;
     http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code ec, size_t) {
@@ -199,6 +211,7 @@ class session : public std::enable_shared_from_this<session> {
 
   void start_generation(generation_stream g) {
     gen_ = std::move(g);
+    broken_ = false;
     ++srv_.generations;
     stream_.expires_never();
     deadline_.expires_after(srv_.cfg.request_timeout);
@@ -268,9 +281,25 @@ class session : public std::enable_shared_from_this<session> {
     auto& h = *gen_->handle;
     std::string out;
     runtime::piece p;
-    while (h.next(&p, std::chrono::milliseconds(0))) out += gen_->on_piece(p);
+    auto take = [&] {
+      while (h.next(&p, std::chrono::milliseconds(0))) {
+        if (broken_) continue;
+        try {
+          out += gen_->on_piece(p);
+        } catch (const std::exception& e) {
+          // A route's formatter failed: what was sent cannot be completed consistently, so
+          // the generation is cancelled and the connection closed once it has ended.
+          spdlog::error("http: streaming a generation: {}", e.what());
+          broken_ = true;
+          client_gone_ = true;
+          keep_alive_ = false;
+          h.cancel();
+        }
+      }
+    };
+    take();
     if (h.finished() != runtime::finish_reason::none) {
-      while (h.next(&p, std::chrono::milliseconds(0))) out += gen_->on_piece(p);  // pushed just before the end
+      take();  // pushed just before the end
       return end_generation(std::move(out));
     }
     if (out.empty() || client_gone_ || !gen_->chunked) return;
@@ -323,6 +352,8 @@ class session : public std::enable_shared_from_this<session> {
   net::steady_timer deadline_;
   std::optional<generation_stream> gen_;
   bool loopback_ = false;
+  bool head_ = false;    // the request being answered is a HEAD
+  bool broken_ = false;  // the generation's formatter threw: pieces are dropped until its end
   bool keep_alive_ = true;
   bool writing_ = false;
   bool responding_ = false;  // a whole response is being written
@@ -346,9 +377,12 @@ void http_server::impl::accept() {
     }
     if (full) {
       // Answered here, briefly and synchronously: the socket's buffer takes this much.
-      static constexpr std::string_view busy =
-          "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: 112\r\n\r\n"
-          R"({"error":{"message":"the server has too many open connections; retry later","type":"server_error","param":null,"code":503}})";
+      static const std::string busy = [] {
+        const std::string body =
+            R"({"error":{"message":"the server has too many open connections; retry later","type":"server_error","param":null,"code":503}})";
+        return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: " +
+               std::to_string(body.size()) + "\r\n\r\n" + body;
+      }();
       beast::error_code wec;
       net::write(s, net::buffer(busy), wec);
       s.shutdown(tcp::socket::shutdown_both, wec);
@@ -377,6 +411,7 @@ http_server::http_server(const http_server_config& config, route_handler handler
   if (!ec) a.listen(net::socket_base::max_listen_connections, ec);
   if (ec) throw std::runtime_error("cannot listen on " + config.host + ":" + std::to_string(config.port) + ": " + ec.message());
   port_ = a.local_endpoint().port();
+  impl_->on_loopback = addr.is_loopback();
   impl_->accept();
   for (int i = 0; i < std::max(1, config.threads); ++i)
     threads_.emplace_back([this] {

@@ -2,6 +2,7 @@
 // response or a generation the session streams as the engine releases it.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -20,7 +21,11 @@ struct http_request {
   std::string body;
   std::string authorization;  // the Authorization header
   std::string content_type;
+  std::string host;    // the Host header
+  std::string origin;  // the Origin header (browsers send it on cross-site requests)
   bool loopback = false;  // the client connected from 127.0.0.0/8 or ::1
+  bool server_on_loopback = false;  // the server listens on a loopback address
+  std::chrono::steady_clock::time_point received_at = std::chrono::steady_clock::now();
 };
 
 struct http_response {

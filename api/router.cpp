@@ -60,6 +60,32 @@ void authorize(const server_context& ctx, const http_request& r, access a) {
 
 bool is_ollama(const std::string& path) { return path.rfind("/api/", 0) == 0; }
 
+// The host part of a Host header or an Origin ("http://localhost:8080" -> "localhost").
+std::string host_name(std::string_view v) {
+  if (const auto scheme = v.find("://"); scheme != std::string_view::npos) v.remove_prefix(scheme + 3);
+  if (!v.empty() && v.front() == '[') {
+    const auto close = v.find(']');
+    return std::string(v.substr(0, close == std::string_view::npos ? v.size() : close + 1));
+  }
+  return std::string(v.substr(0, v.find_first_of(":/")));
+}
+
+bool loopback_name(const std::string& h) {
+  std::string l;
+  for (const char c : h) l += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return l == "localhost" || l == "[::1]" || l == "::1" || l.rfind("127.", 0) == 0;
+}
+
+// A web page open in a local browser must not drive a server on loopback: refuse requests a
+// browser marks as coming from another site (Origin), and, on a loopback server, Host names
+// that are not loopback (DNS rebinding: a hostile name resolving to 127.0.0.1).
+void refuse_browser_forgery(const http_request& r) {
+  if (!r.origin.empty() && r.origin != "null" && r.server_on_loopback && !loopback_name(host_name(r.origin)))
+    throw api_error(403, "permission_error", "cross-origin requests from " + r.origin + " are refused");
+  if (r.server_on_loopback && !r.host.empty() && !loopback_name(host_name(r.host)))
+    throw api_error(403, "permission_error", "Host '" + r.host + "' is not a loopback name; this server answers on loopback only");
+}
+
 std::vector<std::string> split_path(const std::string& p) {
   std::vector<std::string> parts;
   size_t i = 0;
@@ -79,6 +105,7 @@ std::vector<std::string> split_path(const std::string& p) {
 }
 
 route_result dispatch(server_context& ctx, const http_request& r) {
+  refuse_browser_forgery(r);
   const auto& p = r.path;
   const bool get = r.method == "GET" || r.method == "HEAD";
   const bool post = r.method == "POST";
@@ -172,7 +199,7 @@ http_response error_response(const std::string& path, int status, const std::str
   http_response res;
   res.status = status;
   if (is_ollama(path)) {
-    res.body = nlohmann::json{{"error", message}}.dump();
+    res.body = nlohmann::json{{"error", message}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   } else {
     nlohmann::json e{{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
     if (!param.empty()) e["param"] = param;
@@ -180,7 +207,8 @@ http_response error_response(const std::string& path, int status, const std::str
       e["code"] = code;
     else
       e["code"] = status;
-    res.body = nlohmann::json{{"error", e}}.dump();
+    // Messages may quote request text (a path, a model name) that is not valid UTF-8.
+    res.body = nlohmann::json{{"error", e}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }
   if (retry_after_s > 0) res.headers.emplace_back("Retry-After", std::to_string(retry_after_s));
   if (status == 401) res.headers.emplace_back("WWW-Authenticate", "Bearer");

@@ -39,7 +39,8 @@ struct infill_state {
   bool newline = false;
   std::vector<std::string> fields;
   request_clock clock;
-  infill_state(server_context& ctx, std::string m, int64_t prompt_tokens) : model(std::move(m)), clock(ctx, model, "infill", prompt_tokens) {}
+  infill_state(server_context& ctx, std::string m, int64_t prompt_tokens, request_clock::clock::time_point arrived)
+      : model(std::move(m)), clock(ctx, model, "infill", prompt_tokens, arrived) {}
 
   json final_object(runtime::finish_reason why, const std::string& all_content) const {
     const char* stop_type = timed_out ? "limit"
@@ -109,7 +110,7 @@ route_result handle_infill(server_context& ctx, const http_request& r) {
   // after the generation's room (llama.cpp's budget with n_batch = context / 2).
   auto prompt = models::build_infill_prompt(*m->tokenizer, fim, in, context, context / 2, req.gen.params.max_tokens);
   auto sub = submit_generation(ctx, *m, std::move(prompt), req.gen.params);
-  auto st = std::make_shared<infill_state>(ctx, m->name(), sub.prompt_tokens);
+  auto st = std::make_shared<infill_state>(ctx, m->name(), sub.prompt_tokens, r.received_at);
   st->stream = req.gen.stream;
   st->t_max_predict_ms = req.t_max_predict_ms;
   st->fields = req.response_fields;
@@ -119,7 +120,7 @@ route_result handle_infill(server_context& ctx, const http_request& r) {
   g.chunked = st->stream;
   g.content_type = st->stream ? "text/event-stream" : "application/json";
   g.on_piece = [st, h = sub.handle](const runtime::piece& p) -> std::string {
-    if (p.token >= 0) st->clock.token();
+    if (p.token >= 0) st->clock.token(p.at);
     st->content += p.text;
     if (p.text.find('\n') != std::string::npos) st->newline = true;
     // llama.cpp's t_max_predict_ms: once a line is complete, stop when the time is up.

@@ -31,8 +31,8 @@ struct ollama_state {
   bool chat = false, stream = true;
   std::string model, text;
   request_clock clock;
-  ollama_state(server_context& ctx, bool is_chat, std::string m, int64_t prompt_tokens)
-      : chat(is_chat), model(std::move(m)), clock(ctx, model, is_chat ? "ollama_chat" : "ollama_generate", prompt_tokens) {}
+  ollama_state(server_context& ctx, bool is_chat, std::string m, int64_t prompt_tokens, request_clock::clock::time_point arrived)
+      : chat(is_chat), model(std::move(m)), clock(ctx, model, is_chat ? "ollama_chat" : "ollama_generate", prompt_tokens, arrived) {}
 
   json head() const { return {{"model", model}, {"created_at", rfc3339_now()}}; }
   json piece(const std::string& t) const {
@@ -65,7 +65,8 @@ http_response load_or_unload(server_context& ctx, const runtime::served_model& m
   const bool unload = req.keep_alive && !req.keep_alive->forever && req.keep_alive->after.count() == 0;
   if (req.keep_alive && !unload) c.keep_alive = setting_of(*req.keep_alive);
   if (unload) {
-    if (m.entry->pinned) throw api_error(409, "invalid_request_error", "model '" + m.name() + "' is pinned; unpin it before unloading");
+    if (ctx.served.executor().stats(m.name()).pinned)
+      throw api_error(409, "invalid_request_error", "model '" + m.name() + "' is pinned; unpin it before unloading");
     c.evict = true;
   } else {
     c.load = true;
@@ -81,22 +82,24 @@ http_response load_or_unload(server_context& ctx, const runtime::served_model& m
   return r;
 }
 
-route_result stream_of(server_context& ctx, const runtime::served_model& m, const ollama_request& req, std::vector<int32_t> prompt, bool chat) {
-  // keep_alive 0 on a generating request: unload once this request is done.
+route_result stream_of(server_context& ctx, const runtime::served_model& m, const ollama_request& req, std::vector<int32_t> prompt, bool chat,
+                       request_clock::clock::time_point arrived) {
+  auto sub = submit_generation(ctx, m, std::move(prompt), req.gen.params);
+  // Only once the request is accepted: keep_alive 0 on a generating request unloads the
+  // model when it is idle again.
   if (req.keep_alive) {
     runtime::model_control c;
     c.keep_alive = setting_of(*req.keep_alive);
     ctx.served.executor().control(m.name(), c);
   }
-  auto sub = submit_generation(ctx, m, std::move(prompt), req.gen.params);
-  auto st = std::make_shared<ollama_state>(ctx, chat, m.name(), sub.prompt_tokens);
+  auto st = std::make_shared<ollama_state>(ctx, chat, m.name(), sub.prompt_tokens, arrived);
   st->stream = req.gen.stream;
   generation_stream g;
   g.handle = sub.handle;
   g.chunked = st->stream;
   g.content_type = st->stream ? "application/x-ndjson" : "application/json";
   g.on_piece = [st](const runtime::piece& p) -> std::string {
-    if (p.token >= 0) st->clock.token();
+    if (p.token >= 0) st->clock.token(p.at);
     if (!st->stream) {
       st->text += p.text;
       return {};
@@ -143,14 +146,14 @@ route_result handle_ollama_generate(server_context& ctx, const http_request& r) 
     msgs.push_back({"user", text});
     prompt = tokenize_chat(m, msgs);
   }
-  return stream_of(ctx, m, req, std::move(prompt), false);
+  return stream_of(ctx, m, req, std::move(prompt), false, r.received_at);
 }
 
 route_result handle_ollama_chat(server_context& ctx, const http_request& r) {
   const auto req = parse_ollama_chat(parse_json_object(r), {ctx.config.limits.max_tokens});
   const auto& m = resolve_model(ctx, req.gen.model);
   if (req.load_only) return load_or_unload(ctx, m, req, true);
-  return stream_of(ctx, m, req, tokenize_chat(m, req.gen.messages), true);
+  return stream_of(ctx, m, req, tokenize_chat(m, req.gen.messages), true, r.received_at);
 }
 
 }  // namespace tandem::api

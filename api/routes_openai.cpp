@@ -26,11 +26,11 @@ struct openai_state {
   bool stream = false, include_usage = false, sent_role = false;
   std::string text;  // the whole answer (not streamed)
   request_clock clock;
-  openai_state(server_context& ctx, dialect k, std::string m, int64_t prompt_tokens)
+  openai_state(server_context& ctx, dialect k, std::string m, int64_t prompt_tokens, request_clock::clock::time_point arrived)
       : kind(k),
         id(make_id(k == dialect::chat ? "chatcmpl-" : "cmpl-")),
         model(std::move(m)),
-        clock(ctx, model, k == dialect::chat ? "chat" : "completions", prompt_tokens) {}
+        clock(ctx, model, k == dialect::chat ? "chat" : "completions", prompt_tokens, arrived) {}
 
   json usage() const {
     return {{"prompt_tokens", clock.prompt_tokens()},
@@ -70,7 +70,7 @@ generation_stream make_stream(server_context& ctx, submission sub, std::shared_p
   g.chunked = st->stream;
   g.content_type = st->stream ? "text/event-stream" : "application/json";
   g.on_piece = [st](const runtime::piece& p) -> std::string {
-    if (p.token >= 0) st->clock.token();
+    if (p.token >= 0) st->clock.token(p.at);
     if (!st->stream) {
       st->text += p.text;
       return {};
@@ -147,7 +147,7 @@ route_result handle_completions(server_context& ctx, const http_request& r) {
     prompt = tokenize_prompt(m, req.prompt.value_or(""));
   }
   auto sub = submit_generation(ctx, m, std::move(prompt), req.params);
-  auto st = std::make_shared<openai_state>(ctx, dialect::completion, m.name(), sub.prompt_tokens);
+  auto st = std::make_shared<openai_state>(ctx, dialect::completion, m.name(), sub.prompt_tokens, r.received_at);
   st->stream = req.stream;
   st->include_usage = req.include_usage;
   return make_stream(ctx, std::move(sub), st);
@@ -157,7 +157,7 @@ route_result handle_chat_completions(server_context& ctx, const http_request& r)
   const auto req = parse_chat_request(parse_json_object(r), limits_of(ctx));
   const auto& m = resolve_model(ctx, req.model);
   auto sub = submit_generation(ctx, m, tokenize_chat(m, req.messages), req.params);
-  auto st = std::make_shared<openai_state>(ctx, dialect::chat, m.name(), sub.prompt_tokens);
+  auto st = std::make_shared<openai_state>(ctx, dialect::chat, m.name(), sub.prompt_tokens, r.received_at);
   st->stream = req.stream;
   st->include_usage = req.include_usage;
   return make_stream(ctx, std::move(sub), st);

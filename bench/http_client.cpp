@@ -42,12 +42,15 @@ void http_conn::send_raw(const std::string& bytes) {
 }
 
 void http_conn::send(const std::string& method, const std::string& path, const std::string& body, const header_list& headers) {
-  std::string req = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n";
-  bool has_type = false;
+  std::string req = method + " " + path + " HTTP/1.1\r\n";
+  bool has_type = false, has_host = false;
   for (const auto& [k, v] : headers) {
     req += k + ": " + v + "\r\n";
     has_type |= k == "Content-Type";
+    has_host |= k == "Host";
   }
+  if (!has_host) req += "Host: 127.0.0.1\r\n";
+  pending_head_.push_back(method == "HEAD");
   if (!body.empty() && !has_type) req += "Content-Type: application/json\r\n";
   if (!body.empty() || method == "POST" || method == "PATCH") req += "Content-Length: " + std::to_string(body.size()) + "\r\n";
   req += "\r\n" + body;
@@ -85,7 +88,12 @@ http_reply http_conn::reply(std::chrono::milliseconds timeout) {
     pos = next;
   }
   size_t at = head_end + 4;
-  if (r.headers["transfer-encoding"] == "chunked") {
+  // A reply to HEAD has the headers of a GET and no body.
+  const bool head_only = !pending_head_.empty() && pending_head_.front();
+  if (!pending_head_.empty()) pending_head_.erase(pending_head_.begin());
+  if (head_only) {
+    // nothing to read
+  } else if (r.headers["transfer-encoding"] == "chunked") {
     for (;;) {
       size_t eol;
       while ((eol = raw_.find("\r\n", at)) == std::string::npos)

@@ -45,6 +45,7 @@ class http_conn {
   bool fill(std::chrono::steady_clock::time_point until);
   int fd_ = -1;
   std::string raw_;
+  std::vector<bool> pending_head_;  // per request sent and not yet answered: was it a HEAD
   bool eof_ = false;
 };
 

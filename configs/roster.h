@@ -14,7 +14,7 @@ namespace tandem::configs {
 
 struct server_limits {
   uint64_t max_body_bytes = 8ull << 20;  // request body
-  int max_queue = 256;                   // waiting requests per model; more get 503
+  int max_queue = 256;                   // waiting requests per model; more get 429
   int max_connections = 256;
   int64_t max_tokens = 4096;             // cap on max_tokens of one request
   duration request_timeout{std::chrono::minutes(10)};

@@ -167,6 +167,11 @@ void engine::apply_controls() {
     if (c.pinned) entry->pinned = *c.pinned;
     if (c.keep_alive) entry->keep_alive = *c.keep_alive;
     auto& arb = s.cfg.placement->arbiter();
+    if (c.evict && entry->pinned) {
+      // Pinned models stay: an operator unpins first (the admin route answers 409).
+      spdlog::warn("engine: not evicting '{}': it is pinned", name);
+      c.evict = false;
+    }
     if (c.evict) {
       preempt_all(s);  // resumed when the plan brings the model back for them
       // Busy: copies still landing, or a lease: try again shortly rather than forget it.

@@ -83,7 +83,7 @@ void request_handle::push(int32_t token, std::string text) {
   std::function<void()> f;
   {
     std::lock_guard lock(m_);
-    pieces_.push_back({token, std::move(text)});
+    pieces_.push_back({token, std::move(text), std::chrono::steady_clock::now()});
     f = notify_;
   }
   cv_.notify_all();

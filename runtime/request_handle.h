@@ -23,6 +23,7 @@ const char* finish_name(finish_reason r);
 struct piece {
   int32_t token = -1;
   std::string text;
+  std::chrono::steady_clock::time_point at{};  // when the engine released it
 };
 
 class request_handle {

@@ -222,4 +222,40 @@ TEST_SUITE("server") {
     CHECK(c.closed_by_server(2s));
     CHECK_THROWS(http_conn(f.port));  // no longer accepting
   }
+
+  TEST_CASE("browser forgery, HEAD, deep JSON, too many connections, and unloading a model an admin pinned") {
+    tandem::test::served_fixture f("  limits:\n    max_connections: 3\n");
+    // A page in a local browser (Origin) or a rebound DNS name (Host) cannot drive the server.
+    CHECK(http_call(f.port, "POST", "/admin/models/stories/evict", {}, {{"Origin", "https://evil.example"}}).status == 403);
+    CHECK(http_call(f.port, "GET", "/v1/models", {}, {{"Host", "evil.example:8080"}}).status == 403);
+    CHECK(http_call(f.port, "GET", "/v1/models", {}, {{"Origin", "http://localhost:3000"}}).status == 200);
+    // HEAD: the headers without the body, and the connection stays usable.
+    {
+      http_conn c(f.port);
+      c.send("HEAD", "/health");
+      const auto r = c.reply(5s);
+      CHECK(r.status == 200);
+      CHECK(r.body.empty());
+      c.send("GET", "/health");
+      CHECK(c.reply(5s).body == R"({"status":"ok"})");
+    }
+    const std::string deep = std::string(10000, '[') + std::string(10000, ']');
+    const auto d = http_call(f.port, "POST", "/v1/completions", deep);
+    CHECK(d.status == 400);
+    CHECK(json::parse(d.body)["error"]["message"].get<std::string>().find("deeper") != std::string::npos);
+    {
+      http_conn a(f.port), b(f.port), c(f.port);
+      a.send("GET", "/health");
+      REQUIRE(a.reply(5s).status == 200);  // the three are open
+      http_conn d2(f.port);
+      const auto r = d2.reply(5s);
+      CHECK(r.status == 503);
+      CHECK(r.headers.at("retry-after") == "1");
+      CHECK(json::parse(r.body)["error"]["code"] == 503);  // the whole body, as its length says
+    }
+    REQUIRE(eventually([&] { return f.server->open_connections() == 0; }));
+    REQUIRE(http_call(f.port, "POST", "/admin/models/stories/pin").status == 200);
+    REQUIRE(eventually([&] { return f.served->executor().stats("stories").pinned; }));
+    CHECK(http_call(f.port, "POST", "/api/generate", R"({"model":"stories","keep_alive":0})").status == 409);
+  }
 }

@@ -69,10 +69,7 @@ struct served_fixture {
     so.threads = 2;
     served = std::make_unique<runtime::served_roster>(roster, so);
     ctx = std::make_unique<api::server_context>(*served, roster.server);
-    api::http_server_config hc;
-    hc.host = "127.0.0.1";
-    hc.port = 0;
-    hc.max_body_bytes = roster.server.limits.max_body_bytes;
+    auto hc = api::http_config_of(roster.server);  // 127.0.0.1:0, the roster's limits
     hc.idle_timeout = idle_timeout;
     server = std::make_unique<api::http_server>(hc, api::make_router(*ctx));
     port = server->port();
