@@ -124,34 +124,71 @@ class session : public std::enable_shared_from_this<session> {
     parser_->body_limit(srv_.cfg.max_body_bytes);
     parser_->header_limit(64 * 1024);
     stream_.expires_after(srv_.cfg.idle_timeout);
-    http::async_read(stream_, buf_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+    // Headers first: a request the admission check refuses (no key, a forged origin) is
+    // answered without its body ever being read or buffered.
+    http::async_read_header(stream_, buf_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
   }
 
-  void on_read(beast::error_code ec) {
+  // True (after answering) when the read failed; closes quietly when the peer simply left.
+  bool read_failed(beast::error_code ec) {
+    if (!ec) return false;
     if (ec == http::error::end_of_stream || ec == net::error::operation_aborted || ec == beast::error::timeout ||
         ec == net::error::connection_reset || ec == net::error::eof) {
-      return close();
+      close();
+      return true;
     }
     keep_alive_ = false;  // after an error the stream's framing is lost
     if (ec == http::error::body_limit)
-      return send(error(413, "the request body is larger than the server's limit of " + std::to_string(srv_.cfg.max_body_bytes) + " bytes"));
-    if (ec == http::error::header_limit) return send(error(431, "the request headers are too large"));
-    if (ec) return send(error(400, std::string("malformed HTTP request: ") + ec.message()));
-    auto& req = parser_->get();
+      send(error(413, "the request body is larger than the server's limit of " + std::to_string(srv_.cfg.max_body_bytes) + " bytes"));
+    else if (ec == http::error::header_limit)
+      send(error(431, "the request headers are too large"));
+    else
+      send(error(400, std::string("malformed HTTP request: ") + ec.message()));
+    return true;
+  }
+
+  http_request request_of(http::request<http::string_body>& req) const {
     http_request r;
     r.method = std::string(req.method_string());
     const std::string_view target = req.target();
     const auto q = target.find('?');
     r.path = std::string(target.substr(0, q));
     if (q != std::string_view::npos) r.query = std::string(target.substr(q + 1));
-    r.body = std::move(req.body());
     r.authorization = std::string(req[http::field::authorization]);
     r.content_type = std::string(req[http::field::content_type]);
     r.host = std::string(req[http::field::host]);
     r.origin = std::string(req[http::field::origin]);
     r.loopback = loopback_;
     r.server_on_loopback = srv_.on_loopback;
+    return r;
+  }
+
+  void on_header(beast::error_code ec) {
+    if (read_failed(ec)) return;
+    auto& req = parser_->get();
     head_ = req.method() == http::verb::head;
+    if (srv_.cfg.admit) {
+      std::optional<http_response> refused;
+      try {
+        refused = srv_.cfg.admit(request_of(req));
+      } catch (const std::exception& e) {
+        spdlog::error("http: admission: {}", e.what());
+        refused = error(500, "internal error");
+      }
+      if (refused) {
+        keep_alive_ = false;  // the body (if any) is left unread: the connection cannot go on
+        return send(std::move(*refused));
+      }
+    }
+    if (parser_->is_done()) return on_read({});
+    http::async_read(stream_, buf_, *parser_, [self = shared_from_this()](beast::error_code e, size_t) { self->on_read(e); });
+  }
+
+  void on_read(beast::error_code ec) {
+    if (read_failed(ec)) return;
+    auto& req = parser_->get();
+    http_request r = request_of(req);
+    r.body = std::move(req.body());
     keep_alive_ = req.keep_alive() && !srv_.stopping;
     route_result res;
     try {

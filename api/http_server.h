@@ -9,8 +9,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,6 +30,9 @@ struct http_server_config {
   std::chrono::milliseconds idle_timeout{60'000};     // a kept-alive connection with no request; a request's whole read
   std::chrono::milliseconds write_timeout{30'000};    // one write to a client that does not read
   std::chrono::milliseconds request_timeout{600'000};  // a generation's whole life
+  // Called with a request's headers (the body not read yet): a response refuses it then,
+  // without reading or buffering its body (authentication). Empty: every request is read.
+  std::function<std::optional<http_response>(const http_request&)> admit;
 };
 
 // "HOST:PORT" (IPv6 as "[::1]:8080") into host and port; throws std::invalid_argument naming

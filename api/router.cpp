@@ -215,6 +215,28 @@ http_response error_response(const std::string& path, int status, const std::str
   return res;
 }
 
+namespace {
+
+access access_of(const std::string& path) {
+  if (path == "/health" || path == "/v1/health" || path == "/") return access::open;
+  if (path.rfind("/admin/", 0) == 0) return access::admin;
+  return access::inference;
+}
+
+}  // namespace
+
+std::function<std::optional<http_response>(const http_request&)> make_admission(server_context& ctx) {
+  return [&ctx](const http_request& r) -> std::optional<http_response> {
+    try {
+      refuse_browser_forgery(r);
+      authorize(ctx, r, access_of(r.path));
+      return std::nullopt;
+    } catch (const api_error& e) {
+      return error_response(r.path, e.status, e.type, e.what(), e.param, e.code, e.retry_after_s);
+    }
+  };
+}
+
 route_handler make_router(server_context& ctx) {
   return [&ctx](const http_request& r) -> route_result {
     try {

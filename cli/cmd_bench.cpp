@@ -120,7 +120,9 @@ void add_http_command(CLI::App& bench_cmd) {
     roster.server.limits.max_connections = std::max(roster.server.limits.max_connections, 2 * a->opt.clients + 8);
     runtime::served_roster served(roster, {.threads = a->threads});
     api::server_context ctx(served, roster.server);
-    api::http_server server(api::http_config_of(roster.server), api::make_router(ctx));
+    auto hc = api::http_config_of(roster.server);
+    hc.admit = api::make_admission(ctx);
+    api::http_server server(hc, api::make_router(ctx));
     if (a->opt.models.empty())
       for (const auto& m : roster.models) a->opt.models.push_back(m.name);
     a->opt.duration = std::chrono::milliseconds(static_cast<int64_t>(a->seconds * 1000));

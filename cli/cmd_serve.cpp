@@ -96,6 +96,7 @@ void run_serve(const serve_args& a) {
   so.threads = a.threads;
   runtime::served_roster served(roster, so);
   api::server_context ctx(served, roster.server);
+  hc.admit = api::make_admission(ctx);
   api::http_server server(hc, api::make_router(ctx));
   const std::string address = (hc.host.find(':') != std::string::npos ? "[" + hc.host + "]" : hc.host) + ":" + std::to_string(server.port());
   show_loading(served);

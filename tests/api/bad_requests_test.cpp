@@ -147,6 +147,10 @@ TEST_SUITE("server") {
     CHECK(http_call(f.port, "GET", "/admin/models").status == 401);
     CHECK(http_call(f.port, "GET", "/admin/models", {}, {{"Authorization", "Bearer sk-admin"}}).status == 200);
     CHECK(http_call(f.port, "GET", "/v1/models", {}, {{"Authorization", "bearer sk-admin"}}).status == 200);
+    // Refused on its headers: the (announced, never sent) body is not waited for.
+    http_conn c(f.port);
+    c.send_raw("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 4000000\r\n\r\n");
+    CHECK(c.reply(5s).status == 401);
   }
 
   TEST_CASE("a full queue answers 429 with Retry-After") {

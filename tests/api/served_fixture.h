@@ -71,6 +71,7 @@ struct served_fixture {
     ctx = std::make_unique<api::server_context>(*served, roster.server);
     auto hc = api::http_config_of(roster.server);  // 127.0.0.1:0, the roster's limits
     hc.idle_timeout = idle_timeout;
+    hc.admit = api::make_admission(*ctx);
     server = std::make_unique<api::http_server>(hc, api::make_router(*ctx));
     port = server->port();
   }
