@@ -1,13 +1,14 @@
 // POST /infill, as llama.cpp's server answers it for editor plugins (llama.vim,
 // llama.vscode): the FIM prompt built from prefix, suffix, typed middle and extra context
 // chunks (repo-level layout when the model has the tokens), `n_predict: 0` warm-ups that only
-// fill the prefix cache, t_max_predict_ms, and response_fields.
+// fill the prefix cache, t_max_predict_ms, n_indent, and response_fields.
 #include <memory>
 
 #include <nlohmann/json.hpp>
 
 #include "api/api_error.h"
 #include "api/generation.h"
+#include "api/indent_gate.h"
 #include "api/infill_request.h"
 #include "api/json_body.h"
 #include "api/routes.h"
@@ -35,8 +36,9 @@ struct infill_state {
   std::string model, content;
   bool stream = false;
   int64_t t_max_predict_ms = 0;
-  bool timed_out = false;
+  bool timed_out = false;  // t_max_predict_ms or n_indent ended it
   bool newline = false;
+  indent_gate indent;
   std::vector<std::string> fields;
   request_clock clock;
   infill_state(server_context& ctx, std::string m, int64_t prompt_tokens, request_clock::clock::time_point arrived)
@@ -113,6 +115,7 @@ route_result handle_infill(server_context& ctx, const http_request& r) {
   auto st = std::make_shared<infill_state>(ctx, m->name(), sub.prompt_tokens, r.received_at);
   st->stream = req.gen.stream;
   st->t_max_predict_ms = req.t_max_predict_ms;
+  st->indent = indent_gate(req.n_indent);
   st->fields = req.response_fields;
 
   generation_stream g;
@@ -121,15 +124,20 @@ route_result handle_infill(server_context& ctx, const http_request& r) {
   g.content_type = st->stream ? "text/event-stream" : "application/json";
   g.on_piece = [st, h = sub.handle](const runtime::piece& p) -> std::string {
     if (p.token >= 0) st->clock.token(p.at);
-    st->content += p.text;
-    if (p.text.find('\n') != std::string::npos) st->newline = true;
+    const std::string text = st->indent.pass(p.text);
+    if (st->indent.closed() && !st->timed_out) {
+      st->timed_out = true;
+      h->cancel();
+    }
+    st->content += text;
+    if (text.find('\n') != std::string::npos) st->newline = true;
     // llama.cpp's t_max_predict_ms: once a line is complete, stop when the time is up.
     if (st->t_max_predict_ms > 0 && st->newline && !st->timed_out && st->clock.predict_ms() >= static_cast<double>(st->t_max_predict_ms)) {
       st->timed_out = true;
       h->cancel();
     }
-    if (!st->stream || p.text.empty()) return {};
-    return "data: " + json{{"content", p.text}, {"stop", false}, {"id_slot", 0}}.dump() + "\n\n";
+    if (!st->stream || text.empty()) return {};
+    return "data: " + json{{"content", text}, {"stop", false}, {"id_slot", 0}}.dump() + "\n\n";
   };
   g.on_end = [st, h = sub.handle]() -> http_response {
     http_response res;

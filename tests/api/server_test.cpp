@@ -219,6 +219,15 @@ TEST_SUITE("server") {
     CHECK(wj["timings/prompt_n"].get<int>() > 0);
     CHECK_FALSE(wj.contains("model"));
 
+    // n_indent: no line after the cursor's may be indented less than 1000 characters, so
+    // nothing but blank lines follows the first newline.
+    json indented = in;
+    indented["n_indent"] = 1000;
+    indented["n_predict"] = 64;
+    const auto nj = json::parse(http_call(f.port, "POST", "/infill", indented.dump()).body);
+    const std::string c2 = nj["content"];
+    if (const auto nl = c2.find('\n'); nl != std::string::npos) CHECK(c2.find_first_not_of('\n', nl) == std::string::npos);
+
     json no_fim = in;
     no_fim["model"] = "stories";
     const auto nr = http_call(f.port, "POST", "/infill", no_fim.dump());
