@@ -154,13 +154,14 @@ TEST_SUITE("server") {
   }
 
   TEST_CASE("a full queue answers 429 with Retry-After") {
-    tandem::test::served_fixture f("  limits:\n    max_queue: 1\n", /*stories_sequences=*/1);
-    const std::string body = json{{"model", "stories"}, {"prompt", "Once"}, {"max_tokens", 200}, {"stream", true}}.dump();
+    tandem::test::served_fixture f("  limits:\n    max_queue: 1\n", /*sequences=*/1);
+    // The code model (a 32k vocabulary) for long enough that the first request still runs.
+    const std::string body = json{{"model", "coder"}, {"prompt", "def"}, {"max_tokens", 480}, {"ignore_eos", true}, {"stream", true}}.dump();
     http_conn a(f.port), b(f.port);
     a.send("POST", "/v1/completions", body);
     REQUIRE(a.read_until("data: "));  // running
     b.send("POST", "/v1/completions", body);  // waiting
-    REQUIRE(eventually([&] { return f.served->executor().stats("stories").queued == 1; }));
+    REQUIRE(eventually([&] { return f.served->executor().stats("coder").queued == 1; }));
     const auto c = http_call(f.port, "POST", "/v1/completions", body);
     CHECK(c.status == 429);
     CHECK(c.headers.at("retry-after") == "1");
