@@ -99,95 +99,74 @@ std::vector<std::string> split_path(const std::string& p) {
   return parts;
 }
 
-[[noreturn]] void wrong_method(const http_request& r, const char* allowed) {
-  api_error e(405, "invalid_request_error", r.method + " is not allowed on " + r.path + "; use " + allowed);
-  throw e;
+access access_of(const std::string& path) {
+  if (path == "/health" || path == "/v1/health" || path == "/") return access::open;
+  if (path.rfind("/admin/", 0) == 0) return access::admin;
+  return access::inference;
+}
+
+using plain_handler = route_result (*)(server_context&, const http_request&);
+struct fixed_route {
+  std::string_view path;
+  std::string_view method;  // GET routes answer HEAD too
+  plain_handler handle;
+};
+
+// Paths without parameters; aliases without /v1 as llama.cpp's server has them.
+constexpr fixed_route k_routes[] = {
+    {"/health", "GET", handle_health},
+    {"/v1/health", "GET", handle_health},
+    {"/metrics", "GET", handle_metrics},
+    {"/v1/models", "GET", handle_openai_models},
+    {"/models", "GET", handle_openai_models},
+    {"/v1/completions", "POST", handle_completions},
+    {"/completions", "POST", handle_completions},
+    {"/v1/chat/completions", "POST", handle_chat_completions},
+    {"/chat/completions", "POST", handle_chat_completions},
+    {"/infill", "POST", handle_infill},
+    {"/api/generate", "POST", handle_ollama_generate},
+    {"/api/chat", "POST", handle_ollama_chat},
+    {"/api/tags", "GET", handle_ollama_tags},
+    {"/api/ps", "GET", handle_ollama_ps},
+    {"/api/version", "GET", handle_ollama_version},
+    {"/api/show", "POST", handle_ollama_show},
+    {"/admin/models", "GET", handle_admin_models},
+};
+
+void require_method(const http_request& r, std::string_view method) {
+  if (r.method == method || (method == "GET" && r.method == "HEAD")) return;
+  throw api_error(405, "invalid_request_error", r.method + " is not allowed on " + r.path + "; use " + std::string(method));
 }
 
 route_result dispatch(server_context& ctx, const http_request& r) {
   refuse_browser_forgery(r);
+  authorize(ctx, r, access_of(r.path));
   const auto& p = r.path;
-  const bool get = r.method == "GET" || r.method == "HEAD";
-  const bool post = r.method == "POST";
-  auto only = [&](bool ok, const char* allowed) {
-    if (!ok) wrong_method(r, allowed);
-  };
-  if (p == "/health" || p == "/v1/health") {
-    only(get, "GET");
-    return handle_health(ctx, r);
-  }
-  if (p == "/" && get) {
+  if (p == "/" && (r.method == "GET" || r.method == "HEAD")) {
     http_response res;
     res.content_type = "text/plain";
     res.body = "tandem is running";  // Ollama clients probe GET / for a server
     return res;
   }
-  if (p == "/metrics") {
-    only(get, "GET");
-    authorize(ctx, r, access::inference);
-    return handle_metrics(ctx, r);
-  }
-  if (p.rfind("/admin/", 0) == 0) {
-    authorize(ctx, r, access::admin);
-    const auto parts = split_path(p);
-    if (parts.size() == 2 && parts[1] == "models") {
-      only(get, "GET");
-      return handle_admin_models(ctx, r);
+  for (const auto& route : k_routes)
+    if (p == route.path) {
+      require_method(r, route.method);
+      return route.handle(ctx, r);
     }
-    if (parts.size() == 3 && parts[1] == "models") {
-      only(r.method == "PATCH", "PATCH");
-      return handle_admin_patch(ctx, r, parts[2]);
-    }
-    if (parts.size() == 4 && parts[1] == "models") {
-      only(post, "POST");
-      return handle_admin_action(ctx, r, parts[2], parts[3]);
-    }
-    throw api_error(404, "invalid_request_error", "no route " + p, {}, "unknown_url");
-  }
-  authorize(ctx, r, access::inference);
-  if (p == "/v1/models" || p == "/models") {
-    only(get, "GET");
-    return handle_openai_models(ctx, r);
-  }
+  // Routes with parameters: /v1/models/{id}, /admin/models/{name}[/{action}].
   if (p.rfind("/v1/models/", 0) == 0) {
-    only(get, "GET");
+    require_method(r, "GET");
     return handle_openai_model(ctx, r, p.substr(11));
   }
-  if (p == "/v1/completions" || p == "/completions") {
-    only(post, "POST");
-    return handle_completions(ctx, r);
-  }
-  if (p == "/v1/chat/completions" || p == "/chat/completions") {
-    only(post, "POST");
-    return handle_chat_completions(ctx, r);
-  }
-  if (p == "/infill") {
-    only(post, "POST");
-    return handle_infill(ctx, r);
-  }
-  if (p == "/api/generate") {
-    only(post, "POST");
-    return handle_ollama_generate(ctx, r);
-  }
-  if (p == "/api/chat") {
-    only(post, "POST");
-    return handle_ollama_chat(ctx, r);
-  }
-  if (p == "/api/tags") {
-    only(get, "GET");
-    return handle_ollama_tags(ctx, r);
-  }
-  if (p == "/api/ps") {
-    only(get, "GET");
-    return handle_ollama_ps(ctx, r);
-  }
-  if (p == "/api/version") {
-    only(get, "GET");
-    return handle_ollama_version(ctx, r);
-  }
-  if (p == "/api/show") {
-    only(post, "POST");
-    return handle_ollama_show(ctx, r);
+  if (const auto parts = split_path(p); parts.size() >= 3 && parts[0] == "admin" && parts[1] == "models") {
+    if (parts.size() == 3) {
+      require_method(r, "PATCH");
+      return handle_admin_patch(ctx, r, parts[2]);
+    }
+    if (parts.size() == 4) {
+      require_method(r, "POST");
+      return handle_admin_action(ctx, r, parts[2], parts[3]);
+    }
   }
   throw api_error(404, "invalid_request_error", "no route " + r.method + " " + p, {}, "unknown_url");
 }
@@ -214,16 +193,6 @@ http_response error_response(const std::string& path, int status, const std::str
   if (status == 401) res.headers.emplace_back("WWW-Authenticate", "Bearer");
   return res;
 }
-
-namespace {
-
-access access_of(const std::string& path) {
-  if (path == "/health" || path == "/v1/health" || path == "/") return access::open;
-  if (path.rfind("/admin/", 0) == 0) return access::admin;
-  return access::inference;
-}
-
-}  // namespace
 
 std::function<std::optional<http_response>(const http_request&)> make_admission(server_context& ctx) {
   return [&ctx](const http_request& r) -> std::optional<http_response> {

@@ -13,6 +13,7 @@ using nlohmann::json;
 using namespace std::chrono_literals;
 using tandem::bench::http_call;
 using tandem::bench::http_conn;
+using tandem::test::eventually;
 
 namespace {
 
@@ -29,16 +30,6 @@ std::string big_prompt(int words) {
   std::string s;
   for (int i = 0; i < words; ++i) s += "Once upon a time ";
   return s;
-}
-
-template <class F>
-bool eventually(F pred, std::chrono::milliseconds limit = 10s) {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < until) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return pred();
 }
 
 double metric(uint16_t port, const std::string& series) {

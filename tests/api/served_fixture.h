@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "api/http_server.h"
 #include "api/router.h"
@@ -40,6 +41,18 @@ inline std::filesystem::path fim_model_path() {
     models::synth_model(o, path.string());
   });
   return path;
+}
+
+// Waits until pred() holds, polling: the engine applies admin changes and cancellations on
+// its own thread.
+template <class F>
+bool eventually(F pred, std::chrono::milliseconds limit = std::chrono::seconds(10)) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < until) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return pred();
 }
 
 struct served_fixture {

@@ -12,6 +12,7 @@ using nlohmann::json;
 using namespace std::chrono_literals;
 using tandem::bench::http_call;
 using tandem::bench::http_conn;
+using tandem::test::eventually;
 
 namespace {
 
@@ -45,17 +46,6 @@ std::vector<json> ndjson_lines(const std::string& body) {
     at = end + 1;
   }
   return out;
-}
-
-// Waits until pred() holds (the engine applies admin changes on its own thread).
-template <class F>
-bool eventually(F pred, std::chrono::milliseconds limit = 10s) {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < until) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return pred();
 }
 
 json model_entry(uint16_t port, const std::string& name) {
