@@ -70,7 +70,7 @@ void one_request(uint16_t port, const std::string& model, int64_t max_tokens, in
     for (size_t at = reply.body.find("data: {"); at != std::string::npos; at = reply.body.find("data: {", at + 1)) ++chunks;
     std::lock_guard lock(t.m);
     ++t.r.completed;
-    t.r.tokens += chunks;
+    t.r.chunks += chunks;
   } catch (const std::exception& e) {
     t.fail(e.what());
   }
@@ -132,7 +132,7 @@ http_load_report run_http_load(uint16_t port, const http_load_options& o) {
     one.disconnect_fraction = 0;
     run_clients(port, one, 1, o.baseline, b);
     const double s = std::chrono::duration<double>(clock_type::now() - t0).count();
-    out.baseline_tokens_per_s = static_cast<double>(b.r.tokens) / s;
+    out.baseline_chunks_per_s = static_cast<double>(b.r.chunks) / s;
   }
   tally t;
   const auto t0 = clock_type::now();
@@ -145,8 +145,8 @@ http_load_report run_http_load(uint16_t port, const http_load_options& o) {
   out.disconnected = t.r.disconnected;
   out.failed = t.r.failed;
   out.rejected = t.r.rejected;
-  out.tokens = t.r.tokens;
-  out.tokens_per_s = static_cast<double>(t.r.tokens) / out.seconds;
+  out.chunks = t.r.chunks;
+  out.chunks_per_s = static_cast<double>(t.r.chunks) / out.seconds;
   out.ttft_p50_ms = percentile(t.ttft_ms, 0.5);
   out.ttft_p99_ms = percentile(t.ttft_ms, 0.99);
   out.failures = t.r.failures;
@@ -160,10 +160,10 @@ nlohmann::json to_json(const http_load_report& r) {
           {"requests_disconnected", r.disconnected},
           {"requests_failed", r.failed},
           {"requests_rejected", r.rejected},
-          {"tokens", r.tokens},
-          {"tokens_per_s", r.tokens_per_s},
-          {"baseline_tokens_per_s", r.baseline_tokens_per_s},
-          {"vs_single_client", r.baseline_tokens_per_s > 0 ? r.tokens_per_s / r.baseline_tokens_per_s : 0.0},
+          {"chunks", r.chunks},
+          {"chunks_per_s", r.chunks_per_s},
+          {"baseline_chunks_per_s", r.baseline_chunks_per_s},
+          {"vs_single_client", r.baseline_chunks_per_s > 0 ? r.chunks_per_s / r.baseline_chunks_per_s : 0.0},
           {"ttft_p50_ms", r.ttft_p50_ms},
           {"ttft_p99_ms", r.ttft_p99_ms},
           {"failures", r.failures}};
@@ -175,8 +175,8 @@ std::string format_table(const http_load_report& r) {
                 "clients %d for %.1f s: %lld completed, %lld hung up on purpose, %lld failed (%lld rejected)\n"
                 "streamed %lld chunks, %.1f/s (one client alone: %.1f/s, x%.2f); probe TTFT p50 %.1f ms, p99 %.1f ms\n",
                 r.clients, r.seconds, static_cast<long long>(r.completed), static_cast<long long>(r.disconnected), static_cast<long long>(r.failed),
-                static_cast<long long>(r.rejected), static_cast<long long>(r.tokens), r.tokens_per_s, r.baseline_tokens_per_s,
-                r.baseline_tokens_per_s > 0 ? r.tokens_per_s / r.baseline_tokens_per_s : 0.0, r.ttft_p50_ms, r.ttft_p99_ms);
+                static_cast<long long>(r.rejected), static_cast<long long>(r.chunks), r.chunks_per_s, r.baseline_chunks_per_s,
+                r.baseline_chunks_per_s > 0 ? r.chunks_per_s / r.baseline_chunks_per_s : 0.0, r.ttft_p50_ms, r.ttft_p99_ms);
   std::string out = buf;
   for (const auto& f : r.failures) out += "  failure: " + f + "\n";
   return out;

@@ -31,9 +31,11 @@ struct http_load_report {
   int64_t disconnected = 0;  // streams the client hung up on, on purpose
   int64_t failed = 0;        // everything else
   int64_t rejected = 0;      // 429 / 503 answers (counted in failed too)
-  int64_t tokens = 0;        // content chunks received by completing clients
-  double tokens_per_s = 0;
-  double baseline_tokens_per_s = 0;  // one client alone
+  // SSE events received by completing clients (one per generated piece, plus the role and
+  // finish chunks): reported as "chunks".
+  int64_t chunks = 0;
+  double chunks_per_s = 0;
+  double baseline_chunks_per_s = 0;  // one client alone
   double ttft_p50_ms = 0, ttft_p99_ms = 0;
   std::vector<std::string> failures;  // the first few, for the report
 };

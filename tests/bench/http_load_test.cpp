@@ -23,10 +23,10 @@ TEST_SUITE("http_load") {
     CHECK(r.failed == 0);
     CHECK(r.completed > 0);
     CHECK(r.disconnected > 0);
-    CHECK(r.tokens > 0);
-    CHECK(r.baseline_tokens_per_s > 0);
+    CHECK(r.chunks > 0);
+    CHECK(r.baseline_chunks_per_s > 0);
     const auto j = tandem::bench::to_json(r);
-    for (const char* key : {"clients", "requests_completed", "requests_disconnected", "requests_failed", "tokens_per_s", "vs_single_client",
+    for (const char* key : {"clients", "requests_completed", "requests_disconnected", "requests_failed", "chunks_per_s", "vs_single_client",
                             "ttft_p50_ms", "ttft_p99_ms"})
       CHECK(j.contains(key));
     f.served->executor().drain();
