@@ -1,4 +1,4 @@
-// `tandem run`: generate text from a GGUF model on the CPU. Only the generated text goes to
+// `tandem run`: generate text from a GGUF model on the CPU (or a CUDA device with --gpu). Only the generated text goes to
 // stdout; one line of timings goes to stderr.
 #include <spdlog/spdlog.h>
 
@@ -24,6 +24,10 @@
 #include "runtime/generate.h"
 #include "runtime/placement.h"
 
+#if defined(TANDEM_HAVE_CUDA)
+#include "models/cuda/gpu_forward.h"
+#endif
+
 namespace tandem::cli {
 namespace {
 
@@ -46,6 +50,7 @@ struct run_args {
   double link_gbps = 0;
   bool no_stream = false;
   int prefetch_depth = 2;
+  bool gpu = false;  // the CUDA forward pass, weights resident in VRAM
 };
 
 // A CLI11 validator for byte sizes ("22GiB", "512MiB", "4096").
@@ -85,15 +90,22 @@ void run(const run_args& a) {
   if (a.prompt.empty() == a.chat.empty()) throw std::runtime_error("give exactly one of -p/--prompt and --chat");
   if (!a.vram && (a.host_ram || a.link_gbps > 0 || a.no_stream || a.prefetch_depth != 2))
     throw std::runtime_error("--host-ram, --link-gbps, --no-stream and --prefetch-depth need --vram");
-  // `run` computes on the CPU backend (with --vram too: its kernels read the device tier
-  // directly); say once why no GPU is used.
-  if (const auto cuda = kernels::probe_cuda(); cuda.devices.empty())
-    spdlog::info("{}; using the CPU backend", cuda.reason);
-  else
-    spdlog::info("CUDA device {} found; `run` uses the CPU backend (GPU kernels come with the CUDA backend)", cuda.devices[0].name);
+  if (a.gpu && a.vram) throw std::runtime_error("--gpu and --vram cannot be combined (--vram budgets the CPU backend's simulated device)");
+  // Without --gpu, `run` computes on the CPU backend (with --vram too: its kernels read the
+  // device tier directly); say once whether a GPU was there to be asked for.
+  const auto cuda = kernels::probe_cuda();
+  if (a.gpu && cuda.devices.empty())
+    throw std::runtime_error(cuda.built ? "--gpu: " + cuda.reason : std::string("--gpu: this build has no CUDA backend (nvcc was not found when it was configured)"));
+  if (!a.gpu) {
+    if (cuda.devices.empty())
+      spdlog::info("{}; using the CPU backend", cuda.reason);
+    else
+      spdlog::info("CUDA device {} found; using the CPU backend (pass --gpu to run on it)", cuda.devices[0].name);
+  }
   const auto t_load = std::chrono::steady_clock::now();
   models::load_options lo;
   lo.own_weights = !a.vram;  // with --vram the arbiter holds the weights, packed as segments are filled
+  lo.pack_weights = !a.gpu;  // the CUDA kernels read the file layout
   models::model m(a.model, lo);
   const auto tok = models::tokenizer::from_gguf(m.file());
   models::check_tokenizer_matches(tok, m.config(), a.model);
@@ -131,29 +143,43 @@ void run(const run_args& a) {
                                                                placed->stream_slots == 1 ? "" : "s")
                                            : std::string());
     ctx_owner = std::make_unique<models::forward_context>(m, runtime::placed_context(*placed, po), &pool, placed->residency.get());
-  } else {
+  } else if (!a.gpu) {
     ctx_owner = std::make_unique<models::forward_context>(m, cp, &pool);
   }
-  models::forward_context& ctx = *ctx_owner;
   runtime::generate_options opt;
   opt.max_tokens = a.n_predict;
   opt.sampling = a.sampling;
   opt.sampling.seed = a.has_seed ? a.seed : std::random_device{}();
-  const auto st = runtime::generate(ctx, tok, prompt, opt, [](int32_t, const std::string& text) {
+  const auto print = [](int32_t, const std::string& text) {
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
     return true;
-  });
+  };
+  runtime::generate_stats st;
+  std::string where;
+#if defined(TANDEM_HAVE_CUDA)
+  if (a.gpu) {
+    models::gpu_forward gctx(m, {.n_ctx = cp.n_ctx, .kv = cp.kv});
+    spdlog::info("CUDA device {}: {:.1f} MiB of device memory for weights, KV and scratch", cuda.devices[0].name,
+                 gctx.device_bytes() / 1048576.0);
+    st = runtime::generate(gctx, tok, prompt, opt, print);
+    where = "cuda:0 " + cuda.devices[0].name;
+  }
+#endif
+  if (!a.gpu) {
+    st = runtime::generate(*ctx_owner, tok, prompt, opt, print);
+    where = fmt::format("threads {}, {}", pool.size(), kernels::cpu::isa_name(kernels::cpu::active_isa()));
+  }
   std::fputc('\n', stdout);
   std::fflush(stdout);
-  std::fprintf(stderr, "prompt: %lld tokens, %.1f tok/s | generated: %lld tokens, %.1f tok/s | threads %d, %s\n",
+  std::fprintf(stderr, "prompt: %lld tokens, %.1f tok/s | generated: %lld tokens, %.1f tok/s | %s\n",
                static_cast<long long>(st.prompt_tokens), st.prompt_tok_s(), static_cast<long long>(st.generated_tokens),
-               st.generate_tok_s(), pool.size(), kernels::cpu::isa_name(kernels::cpu::active_isa()));
+               st.generate_tok_s(), where.c_str());
 }
 
 void add_run_command(CLI::App& root) {
   auto a = std::make_shared<run_args>();
-  auto* cmd = root.add_subcommand("run", "Generate text from a GGUF model (CPU)");
+  auto* cmd = root.add_subcommand("run", "Generate text from a GGUF model (CPU, or the GPU with --gpu)");
   cmd->add_option("-m,--model", a->model, "GGUF model file")->required()->check(CLI::ExistingFile);
   cmd->add_option("-p,--prompt", a->prompt, "prompt text (continued as is)");
   cmd->add_option("--chat", a->chat, "a user message, wrapped in the model's chat template; stops at end of turn");
@@ -198,6 +224,7 @@ void add_run_command(CLI::App& root) {
   cmd->add_option("--prefetch-depth", a->prefetch_depth, "with --vram: segments copied ahead of the one computing when streaming")
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
+  cmd->add_flag("--gpu", a->gpu, "run on the CUDA device, the weights resident in its memory (CUDA builds)");
   cmd->add_option("--seed", a->seed, "random seed (default: random)")->each([a](const std::string&) { a->has_seed = true; });
   cmd->callback([a] { run(*a); });
 }

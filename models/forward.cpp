@@ -252,6 +252,8 @@ std::string mib(uint64_t bytes) {
 
 }  // namespace
 
+kernels::cpu::rope_params rope_params_of(const model_config& c, const model_weights& w) { return make_rope(c, w); }
+
 std::optional<uint64_t> parse_meminfo_available(std::string_view meminfo) {
   const auto kib = line_value(meminfo, "MemAvailable:");
   if (!kib || *kib > UINT64_MAX / 1024) return std::nullopt;

@@ -26,6 +26,9 @@ namespace tandem::models {
 // not size a huge cache by default.
 inline constexpr int64_t k_default_context = 4096;
 
+// RoPE as the model's config and rope_freqs ask for it (freq_factors points into w).
+kernels::cpu::rope_params rope_params_of(const model_config& c, const model_weights& w);
+
 // Bytes of K and V cache for n_ctx positions of every layer.
 uint64_t kv_cache_bytes(const model_config& c, int64_t n_ctx, kernels::cpu::kv_type kv);
 

@@ -3,15 +3,20 @@
 #include <limits>
 #include <stdexcept>
 
+#if defined(TANDEM_HAVE_CUDA)
+#include "models/cuda/gpu_forward.h"
+#endif
+
 namespace tandem::runtime {
 namespace {
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
-}  // namespace
 
-generate_stats generate(models::forward_context& ctx, const models::tokenizer& tok, std::span<const int32_t> prompt,
-                        const generate_options& opt, const token_sink& sink) {
+// The same loop over either forward pass (CPU forward_context, CUDA gpu_forward).
+template <class Ctx>
+generate_stats generate_with(Ctx& ctx, const models::tokenizer& tok, std::span<const int32_t> prompt, const generate_options& opt,
+                             const token_sink& sink) {
   if (prompt.empty()) throw std::invalid_argument("the prompt is empty");
   if (ctx.pos() + static_cast<int64_t>(prompt.size()) >= ctx.n_ctx())
     throw std::invalid_argument("the prompt (" + std::to_string(prompt.size()) + " tokens) does not fit the context of " +
@@ -19,7 +24,9 @@ generate_stats generate(models::forward_context& ctx, const models::tokenizer& t
   generate_stats st;
   st.prompt_tokens = static_cast<int64_t>(prompt.size());
   auto t0 = std::chrono::steady_clock::now();
-  ctx.set_prompt_end(0, opt.fast_attention ? std::numeric_limits<int64_t>::max() : 0);
+  // The CPU chooses its attention kernel per row; the CUDA one is always f32 (no choice).
+  if constexpr (requires { ctx.set_prompt_end(int64_t{0}, int64_t{0}); })
+    ctx.set_prompt_end(0, opt.fast_attention ? std::numeric_limits<int64_t>::max() : 0);
   ctx.eval(prompt);
   st.prompt_seconds = seconds_since(t0);
 
@@ -56,5 +63,19 @@ generate_stats generate(models::forward_context& ctx, const models::tokenizer& t
   st.generate_seconds = seconds_since(t0);
   return st;
 }
+
+}  // namespace
+
+generate_stats generate(models::forward_context& ctx, const models::tokenizer& tok, std::span<const int32_t> prompt,
+                        const generate_options& opt, const token_sink& sink) {
+  return generate_with(ctx, tok, prompt, opt, sink);
+}
+
+#if defined(TANDEM_HAVE_CUDA)
+generate_stats generate(models::gpu_forward& ctx, const models::tokenizer& tok, std::span<const int32_t> prompt,
+                        const generate_options& opt, const token_sink& sink) {
+  return generate_with(ctx, tok, prompt, opt, sink);
+}
+#endif
 
 }  // namespace tandem::runtime

@@ -13,6 +13,12 @@
 #include "models/tokenizer.h"
 #include "runtime/sampler.h"
 
+#if defined(TANDEM_HAVE_CUDA)
+namespace tandem::models {
+class gpu_forward;  // models/cuda/gpu_forward.h
+}
+#endif
+
 namespace tandem::runtime {
 
 struct generate_options {
@@ -45,5 +51,10 @@ using token_sink = std::function<bool(int32_t id, const std::string& text)>;
 // for an empty prompt or one that does not fit the context.
 generate_stats generate(models::forward_context& ctx, const models::tokenizer& tok, std::span<const int32_t> prompt,
                         const generate_options& opt, const token_sink& sink);
+#if defined(TANDEM_HAVE_CUDA)
+// The same on the CUDA forward pass (fast_attention does not apply: its attention is f32).
+generate_stats generate(models::gpu_forward& ctx, const models::tokenizer& tok, std::span<const int32_t> prompt,
+                        const generate_options& opt, const token_sink& sink);
+#endif
 
 }  // namespace tandem::runtime

@@ -1,4 +1,5 @@
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/thread_pool.h"
 
 #include <algorithm>
 #include <cmath>

@@ -6,9 +6,11 @@
 
 #include <cstdint>
 
-#include "kernels/cpu/thread_pool.h"
-
 namespace tandem::kernels::cpu {
+
+// Only passed by pointer here; a declaration (not thread_pool.h) keeps this header C++17 for
+// the CUDA sources that share its parameter types (kernels/cuda/ops.h).
+class thread_pool;
 
 // out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i]; w may be null (no scale). out may equal x.
 // The sum of squares is accumulated in double (as ggml's rms_norm).

@@ -70,6 +70,24 @@ TEST_SUITE("run") {
     CHECK(r.err.find("need --vram") != std::string::npos);
   }
 
+  TEST_CASE("--gpu without a CUDA device (or build) is one clear error, not a crash; --gpu with a device writes the CPU's text") {
+    const std::string base = "run -m '" + test::data_path("stories260K.gguf").string() + "' -p 'Once upon a time' -n 24 --temp 0";
+    auto r = test::run_tandem(base + " --gpu --vram 4MiB");
+    CHECK(r.exit_code != 0);
+    CHECK(r.err.find("cannot be combined") != std::string::npos);
+    r = test::run_tandem(base + " --gpu");
+    if (r.exit_code != 0) {
+      // No device here (or a build without CUDA): the reason, named after the flag.
+      CHECK(r.err.find("--gpu: ") != std::string::npos);
+      CHECK(r.out.empty());
+      return;
+    }
+    const auto cpu = test::run_tandem(base);
+    REQUIRE(cpu.exit_code == 0);
+    CHECK(r.out == cpu.out);
+    CHECK(r.err.find("cuda:0") != std::string::npos);
+  }
+
   TEST_CASE("stories260K greedy writes exactly llama.cpp's text to stdout and timings to stderr") {
     const auto ref = fixture("stories260K-greedy.json");
     const auto r = test::run_tandem("run -m '" + test::data_path("stories260K.gguf").string() + "' -p 'Once upon a time' -n 48 --temp 0");

@@ -1,0 +1,116 @@
+// The CUDA runtime behind runtime.h: every failure becomes a std::runtime_error carrying the
+// runtime's own error name and text, so a report from a user's machine says what CUDA said.
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/runtime.h"
+
+namespace tandem::kernels::cuda {
+
+namespace {
+
+std::string describe(const std::string& what, cudaError_t err) {
+  return "cuda: " + what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
+}
+
+// A failed API call also records its error as the "last error"; it is cleared here so the
+// next check_last() after an unrelated launch does not report it a second time.
+void check(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return;
+  cudaGetLastError();
+  throw std::runtime_error(describe(what, err));
+}
+
+}  // namespace
+
+bool device_available(std::string* why) {
+  try {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err == cudaSuccess && count == 0) {
+      if (why) *why = "cuda: the runtime reports no device";
+      return false;
+    }
+    // A listed device can still fail to give a context (driver/runtime mismatch, device in
+    // exclusive use elsewhere); creating it now turns that into "unavailable" instead of a
+    // failure at the first allocation.
+    if (err == cudaSuccess) err = cudaSetDevice(0);
+    if (err == cudaSuccess) err = cudaFree(nullptr);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      if (why) *why = describe("device 0", err);
+      return false;
+    }
+    return true;
+  } catch (...) {  // only std::string can throw here (allocation); the contract is never to throw
+    return false;
+  }
+}
+
+void check_last(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) throw std::runtime_error(describe(what, err));
+}
+
+device_buffer::device_buffer(size_t bytes) {
+  if (bytes == 0) return;  // cudaMalloc(0) may or may not return a pointer; keep "empty" uniform
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw std::runtime_error(describe("cudaMalloc of " + std::to_string(bytes) + " bytes", err));
+  }
+  p_ = p;
+  n_ = bytes;
+}
+
+device_buffer::~device_buffer() {
+  if (p_) cudaFree(p_);  // a destructor cannot report; a failing free means a dead context anyway
+}
+
+device_buffer& device_buffer::operator=(device_buffer&& o) noexcept {
+  if (this != &o) {
+    if (p_) cudaFree(p_);
+    p_ = o.p_;
+    n_ = o.n_;
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
+  return *this;
+}
+
+stream::stream() {
+  cudaStream_t s = nullptr;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream create");
+  s_ = s;
+}
+
+stream::~stream() {
+  if (s_) cudaStreamDestroy(s_);
+}
+
+void stream::synchronize() const { check(cudaStreamSynchronize(s_), "stream synchronize"); }
+
+void copy_to_device(void* dst, const void* host_src, size_t bytes, stream_t s) {
+  if (bytes == 0) return;
+  check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, s), "copy_to_device");
+}
+
+void copy_to_host(void* host_dst, const void* src, size_t bytes, stream_t s) {
+  if (bytes == 0) return;
+  check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, s), "copy_to_host");
+}
+
+void copy_on_device(void* dst, const void* src, size_t bytes, stream_t s) {
+  if (bytes == 0) return;
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s), "copy_on_device");
+}
+
+void fill_bytes(void* dst, int value, size_t bytes, stream_t s) {
+  if (bytes == 0) return;
+  check(cudaMemsetAsync(dst, value, bytes, s), "fill_bytes");
+}
+
+}  // namespace tandem::kernels::cuda

@@ -1,0 +1,62 @@
+// The bits of the CUDA runtime the rest of tandem touches, as plain C++ (no CUDA headers):
+// RAII for device buffers and streams, copies, and whether a device answers. Built only with
+// the CUDA backend (TANDEM_HAVE_CUDA).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/ops.h"
+
+namespace tandem::kernels::cuda {
+
+// Whether device 0 answers; when not, *why (if given) says what failed. Never throws.
+bool device_available(std::string* why = nullptr);
+
+// Throws std::runtime_error "cuda: <what>: <error name> (<text>)" when the last launch or an
+// asynchronous operation failed; clears non-sticky errors first read.
+void check_last(const char* what);
+
+// cudaMalloc'd memory, freed with the object.
+class device_buffer {
+ public:
+  device_buffer() = default;
+  explicit device_buffer(size_t bytes);  // throws std::runtime_error naming the size
+  ~device_buffer();
+  device_buffer(device_buffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  device_buffer& operator=(device_buffer&& o) noexcept;
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+
+  void* get() const { return p_; }
+  template <class T>
+  T* as() const { return static_cast<T*>(p_); }
+  size_t size() const { return n_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// A non-blocking stream (does not serialise against the legacy default stream).
+class stream {
+ public:
+  stream();
+  ~stream();
+  stream(const stream&) = delete;
+  stream& operator=(const stream&) = delete;
+  stream_t get() const { return s_; }
+  void synchronize() const;  // throws std::runtime_error when queued work failed
+
+ private:
+  stream_t s_ = nullptr;
+};
+
+// Asynchronous copies on s (host memory should be pinned for them to overlap; pageable works).
+void copy_to_device(void* dst, const void* host_src, size_t bytes, stream_t s);
+void copy_to_host(void* host_dst, const void* src, size_t bytes, stream_t s);
+void copy_on_device(void* dst, const void* src, size_t bytes, stream_t s);
+void fill_bytes(void* dst, int value, size_t bytes, stream_t s);
+
+}  // namespace tandem::kernels::cuda

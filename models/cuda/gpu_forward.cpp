@@ -1,0 +1,368 @@
+#include "models/cuda/gpu_forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/op_table.h"
+#include "models/forward.h"
+#include "models/weight_plan.h"
+
+namespace tandem::models {
+
+namespace cu = kernels::cuda;
+using kernels::cpu::kv_type;
+
+namespace {
+
+constexpr size_t k_align = 256;  // cudaMalloc's alignment, kept for every carved piece
+
+size_t round_up(size_t n) { return (n + k_align - 1) / k_align * k_align; }
+size_t elem_bytes(kv_type t) { return t == kv_type::f16 ? 2 : 4; }
+
+}  // namespace
+
+// Device memory of the pass: everything is sized at construction, so eval and decode only
+// enqueue kernels and copies.
+struct gpu_forward::device_state {
+  explicit device_state(cu::stream_t s) : gemm(s) {}
+  cu::gemm gemm;
+  cu::device_buffer weights;        // resident mode: every segment, at seg_offset
+  std::vector<size_t> seg_offset;
+  cu::device_buffer kv;             // n_seq * blocks_per_seq blocks
+  cu::device_buffer tables;         // int32 block ids, blocks_per_seq per sequence
+  cu::device_buffer ids, rel_ids, pos, table_of_row;  // int32 per row
+  cu::device_buffer act;            // x, xb, q, k, v, attn, gate, up (max_rows each)
+  cu::device_buffer logits, head;   // [out rows][n_vocab], [out rows][largest head piece]
+  cu::device_buffer gemm_scratch;
+  cu::device_buffer freq_factors;
+  float *x = nullptr, *xb = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *attn = nullptr, *gate = nullptr, *up = nullptr;
+  size_t block_bytes = 0, part_bytes = 0;  // a KV block; one layer's K (or V) rows in it
+  // Host staging of the per-row arrays (copied before each pass).
+  std::vector<int32_t> h_ids, h_rel, h_pos, h_tor;
+};
+
+gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_residency* residency)
+    : model_(m), residency_(residency) {
+  const auto& c = m.config();
+  const weight_plan& plan = m.plan();
+  for (const auto& seg : plan.segments)
+    for (const auto& t : seg.tensors)
+      if (t.form == tensor_form::packed)
+        throw std::invalid_argument("gpu forward: segment " + seg.name +
+                                    " holds CPU-packed panels; load the model with pack_weights off for the CUDA backend");
+  for (const auto& layer : plan.layers)
+    for (const matrix_at* mat : {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w_gate, &layer.w_up, &layer.w_down})
+      kernels::require(kernels::device_kind::cuda, kernels::op::matmul, mat->view.type, "gpu forward");
+  for (const auto& piece : plan.token_embd)
+    kernels::require(kernels::device_kind::cuda, kernels::op::get_rows, piece.m.view.type, "gpu forward: token_embd");
+  for (const auto& piece : plan.output)
+    kernels::require(kernels::device_kind::cuda, kernels::op::matmul, piece.m.view.type, "gpu forward: output");
+  if (std::string why; !cu::device_available(&why)) throw std::runtime_error("gpu forward: " + why);
+
+  n_vocab_ = c.n_vocab;
+  n_ctx_ = p.n_ctx > 0 ? p.n_ctx : std::min<int64_t>(c.n_ctx_train > 0 ? c.n_ctx_train : k_default_context, k_default_context);
+  if (n_ctx_ < 1 || n_ctx_ > k_max_context) throw std::invalid_argument("gpu forward: context size " + std::to_string(n_ctx_) + " out of range");
+  if (p.n_seq < 1 || p.n_seq > k_max_sequences) throw std::invalid_argument("gpu forward: n_seq " + std::to_string(p.n_seq) + " out of range");
+  if (p.block_tokens < 1) throw std::invalid_argument("gpu forward: block_tokens must be positive");
+  max_batch_ = std::clamp<int64_t>(p.max_batch, 1, n_ctx_);
+  const int64_t max_rows = std::max(max_batch_, p.n_seq);
+  const int64_t out_rows = p.n_seq;  // eval outputs one row, decode one per sequence
+  pos_.assign(static_cast<size_t>(p.n_seq), 0);
+  rope_ = rope_params_of(c, m.weights());
+
+  d_ = std::make_unique<device_state>(stream_.get());
+  device_state& d = *d_;
+  const int64_t D = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), F = c.n_ff;
+
+  // Weights (resident mode): every segment uploaded once, in its device form.
+  if (!residency_) {
+    size_t total = 0;
+    for (const auto& seg : plan.segments) {
+      d.seg_offset.push_back(total);
+      total += round_up(seg.bytes);
+    }
+    d.weights = cu::device_buffer(total);
+    std::vector<std::byte> host;
+    for (size_t i = 0; i < plan.segments.size(); ++i) {
+      const auto& seg = plan.segments[i];
+      host.resize(seg.bytes);
+      fill_segment(seg, host.data());
+      cu::copy_to_device(d.weights.as<std::byte>() + d.seg_offset[i], host.data(), seg.bytes, stream_.get());
+      stream_.synchronize();  // `host` is reused for the next segment
+    }
+  }
+
+  // Paged KV: sequence s owns blocks [s * blocks_per_seq, (s + 1) * blocks_per_seq), listed in
+  // a real block table so the kernels take the same path as under an executor's pool.
+  blocks_per_seq_ = (n_ctx_ + p.block_tokens - 1) / p.block_tokens;
+  const size_t eb = elem_bytes(p.kv);
+  d.part_bytes = static_cast<size_t>(p.block_tokens * KV) * eb;
+  d.block_bytes = 2 * static_cast<size_t>(c.n_layer) * d.part_bytes;
+  const int64_t n_blocks = p.n_seq * blocks_per_seq_;
+  d.kv = cu::device_buffer(static_cast<size_t>(n_blocks) * d.block_bytes);
+  std::vector<int32_t> tables(static_cast<size_t>(n_blocks));
+  for (int64_t b = 0; b < n_blocks; ++b) tables[static_cast<size_t>(b)] = static_cast<int32_t>(b);
+  d.tables = cu::device_buffer(tables.size() * sizeof(int32_t));
+  cu::copy_to_device(d.tables.get(), tables.data(), tables.size() * sizeof(int32_t), stream_.get());
+  kv_ = p.kv;
+  block_tokens_ = p.block_tokens;
+
+  const size_t row_ints = static_cast<size_t>(max_rows) * sizeof(int32_t);
+  d.ids = cu::device_buffer(row_ints);
+  d.rel_ids = cu::device_buffer(row_ints);
+  d.pos = cu::device_buffer(row_ints);
+  d.table_of_row = cu::device_buffer(row_ints);
+  for (auto* h : {&d.h_ids, &d.h_rel, &d.h_pos, &d.h_tor}) h->resize(static_cast<size_t>(max_rows));
+
+  const int64_t per_row = 2 * D + 2 * Q + 2 * KV + 2 * F;
+  d.act = cu::device_buffer(static_cast<size_t>(max_rows * per_row) * sizeof(float));
+  float* next = d.act.as<float>();
+  auto carve = [&](int64_t width) {
+    float* at = next;
+    next += max_rows * width;
+    return at;
+  };
+  d.x = carve(D);
+  d.xb = carve(D);
+  d.q = carve(Q);
+  d.k = carve(KV);
+  d.v = carve(KV);
+  d.attn = carve(Q);
+  d.gate = carve(F);
+  d.up = carve(F);
+
+  int64_t largest_piece = 0;
+  size_t scratch = 0;
+  for (const auto& piece : plan.output) {
+    largest_piece = std::max(largest_piece, piece.m.view.rows);
+    scratch = std::max(scratch, cu::gemm::scratch_bytes(piece.m.view.rows, piece.m.view.cols, out_rows));
+  }
+  if (!plan.layers.empty()) {
+    const auto& l = plan.layers.front();
+    for (const matrix_at* mat : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+      scratch = std::max(scratch, cu::gemm::scratch_bytes(mat->view.rows, mat->view.cols, max_rows));
+  }
+  d.gemm_scratch = cu::device_buffer(scratch);
+  d.logits = cu::device_buffer(static_cast<size_t>(out_rows * n_vocab_) * sizeof(float));
+  if (plan.output.size() > 1) d.head = cu::device_buffer(static_cast<size_t>(out_rows * largest_piece) * sizeof(float));
+  logits_.resize(static_cast<size_t>(out_rows * n_vocab_));
+
+  if (rope_.freq_factors) {
+    const int n_rot = rope_.n_rot > 0 ? rope_.n_rot : static_cast<int>(c.head_dim);
+    const size_t bytes = static_cast<size_t>(n_rot / 2) * sizeof(float);
+    d.freq_factors = cu::device_buffer(bytes);
+    cu::copy_to_device(d.freq_factors.get(), rope_.freq_factors, bytes, stream_.get());
+  }
+  stream_.synchronize();
+}
+
+gpu_forward::~gpu_forward() {
+  // Work still queued reads buffers freed below: let it finish (errors were reported already).
+  try {
+    stream_.synchronize();
+  } catch (...) {
+  }
+}
+
+uint64_t gpu_forward::device_bytes() const {
+  const device_state& d = *d_;
+  uint64_t n = 0;
+  for (const cu::device_buffer* b : {&d.weights, &d.kv, &d.tables, &d.ids, &d.rel_ids, &d.pos, &d.table_of_row, &d.act, &d.logits,
+                                     &d.head, &d.gemm_scratch, &d.freq_factors})
+    n += b->size();
+  return n;
+}
+
+std::span<const float> gpu_forward::logits() const {
+  return {logits_.data() + (n_logit_rows_ - 1) * n_vocab_, static_cast<size_t>(n_vocab_)};
+}
+
+void gpu_forward::check_seq(int64_t seq) const {
+  if (seq < 0 || seq >= static_cast<int64_t>(pos_.size()))
+    throw std::invalid_argument("sequence " + std::to_string(seq) + " out of range [0, " + std::to_string(pos_.size()) + ")");
+}
+
+void gpu_forward::eval(std::span<const int32_t> tokens, int64_t seq) {
+  check_seq(seq);
+  if (tokens.empty()) throw std::invalid_argument("eval: no tokens");
+  for (const int32_t t : tokens)
+    if (t < 0 || t >= n_vocab_) throw std::invalid_argument("token id " + std::to_string(t) + " out of range [0, " + std::to_string(n_vocab_) + ")");
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (pos(seq) + n > n_ctx_)
+    throw std::invalid_argument("context overflow: " + std::to_string(pos(seq)) + " + " + std::to_string(n) + " tokens > n_ctx " + std::to_string(n_ctx_));
+  std::vector<int64_t> seqs(static_cast<size_t>(max_batch_), seq), positions(static_cast<size_t>(max_batch_));
+  for (int64_t done = 0; done < n;) {
+    const int64_t chunk = std::min(max_batch_, n - done);
+    for (int64_t r = 0; r < chunk; ++r) positions[static_cast<size_t>(r)] = pos(seq) + r;
+    const int64_t last = chunk - 1;
+    const bool final_chunk = done + chunk == n;
+    run(tokens.data() + done, seqs.data(), positions.data(), chunk, final_chunk ? &last : nullptr, final_chunk ? 1 : 0);
+    done += chunk;
+  }
+}
+
+void gpu_forward::decode(std::span<const int32_t> tokens, std::span<const int64_t> seqs) {
+  if (tokens.size() != seqs.size() || tokens.empty()) throw std::invalid_argument("decode: tokens and sequences differ in length or are empty");
+  if (tokens.size() > pos_.size()) throw std::invalid_argument("decode: more rows than sequences");
+  std::vector<int64_t> positions(tokens.size()), out(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    check_seq(seqs[i]);
+    for (size_t j = 0; j < i; ++j)
+      if (seqs[j] == seqs[i]) throw std::invalid_argument("decode: sequence " + std::to_string(seqs[i]) + " listed twice");
+    if (tokens[i] < 0 || tokens[i] >= n_vocab_) throw std::invalid_argument("token id " + std::to_string(tokens[i]) + " out of range");
+    if (pos(seqs[i]) >= n_ctx_) throw std::invalid_argument("decode: sequence " + std::to_string(seqs[i]) + " is full");
+    positions[i] = pos(seqs[i]);
+    out[i] = static_cast<int64_t>(i);
+  }
+  const auto n = static_cast<int64_t>(tokens.size());
+  run(tokens.data(), seqs.data(), positions.data(), n, out.data(), n);
+}
+
+const std::byte* gpu_forward::acquire(int seg) {
+  if (!residency_) return d_->weights.as<std::byte>() + d_->seg_offset[static_cast<size_t>(seg)];
+  const std::byte* p = residency_->acquire(seg);
+  if (!p) throw std::logic_error("gpu forward: segment " + std::to_string(seg) + " cannot be had (streaming not prepared)");
+  return p;
+}
+
+void gpu_forward::release(int seg) {
+  if (!residency_) return;
+  // The kernels reading the segment are only queued: they must have run before the arbiter
+  // may reuse its memory. The copies of the next segments keep going meanwhile.
+  stream_.synchronize();
+  residency_->release(seg);
+}
+
+void gpu_forward::run(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, const int64_t* out_rows,
+                      int64_t n_out) {
+  const auto& c = model_.config();
+  const weight_plan& plan = model_.plan();
+  device_state& d = *d_;
+  const cu::stream_t s = stream_.get();
+  const int64_t D = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), F = c.n_ff, hd = c.head_dim;
+  const int depth = residency_ ? residency_->prefetch_depth() : 0;
+  if (residency_)
+    for (int k = 0; k < depth && k < c.n_layer; ++k) residency_->prefetch(plan.layer_segment(k));
+
+  for (int64_t r = 0; r < n; ++r) {
+    d.h_ids[static_cast<size_t>(r)] = tokens[r];
+    d.h_pos[static_cast<size_t>(r)] = static_cast<int32_t>(positions[r]);
+    d.h_tor[static_cast<size_t>(r)] = static_cast<int32_t>(seqs[r] * blocks_per_seq_);
+  }
+  const size_t row_ints = static_cast<size_t>(n) * sizeof(int32_t);
+  cu::copy_to_device(d.ids.get(), d.h_ids.data(), row_ints, s);
+  cu::copy_to_device(d.pos.get(), d.h_pos.data(), row_ints, s);
+  cu::copy_to_device(d.table_of_row.get(), d.h_tor.data(), row_ints, s);
+  const cu::row_map rows{d.pos.as<int32_t>(), d.tables.as<int32_t>(), d.table_of_row.as<int32_t>()};
+
+  auto mat = [&](const weight_view& w, const float* x, int64_t n_x, float* y) {
+    d.gemm.run(w.type, w.data, w.rows, w.cols, x, n_x, y, d.gemm_scratch.get(), d.gemm_scratch.size());
+  };
+
+  // Token embedding, piece by piece: each run of rows whose tokens fall in a piece is one
+  // gather with ids relative to the piece.
+  for (const auto& piece : plan.token_embd) {
+    const int64_t end = piece.row0 + piece.m.view.rows;
+    auto in_piece = [&](int64_t r) { return tokens[r] >= piece.row0 && tokens[r] < end; };
+    bool wanted = false;
+    for (int64_t r = 0; r < n && !wanted; ++r) wanted = in_piece(r);
+    if (!wanted) continue;
+    const weight_view table = bind_matrix_at(piece.m, acquire(piece.segment));
+    for (int64_t r = 0; r < n; ++r) d.h_rel[static_cast<size_t>(r)] = static_cast<int32_t>(tokens[r] - piece.row0);
+    cu::copy_to_device(d.rel_ids.get(), d.h_rel.data(), row_ints, s);
+    for (int64_t r0 = 0; r0 < n;) {
+      if (!in_piece(r0)) {
+        ++r0;
+        continue;
+      }
+      int64_t r1 = r0 + 1;
+      while (r1 < n && in_piece(r1)) ++r1;
+      cu::get_rows(table.type, table.data, D, d.rel_ids.as<int32_t>() + r0, r1 - r0, d.x + r0 * D, s);
+      r0 = r1;
+    }
+    release(piece.segment);
+  }
+
+  const float attn_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const std::byte* last_base = nullptr;
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const int seg = plan.layer_segment(l);
+    last_base = acquire(seg);
+    if (residency_)
+      for (int k = 1; k <= depth && seg + k <= plan.last_segment(); ++k) residency_->prefetch(seg + k);
+    const layer_weights L = bind_layer(plan.layers[static_cast<size_t>(l)], last_base);
+
+    cu::rms_norm(d.x, L.attn_norm, d.xb, n, D, c.rms_eps, s);
+    mat(L.wq, d.xb, n, d.q);
+    mat(L.wk, d.xb, n, d.k);
+    mat(L.wv, d.xb, n, d.v);
+    if (L.bq) cu::add_rows(d.q, L.bq, n, Q, s);
+    if (L.bk) cu::add_rows(d.k, L.bk, n, KV, s);
+    if (L.bv) cu::add_rows(d.v, L.bv, n, KV, s);
+    if (L.q_norm) {
+      cu::rms_norm(d.q, L.q_norm, d.q, n * c.n_head, hd, c.rms_eps, s);
+      cu::rms_norm(d.k, L.k_norm, d.k, n * c.n_head_kv, hd, c.rms_eps, s);
+    }
+    const float* ff = d.freq_factors.as<float>();
+    cu::rope(d.q, n, Q, static_cast<int>(c.n_head), static_cast<int>(hd), rows.pos, rope_, ff, s);
+    cu::rope(d.k, n, KV, static_cast<int>(c.n_head_kv), static_cast<int>(hd), rows.pos, rope_, ff, s);
+
+    std::byte* kv_base = d.kv.as<std::byte>();
+    const size_t eb = elem_bytes(kv_);
+    const cu::paged_layer layer{kv_base + (2 * static_cast<size_t>(l)) * d.part_bytes,
+                                kv_base + (2 * static_cast<size_t>(l) + 1) * d.part_bytes,
+                                kv_,
+                                block_tokens_,
+                                static_cast<int64_t>(d.block_bytes / eb),
+                                KV};
+    cu::kv_store(layer, d.k, d.v, n, rows, s);
+    cu::attention(d.q, d.attn, n, rows, layer, static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv), static_cast<int>(hd), attn_scale,
+                  s);
+    mat(L.wo, d.attn, n, d.xb);
+    cu::add(d.x, d.xb, n * D, s);
+
+    cu::rms_norm(d.x, L.ffn_norm, d.xb, n, D, c.rms_eps, s);
+    mat(L.w_gate, d.xb, n, d.gate);
+    mat(L.w_up, d.xb, n, d.up);
+    cu::swiglu(d.gate, d.up, n * F, s);
+    mat(L.w_down, d.gate, n, d.xb);
+    cu::add(d.x, d.xb, n * D, s);
+    // The last layer's segment also holds the output norm: released after the norm below.
+    if (l + 1 < c.n_layer) release(seg);
+  }
+  for (int64_t r = 0; r < n; ++r) pos_[static_cast<size_t>(seqs[r])] = positions[r] + 1;
+
+  const int last_seg = plan.layer_segment(c.n_layer - 1);
+  const float* out_norm = bind_vector_at(plan.output_norm, last_base);
+  for (int64_t k = 0; k < n_out; ++k) cu::rms_norm(d.x + out_rows[k] * D, out_norm, d.xb + k * D, 1, D, c.rms_eps, s);
+  release(last_seg);
+  if (n_out == 0) {
+    stream_.synchronize();  // a prompt chunk that is not the last: report failures now
+    return;
+  }
+
+  for (size_t i = 0; i < plan.output.size(); ++i) {
+    const auto& piece = plan.output[i];
+    const weight_view head = bind_matrix_at(piece.m, acquire(piece.segment));
+    if (residency_)
+      for (int k = 1; k <= depth && i + static_cast<size_t>(k) < plan.output.size(); ++k)
+        residency_->prefetch(plan.output[i + static_cast<size_t>(k)].segment);
+    if (plan.output.size() == 1) {
+      mat(head, d.xb, n_out, d.logits.as<float>());
+    } else {
+      const int64_t pr = head.rows;
+      mat(head, d.xb, n_out, d.head.as<float>());
+      for (int64_t k = 0; k < n_out; ++k)
+        cu::copy_on_device(d.logits.as<float>() + k * n_vocab_ + piece.row0, d.head.as<float>() + k * pr,
+                           static_cast<size_t>(pr) * sizeof(float), s);
+    }
+    release(piece.segment);
+  }
+  cu::copy_to_host(logits_.data(), d.logits.get(), static_cast<size_t>(n_out * n_vocab_) * sizeof(float), s);
+  stream_.synchronize();
+  n_logit_rows_ = n_out;
+}
+
+}  // namespace tandem::models

@@ -1,0 +1,84 @@
+// The forward pass of a Llama-family model on a CUDA device: the twin of forward_context
+// (models/forward.h) running the kernels of kernels/cuda/ on weights and KV in device memory.
+// Weights are the model's segments (weight_plan.h) in their file layout, either uploaded by
+// this object (resident) or leased one layer at a time from a weight_residency whose arbiter
+// runs the CUDA backend (layer-streamed: the copy of the next layers overlaps the compute of
+// this one). The KV cache is paged exactly as on the CPU (one block table per sequence).
+// Built only with the CUDA backend (TANDEM_HAVE_CUDA).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/runtime.h"
+#include "models/model.h"
+#include "models/weight_residency.h"
+
+namespace tandem::models {
+
+struct gpu_context_params {
+  int64_t n_ctx = 0;       // per sequence; 0: min(training context, k_default_context)
+  int64_t n_seq = 1;       // sequences (decode() takes one row of each at most)
+  int64_t max_batch = 512; // prompt rows per pass
+  kernels::cpu::kv_type kv = kernels::cpu::kv_type::f16;
+  int64_t block_tokens = 16;
+};
+
+class gpu_forward {
+ public:
+  // The model must have been loaded with load_options::pack_weights off (the CUDA kernels
+  // read the file layout); throws std::invalid_argument otherwise, and std::runtime_error when
+  // no device answers or memory cannot be had. residency null: the weights are uploaded here
+  // (resident); otherwise segments are acquired from it layer by layer and must be device
+  // memory of the CUDA backend. The model (and residency) must outlive this object.
+  gpu_forward(const model& m, const gpu_context_params& p, weight_residency* residency = nullptr);
+  ~gpu_forward();
+  gpu_forward(const gpu_forward&) = delete;
+  gpu_forward& operator=(const gpu_forward&) = delete;
+
+  // Runs a prompt (in chunks of max_batch) after sequence seq's pos(); logits() then holds
+  // the last token's logits. Throws std::invalid_argument for a bad token, sequence or an
+  // overflowing context, before any work.
+  void eval(std::span<const int32_t> tokens, int64_t seq = 0);
+  // One token for each of several distinct sequences in one pass; all_logits_rows() then
+  // holds one row per token in order.
+  void decode(std::span<const int32_t> tokens, std::span<const int64_t> seqs);
+
+  std::span<const float> logits() const;
+  std::span<const float> all_logits_rows() const { return {logits_.data(), static_cast<size_t>(n_logit_rows_ * n_vocab_)}; }
+  int64_t pos(int64_t seq = 0) const { return pos_.at(static_cast<size_t>(seq)); }
+  void reset(int64_t seq = 0) { pos_.at(static_cast<size_t>(seq)) = 0; }
+  int64_t n_ctx() const { return n_ctx_; }
+  int64_t max_batch() const { return max_batch_; }
+  // Device bytes this object allocated: uploaded weights (resident), KV, activations, scratch.
+  uint64_t device_bytes() const;
+  kernels::cuda::stream_t stream() const { return stream_.get(); }
+
+ private:
+  struct device_state;
+  void check_seq(int64_t seq) const;
+  // Rows r of the pass: token tokens[r] of sequence seqs[r] at position positions[r]; the
+  // logits of rows out_rows[0 .. n_out) are copied to logits_.
+  void run(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, const int64_t* out_rows,
+           int64_t n_out);
+  const std::byte* acquire(int seg);
+  void release(int seg);
+
+  const model& model_;
+  weight_residency* residency_;
+  kernels::cuda::stream stream_;
+  std::unique_ptr<device_state> d_;
+  kernels::cpu::rope_params rope_;
+  kernels::cpu::kv_type kv_ = kernels::cpu::kv_type::f16;
+  int64_t block_tokens_ = 16;
+  int64_t n_ctx_ = 0, max_batch_ = 0, n_vocab_ = 0, blocks_per_seq_ = 0;
+  std::vector<int64_t> pos_;
+  std::vector<float> logits_;
+  int64_t n_logit_rows_ = 1;
+};
+
+}  // namespace tandem::models
