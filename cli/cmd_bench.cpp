@@ -3,12 +3,16 @@
 // process (bench/bench_report.h does the work). The table or the JSON object goes to stdout.
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "api/router.h"
 #include "api/server_context.h"
 #include "bench/bench_report.h"
+#include "bench/gpu_bench.h"
 #include "bench/http_load.h"
 #include "bench/serve_bench.h"
 #include "bench/swap_bench.h"
@@ -150,6 +154,68 @@ void add_http_command(CLI::App& bench_cmd) {
   });
 }
 
+void add_gpu_command(CLI::App& bench_cmd) {
+  struct gpu_args {
+    bench::gpu_bench_options opt;
+    std::vector<std::string> from_json;
+    bool json = false;
+  };
+  auto a = std::make_shared<gpu_args>();
+  auto* cmd = bench_cmd.add_subcommand(
+      "gpu", "Measure one model on the CUDA device: swap-in vs the pinned-copy ceiling, first token, prefill, decode vs the d2d roofline");
+  auto* model = cmd->add_option("-m,--model", a->opt.model_path, "GGUF model file")->check(CLI::ExistingFile);
+  cmd->add_option("-p,--prompt", a->opt.prompt, "tokens of the first-token and prefill prompt")
+      ->check(CLI::Range(int64_t{1}, models::k_max_context))
+      ->capture_default_str();
+  cmd->add_option("-n,--gen", a->opt.gen, "decode: tokens generated one at a time, greedy")
+      ->check(CLI::Range(int64_t{1}, models::k_max_context))
+      ->capture_default_str();
+  cmd->add_option("-r,--reps", a->opt.reps, "timed repetitions of each figure")->check(CLI::Range(1, 1000))->capture_default_str();
+  cmd->add_option("--from-json", a->from_json, "no measuring: the table of saved `bench gpu --json` outputs, side by side")
+      ->check(CLI::ExistingFile)
+      ->excludes(model);
+  cmd->add_flag("--json", a->json, "print one JSON object (with --from-json: an array) instead of the table");
+  cmd->callback([a] {
+    std::string out;
+    if (!a->from_json.empty()) {
+      // Tables of runs made elsewhere (scripts/gpu-check's runs): needs no device.
+      std::vector<bench::gpu_bench_figures> runs;
+      for (const auto& path : a->from_json) {
+        std::ifstream in(path);
+        const auto j = nlohmann::json::parse(in, nullptr, false);
+        if (j.is_discarded()) throw std::runtime_error("bench gpu: " + path + " is not JSON");
+        try {
+          if (j.is_array())
+            for (const auto& e : j) runs.push_back(bench::gpu_figures_from_json(e));
+          else
+            runs.push_back(bench::gpu_figures_from_json(j));
+        } catch (const std::invalid_argument& e) {
+          throw std::runtime_error(path + ": " + e.what());
+        }
+      }
+      if (a->json) {
+        auto arr = nlohmann::json::array();
+        for (const auto& r : runs) arr.push_back(bench::to_json(r));
+        out = arr.dump() + "\n";
+      } else {
+        out = bench::format_gpu_table(runs);
+      }
+    } else {
+      if (a->opt.model_path.empty()) throw std::runtime_error("bench gpu: -m/--model is required (or --from-json FILE...)");
+      // No device is an expected outcome on most machines: one line and exit status 2, as for
+      // a usage error, so scripts tell it from a failed measurement (1).
+      if (const auto why = bench::gpu_bench_unavailable(); !why.empty()) {
+        std::fprintf(stderr, "tandem: error: bench gpu needs a CUDA device: %s\n", why.c_str());
+        throw exit_request{2};
+      }
+      const auto r = bench::run_gpu_bench(a->opt);
+      out = a->json ? bench::to_json(r).dump() + "\n" : bench::format_gpu_table(r);
+    }
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fflush(stdout);
+  });
+}
+
 void add_bench_command(CLI::App& root) {
   auto a = std::make_shared<bench_args>();
   auto& p = a->opt.params;
@@ -158,6 +224,7 @@ void add_bench_command(CLI::App& root) {
   add_swap_command(*cmd);
   add_serve_command(*cmd);
   add_http_command(*cmd);
+  add_gpu_command(*cmd);
   cmd->add_option("-m,--model", a->opt.model_path, "GGUF model file")->check(CLI::ExistingFile);
   cmd->add_option("-t,--threads", a->opt.threads, "threads (0: all cores)")->check(CLI::Range(0, 1024))->capture_default_str();
   cmd->add_option("-p,--prompt", p.prompt, "prefill: prompt tokens")
@@ -177,7 +244,7 @@ void add_bench_command(CLI::App& root) {
                 "prefill attention by the prompt kernel, as the server computes prompts (default: llama.cpp's f16 arithmetic, as `tandem run`)");
   cmd->add_flag("--json", a->json, "print one JSON object instead of the table");
   cmd->callback([a, cmd] {
-    if (cmd->got_subcommand("swap") || cmd->got_subcommand("serve") || cmd->got_subcommand("http")) return;
+    if (cmd->got_subcommand("swap") || cmd->got_subcommand("serve") || cmd->got_subcommand("http") || cmd->got_subcommand("gpu")) return;
     if (a->opt.model_path.empty()) throw std::runtime_error("bench: -m/--model is required");
     run_bench_command(*a);
   });

@@ -50,11 +50,11 @@ served_roster::served_roster(const configs::roster& r, const serve_options& o) :
   const auto& dev = roster_.devices.front();
   backend_ = memory::make_backend({backend_kind_of(dev.backend), dev.link_gbps});
   if (!backend_->device_host_addressable()) {
-    // The forward pass runs the CPU kernels, which read the device tier directly; a GPU's
-    // memory is not host-readable until the CUDA kernels come.
+    // The engine's executor runs the CPU kernels, which read the device tier directly; the
+    // CUDA forward pass (models/cuda/gpu_forward.h) is not wired into the engine yet.
     if (dev.backend == configs::backend_choice::cuda)
-      throw std::runtime_error(roster_.source + ": devices[0] asks for the CUDA backend, but the forward pass runs on the CPU kernels, which cannot read GPU memory; use backend: cpu or auto");
-    spdlog::warn("serve: {} found, but the forward pass runs on the CPU kernels: serving on the CPU backend", backend_->info().name);
+      throw std::runtime_error(roster_.source + ": devices[0] asks for the CUDA backend, but the serving engine runs on the CPU kernels, which cannot read GPU memory (the CUDA forward pass serves `tandem run --gpu` and `tandem bench gpu` only so far); use backend: cpu or auto");
+    spdlog::warn("serve: {} found, but the serving engine runs on the CPU kernels: serving on the CPU backend", backend_->info().name);
     backend_ = memory::make_backend({memory::backend_kind::cpu, dev.link_gbps});
   }
   arbiter_ = std::make_unique<memory::arbiter>(*backend_, memory::arbiter_config{dev.vram, dev.host});

@@ -81,6 +81,33 @@ device_buffer& device_buffer::operator=(device_buffer&& o) noexcept {
   return *this;
 }
 
+pinned_buffer::pinned_buffer(size_t bytes) {
+  if (bytes == 0) return;
+  void* p = nullptr;
+  const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw std::runtime_error(describe("cudaHostAlloc of " + std::to_string(bytes) + " bytes", err));
+  }
+  p_ = p;
+  n_ = bytes;
+}
+
+pinned_buffer::~pinned_buffer() {
+  if (p_) cudaFreeHost(p_);
+}
+
+pinned_buffer& pinned_buffer::operator=(pinned_buffer&& o) noexcept {
+  if (this != &o) {
+    if (p_) cudaFreeHost(p_);
+    p_ = o.p_;
+    n_ = o.n_;
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
+  return *this;
+}
+
 stream::stream() {
   cudaStream_t s = nullptr;
   check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream create");

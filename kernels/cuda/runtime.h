@@ -39,6 +39,29 @@ class device_buffer {
   size_t n_ = 0;
 };
 
+// cudaHostAlloc'd (pinned) host memory, freed with the object: copies from it are true DMA
+// that run after the call returns, so the bytes must stay unchanged until the stream has
+// reached the copy.
+class pinned_buffer {
+ public:
+  pinned_buffer() = default;
+  explicit pinned_buffer(size_t bytes);  // throws std::runtime_error naming the size
+  ~pinned_buffer();
+  pinned_buffer(pinned_buffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  pinned_buffer& operator=(pinned_buffer&& o) noexcept;
+  pinned_buffer(const pinned_buffer&) = delete;
+  pinned_buffer& operator=(const pinned_buffer&) = delete;
+
+  void* get() const { return p_; }
+  template <class T>
+  T* as() const { return static_cast<T*>(p_); }
+  size_t size() const { return n_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
 // A non-blocking stream (does not serialise against the legacy default stream).
 class stream {
  public:

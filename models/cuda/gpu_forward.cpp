@@ -4,6 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "kernels/op_table.h"
 #include "models/forward.h"
@@ -32,15 +33,19 @@ struct gpu_forward::device_state {
   std::vector<size_t> seg_offset;
   cu::device_buffer kv;             // n_seq * blocks_per_seq blocks
   cu::device_buffer tables;         // int32 block ids, blocks_per_seq per sequence
-  cu::device_buffer ids, rel_ids, pos, table_of_row;  // int32 per row
+  cu::device_buffer rel_ids, pos, table_of_row;  // int32 per row
   cu::device_buffer act;            // x, xb, q, k, v, attn, gate, up (max_rows each)
   cu::device_buffer logits, head;   // [out rows][n_vocab], [out rows][largest head piece]
   cu::device_buffer gemm_scratch;
   cu::device_buffer freq_factors;
   float *x = nullptr, *xb = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *attn = nullptr, *gate = nullptr, *up = nullptr;
   size_t block_bytes = 0, part_bytes = 0;  // a KV block; one layer's K (or V) rows in it
-  // Host staging of the per-row arrays (copied before each pass).
-  std::vector<int32_t> h_ids, h_rel, h_pos, h_tor;
+  // Pinned staging of the per-row arrays, so their copies overlap: positions and table
+  // offsets, then one array of relative ids per embedding piece (a piece's ids must not be
+  // rewritten while an earlier piece's copy is still queued). Every pass ends synchronised,
+  // so the next one may rewrite them all.
+  cu::pinned_buffer staging;
+  int32_t *h_pos = nullptr, *h_tor = nullptr, *h_rel = nullptr;
 };
 
 gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_residency* residency)
@@ -59,6 +64,9 @@ gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_res
     kernels::require(kernels::device_kind::cuda, kernels::op::get_rows, piece.m.view.type, "gpu forward: token_embd");
   for (const auto& piece : plan.output)
     kernels::require(kernels::device_kind::cuda, kernels::op::matmul, piece.m.view.type, "gpu forward: output");
+  if (c.head_dim < 1 || c.head_dim > 256 || c.n_head_kv < 1 || c.n_head % c.n_head_kv != 0)
+    throw std::invalid_argument("gpu forward: the CUDA attention takes head_dim 1..256 and n_head a multiple of n_head_kv (model: head_dim " +
+                                std::to_string(c.head_dim) + ", " + std::to_string(c.n_head) + " / " + std::to_string(c.n_head_kv) + " heads)");
   if (std::string why; !cu::device_available(&why)) throw std::runtime_error("gpu forward: " + why);
 
   n_vocab_ = c.n_vocab;
@@ -110,11 +118,13 @@ gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_res
   block_tokens_ = p.block_tokens;
 
   const size_t row_ints = static_cast<size_t>(max_rows) * sizeof(int32_t);
-  d.ids = cu::device_buffer(row_ints);
   d.rel_ids = cu::device_buffer(row_ints);
   d.pos = cu::device_buffer(row_ints);
   d.table_of_row = cu::device_buffer(row_ints);
-  for (auto* h : {&d.h_ids, &d.h_rel, &d.h_pos, &d.h_tor}) h->resize(static_cast<size_t>(max_rows));
+  d.staging = cu::pinned_buffer((2 + plan.token_embd.size()) * row_ints);
+  d.h_pos = d.staging.as<int32_t>();
+  d.h_tor = d.h_pos + max_rows;
+  d.h_rel = d.h_tor + max_rows;
 
   const int64_t per_row = 2 * D + 2 * Q + 2 * KV + 2 * F;
   d.act = cu::device_buffer(static_cast<size_t>(max_rows * per_row) * sizeof(float));
@@ -133,13 +143,16 @@ gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_res
   d.gate = carve(F);
   d.up = carve(F);
 
+  // GEMM scratch only for the products that can take the cuBLAS path (more rows than the
+  // matvec takes): decode-sized heads never do, and their f16 copy would be the largest.
   int64_t largest_piece = 0;
   size_t scratch = 0;
   for (const auto& piece : plan.output) {
     largest_piece = std::max(largest_piece, piece.m.view.rows);
-    scratch = std::max(scratch, cu::gemm::scratch_bytes(piece.m.view.rows, piece.m.view.cols, out_rows));
+    if (out_rows > cu::k_matvec_max_rows)
+      scratch = std::max(scratch, cu::gemm::scratch_bytes(piece.m.view.rows, piece.m.view.cols, out_rows));
   }
-  if (!plan.layers.empty()) {
+  if (!plan.layers.empty() && max_rows > cu::k_matvec_max_rows) {
     const auto& l = plan.layers.front();
     for (const matrix_at* mat : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
       scratch = std::max(scratch, cu::gemm::scratch_bytes(mat->view.rows, mat->view.cols, max_rows));
@@ -150,7 +163,7 @@ gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_res
   logits_.resize(static_cast<size_t>(out_rows * n_vocab_));
 
   if (rope_.freq_factors) {
-    const int n_rot = rope_.n_rot > 0 ? rope_.n_rot : static_cast<int>(c.head_dim);
+    const int n_rot = std::min(rope_.n_rot > 0 ? rope_.n_rot : static_cast<int>(c.head_dim), static_cast<int>(c.head_dim));
     const size_t bytes = static_cast<size_t>(n_rot / 2) * sizeof(float);
     d.freq_factors = cu::device_buffer(bytes);
     cu::copy_to_device(d.freq_factors.get(), rope_.freq_factors, bytes, stream_.get());
@@ -169,7 +182,7 @@ gpu_forward::~gpu_forward() {
 uint64_t gpu_forward::device_bytes() const {
   const device_state& d = *d_;
   uint64_t n = 0;
-  for (const cu::device_buffer* b : {&d.weights, &d.kv, &d.tables, &d.ids, &d.rel_ids, &d.pos, &d.table_of_row, &d.act, &d.logits,
+  for (const cu::device_buffer* b : {&d.weights, &d.kv, &d.tables, &d.rel_ids, &d.pos, &d.table_of_row, &d.act, &d.logits,
                                      &d.head, &d.gemm_scratch, &d.freq_factors})
     n += b->size();
   return n;
@@ -220,6 +233,30 @@ void gpu_forward::decode(std::span<const int32_t> tokens, std::span<const int64_
   run(tokens.data(), seqs.data(), positions.data(), n, out.data(), n);
 }
 
+gpu_forward::lease::lease(gpu_forward& f, int seg) : f_(&f), seg_(seg), base(f.acquire(seg)) {}
+
+gpu_forward::lease& gpu_forward::lease::operator=(lease&& o) noexcept {
+  if (this != &o) {
+    end();
+    f_ = std::exchange(o.f_, nullptr);
+    seg_ = o.seg_;
+    base = o.base;
+  }
+  return *this;
+}
+
+void gpu_forward::lease::end() noexcept {
+  if (!f_) return;
+  // Also on unwind: a lease left open would pin its stream slot for good. When the stream has
+  // failed, nothing more runs on it, so the segment is free to go either way.
+  try {
+    f_->release(seg_);
+  } catch (...) {
+    if (f_->residency_) f_->residency_->release(seg_);
+  }
+  f_ = nullptr;
+}
+
 const std::byte* gpu_forward::acquire(int seg) {
   if (!residency_) return d_->weights.as<std::byte>() + d_->seg_offset[static_cast<size_t>(seg)];
   const std::byte* p = residency_->acquire(seg);
@@ -247,14 +284,12 @@ void gpu_forward::run(const int32_t* tokens, const int64_t* seqs, const int64_t*
     for (int k = 0; k < depth && k < c.n_layer; ++k) residency_->prefetch(plan.layer_segment(k));
 
   for (int64_t r = 0; r < n; ++r) {
-    d.h_ids[static_cast<size_t>(r)] = tokens[r];
-    d.h_pos[static_cast<size_t>(r)] = static_cast<int32_t>(positions[r]);
-    d.h_tor[static_cast<size_t>(r)] = static_cast<int32_t>(seqs[r] * blocks_per_seq_);
+    d.h_pos[r] = static_cast<int32_t>(positions[r]);
+    d.h_tor[r] = static_cast<int32_t>(seqs[r] * blocks_per_seq_);
   }
   const size_t row_ints = static_cast<size_t>(n) * sizeof(int32_t);
-  cu::copy_to_device(d.ids.get(), d.h_ids.data(), row_ints, s);
-  cu::copy_to_device(d.pos.get(), d.h_pos.data(), row_ints, s);
-  cu::copy_to_device(d.table_of_row.get(), d.h_tor.data(), row_ints, s);
+  cu::copy_to_device(d.pos.get(), d.h_pos, row_ints, s);
+  cu::copy_to_device(d.table_of_row.get(), d.h_tor, row_ints, s);
   const cu::row_map rows{d.pos.as<int32_t>(), d.tables.as<int32_t>(), d.table_of_row.as<int32_t>()};
 
   auto mat = [&](const weight_view& w, const float* x, int64_t n_x, float* y) {
@@ -263,15 +298,19 @@ void gpu_forward::run(const int32_t* tokens, const int64_t* seqs, const int64_t*
 
   // Token embedding, piece by piece: each run of rows whose tokens fall in a piece is one
   // gather with ids relative to the piece.
-  for (const auto& piece : plan.token_embd) {
+  const int64_t max_rows = std::max(max_batch_, static_cast<int64_t>(pos_.size()));
+  for (size_t pi = 0; pi < plan.token_embd.size(); ++pi) {
+    const auto& piece = plan.token_embd[pi];
     const int64_t end = piece.row0 + piece.m.view.rows;
     auto in_piece = [&](int64_t r) { return tokens[r] >= piece.row0 && tokens[r] < end; };
     bool wanted = false;
     for (int64_t r = 0; r < n && !wanted; ++r) wanted = in_piece(r);
     if (!wanted) continue;
-    const weight_view table = bind_matrix_at(piece.m, acquire(piece.segment));
-    for (int64_t r = 0; r < n; ++r) d.h_rel[static_cast<size_t>(r)] = static_cast<int32_t>(tokens[r] - piece.row0);
-    cu::copy_to_device(d.rel_ids.get(), d.h_rel.data(), row_ints, s);
+    const lease held(*this, piece.segment);
+    const weight_view table = bind_matrix_at(piece.m, held.base);
+    int32_t* rel = d.h_rel + static_cast<int64_t>(pi) * max_rows;
+    for (int64_t r = 0; r < n; ++r) rel[r] = static_cast<int32_t>(tokens[r] - piece.row0);
+    cu::copy_to_device(d.rel_ids.get(), rel, row_ints, s);
     for (int64_t r0 = 0; r0 < n;) {
       if (!in_piece(r0)) {
         ++r0;
@@ -282,14 +321,15 @@ void gpu_forward::run(const int32_t* tokens, const int64_t* seqs, const int64_t*
       cu::get_rows(table.type, table.data, D, d.rel_ids.as<int32_t>() + r0, r1 - r0, d.x + r0 * D, s);
       r0 = r1;
     }
-    release(piece.segment);
   }
 
   const float attn_scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const std::byte* last_base = nullptr;
+  lease layer_held;
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const int seg = plan.layer_segment(l);
-    last_base = acquire(seg);
+    // The last layer's segment also holds the output norm: it stays held past the loop.
+    layer_held = lease(*this, seg);
+    const std::byte* last_base = layer_held.base;
     if (residency_)
       for (int k = 1; k <= depth && seg + k <= plan.last_segment(); ++k) residency_->prefetch(seg + k);
     const layer_weights L = bind_layer(plan.layers[static_cast<size_t>(l)], last_base);
@@ -329,23 +369,21 @@ void gpu_forward::run(const int32_t* tokens, const int64_t* seqs, const int64_t*
     cu::swiglu(d.gate, d.up, n * F, s);
     mat(L.w_down, d.gate, n, d.xb);
     cu::add(d.x, d.xb, n * D, s);
-    // The last layer's segment also holds the output norm: released after the norm below.
-    if (l + 1 < c.n_layer) release(seg);
   }
-  for (int64_t r = 0; r < n; ++r) pos_[static_cast<size_t>(seqs[r])] = positions[r] + 1;
 
-  const int last_seg = plan.layer_segment(c.n_layer - 1);
-  const float* out_norm = bind_vector_at(plan.output_norm, last_base);
+  const float* out_norm = bind_vector_at(plan.output_norm, layer_held.base);
   for (int64_t k = 0; k < n_out; ++k) cu::rms_norm(d.x + out_rows[k] * D, out_norm, d.xb + k * D, 1, D, c.rms_eps, s);
-  release(last_seg);
+  layer_held = lease();
   if (n_out == 0) {
     stream_.synchronize();  // a prompt chunk that is not the last: report failures now
+    for (int64_t r = 0; r < n; ++r) pos_[static_cast<size_t>(seqs[r])] = positions[r] + 1;
     return;
   }
 
   for (size_t i = 0; i < plan.output.size(); ++i) {
     const auto& piece = plan.output[i];
-    const weight_view head = bind_matrix_at(piece.m, acquire(piece.segment));
+    const lease held(*this, piece.segment);
+    const weight_view head = bind_matrix_at(piece.m, held.base);
     if (residency_)
       for (int k = 1; k <= depth && i + static_cast<size_t>(k) < plan.output.size(); ++k)
         residency_->prefetch(plan.output[i + static_cast<size_t>(k)].segment);
@@ -358,10 +396,11 @@ void gpu_forward::run(const int32_t* tokens, const int64_t* seqs, const int64_t*
         cu::copy_on_device(d.logits.as<float>() + k * n_vocab_ + piece.row0, d.head.as<float>() + k * pr,
                            static_cast<size_t>(pr) * sizeof(float), s);
     }
-    release(piece.segment);
   }
   cu::copy_to_host(logits_.data(), d.logits.get(), static_cast<size_t>(n_out * n_vocab_) * sizeof(float), s);
   stream_.synchronize();
+  // Positions move only once the pass has run: a failure leaves the sequences where they were.
+  for (int64_t r = 0; r < n; ++r) pos_[static_cast<size_t>(seqs[r])] = positions[r] + 1;
   n_logit_rows_ = n_out;
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
@@ -66,7 +67,26 @@ class gpu_forward {
   void run(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, const int64_t* out_rows,
            int64_t n_out);
   const std::byte* acquire(int seg);
-  void release(int seg);
+  void release(int seg);  // waits for the queued kernels first (streamed mode)
+  // A segment held for the span of its use, released also when a pass throws.
+  class lease {
+   public:
+    lease() = default;
+    lease(gpu_forward& f, int seg);
+    lease(lease&& o) noexcept : f_(std::exchange(o.f_, nullptr)), seg_(o.seg_), base(o.base) {}
+    lease& operator=(lease&& o) noexcept;
+    lease(const lease&) = delete;
+    lease& operator=(const lease&) = delete;
+    ~lease() { end(); }
+
+   private:
+    void end() noexcept;
+    gpu_forward* f_ = nullptr;
+    int seg_ = 0;
+
+   public:
+    const std::byte* base = nullptr;
+  };
 
   const model& model_;
   weight_residency* residency_;
