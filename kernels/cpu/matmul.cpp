@@ -1,5 +1,7 @@
 #include "kernels/cpu/matmul.h"
 
+#include "kernels/op_table.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
@@ -9,6 +11,7 @@
 #include "kernels/cpu/act_quant.h"
 #include "kernels/cpu/panel.h"
 #include "kernels/cpu/vec_dot.h"
+#include "kernels/op_table.h"
 
 namespace tandem::kernels::cpu {
 namespace {
@@ -78,6 +81,8 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
   for (int j = 0; j < n_jobs; ++j) {
     const matmul_job& job = jobs[j];
     if (job.rows < 0) throw std::invalid_argument("matmul: negative shape (rows " + std::to_string(job.rows) + ")");
+    // The dispatch table decides what is supported (the same message as the CUDA path).
+    require(device_kind::cpu, n_x <= 1 ? op::matvec : op::matmul, job.wt, "matmul");
     const dot_kernel& kernel = find_dot_kernel(job.wt);
     const int64_t block = std::max(info(job.wt).block_elems, info(kernel.act).block_elems);
     if (cols % block != 0)

@@ -108,6 +108,44 @@ pinned_buffer& pinned_buffer::operator=(pinned_buffer&& o) noexcept {
   return *this;
 }
 
+graph::~graph() {
+  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+}
+
+graph& graph::operator=(graph&& o) noexcept {
+  if (this != &o) {
+    if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+    exec_ = o.exec_;
+    o.exec_ = nullptr;
+  }
+  return *this;
+}
+
+void graph::begin_capture(stream_t s) { check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "graph capture begin"); }
+
+graph graph::end_capture(stream_t s) {
+  cudaGraph_t g = nullptr;
+  check(cudaStreamEndCapture(s, &g), "graph capture end");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);  // the executable graph keeps what it needs
+  check(err, "graph instantiate");
+  graph out;
+  out.exec_ = exec;
+  return out;
+}
+
+void graph::abort_capture(stream_t s) noexcept {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone) {
+    cudaGraph_t g = nullptr;
+    if (cudaStreamEndCapture(s, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+  }
+  cudaGetLastError();
+}
+
+void graph::launch(stream_t s) const { check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), s), "graph launch"); }
+
 stream::stream() {
   cudaStream_t s = nullptr;
   check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream create");

@@ -76,6 +76,34 @@ class stream {
   stream_t s_ = nullptr;
 };
 
+// Work captured from a stream once and replayed with one launch (a CUDA graph): a decode step
+// is hundreds of small kernels whose launch cost rivals their run time. Only stream-ordered
+// work may be captured (launches, async copies, from pinned or device memory); the pointers
+// and sizes captured are replayed as they were, so only the contents of buffers may change.
+class graph {
+ public:
+  graph() = default;
+  ~graph();
+  graph(graph&& o) noexcept : exec_(o.exec_) { o.exec_ = nullptr; }
+  graph& operator=(graph&& o) noexcept;
+  graph(const graph&) = delete;
+  graph& operator=(const graph&) = delete;
+
+  // Starts capturing s (thread-local mode: other threads' CUDA calls are unaffected).
+  static void begin_capture(stream_t s);
+  // Ends the capture and instantiates it; throws std::runtime_error when capture failed (an
+  // uncapturable call was made meanwhile).
+  static graph end_capture(stream_t s);
+  // Ends a capture abandoned by an exception, discarding what was captured. Never throws.
+  static void abort_capture(stream_t s) noexcept;
+
+  void launch(stream_t s) const;
+  explicit operator bool() const { return exec_ != nullptr; }
+
+ private:
+  void* exec_ = nullptr;  // cudaGraphExec_t
+};
+
 // Asynchronous copies on s (host memory should be pinned for them to overlap; pageable works).
 void copy_to_device(void* dst, const void* host_src, size_t bytes, stream_t s);
 void copy_to_host(void* host_dst, const void* src, size_t bytes, stream_t s);

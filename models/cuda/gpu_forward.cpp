@@ -38,6 +38,7 @@ struct gpu_forward::device_state {
   cu::device_buffer logits, head;   // [out rows][n_vocab], [out rows][largest head piece]
   cu::device_buffer gemm_scratch;
   cu::device_buffer freq_factors;
+  cu::graph graphs[cu::k_matvec_max_rows + 1];  // by rows of the pass (gpu_forward::run)
   float *x = nullptr, *xb = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *attn = nullptr, *gate = nullptr, *up = nullptr;
   size_t block_bytes = 0, part_bytes = 0;  // a KV block; one layer's K (or V) rows in it
   // Pinned staging of the per-row arrays, so their copies overlap: positions and table
@@ -78,6 +79,7 @@ gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_res
   const int64_t max_rows = std::max(max_batch_, p.n_seq);
   const int64_t out_rows = p.n_seq;  // eval outputs one row, decode one per sequence
   pos_.assign(static_cast<size_t>(p.n_seq), 0);
+  graphs_ = p.cuda_graphs;
   rope_ = rope_params_of(c, m.weights());
 
   d_ = std::make_unique<device_state>(stream_.get());
@@ -278,10 +280,11 @@ void gpu_forward::run(const int32_t* tokens, const int64_t* seqs, const int64_t*
   const weight_plan& plan = model_.plan();
   device_state& d = *d_;
   const cu::stream_t s = stream_.get();
-  const int64_t D = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), F = c.n_ff, hd = c.head_dim;
-  const int depth = residency_ ? residency_->prefetch_depth() : 0;
-  if (residency_)
+  const int64_t D = c.n_embd;
+  if (residency_) {
+    const int depth = residency_->prefetch_depth();
     for (int k = 0; k < depth && k < c.n_layer; ++k) residency_->prefetch(plan.layer_segment(k));
+  }
 
   for (int64_t r = 0; r < n; ++r) {
     d.h_pos[r] = static_cast<int32_t>(positions[r]);
@@ -290,11 +293,6 @@ void gpu_forward::run(const int32_t* tokens, const int64_t* seqs, const int64_t*
   const size_t row_ints = static_cast<size_t>(n) * sizeof(int32_t);
   cu::copy_to_device(d.pos.get(), d.h_pos, row_ints, s);
   cu::copy_to_device(d.table_of_row.get(), d.h_tor, row_ints, s);
-  const cu::row_map rows{d.pos.as<int32_t>(), d.tables.as<int32_t>(), d.table_of_row.as<int32_t>()};
-
-  auto mat = [&](const weight_view& w, const float* x, int64_t n_x, float* y) {
-    d.gemm.run(w.type, w.data, w.rows, w.cols, x, n_x, y, d.gemm_scratch.get(), d.gemm_scratch.size());
-  };
 
   // Token embedding, piece by piece: each run of rows whose tokens fall in a piece is one
   // gather with ids relative to the piece.
@@ -322,6 +320,52 @@ void gpu_forward::run(const int32_t* tokens, const int64_t* seqs, const int64_t*
       r0 = r1;
     }
   }
+
+  // A decode-sized pass whose logits rows are its rows in order (a decode step, or one token
+  // of `generate`) is the same work every time but for the contents of pos, table_of_row and
+  // x: replayed from a graph captured the first time (resident weights only, since streaming
+  // waits on the host between layers).
+  bool in_order = n_out == n;
+  for (int64_t k = 0; k < n_out && in_order; ++k) in_order = out_rows[k] == k;
+  if (graphs_ && !residency_ && in_order && n <= cu::k_matvec_max_rows) {
+    cu::graph& g = d.graphs[static_cast<size_t>(n)];
+    if (!g) {
+      cu::graph::begin_capture(s);
+      try {
+        body(n, out_rows, n_out);
+      } catch (...) {
+        cu::graph::abort_capture(s);
+        throw;
+      }
+      g = cu::graph::end_capture(s);
+    }
+    g.launch(s);
+  } else {
+    body(n, out_rows, n_out);
+  }
+  if (n_out == 0) {
+    stream_.synchronize();  // a prompt chunk that is not the last: report failures now
+    for (int64_t r = 0; r < n; ++r) pos_[static_cast<size_t>(seqs[r])] = positions[r] + 1;
+    return;
+  }
+  cu::copy_to_host(logits_.data(), d.logits.get(), static_cast<size_t>(n_out * n_vocab_) * sizeof(float), s);
+  stream_.synchronize();
+  // Positions move only once the pass has run: a failure leaves the sequences where they were.
+  for (int64_t r = 0; r < n; ++r) pos_[static_cast<size_t>(seqs[r])] = positions[r] + 1;
+  n_logit_rows_ = n_out;
+}
+
+void gpu_forward::body(int64_t n, const int64_t* out_rows, int64_t n_out) {
+  const auto& c = model_.config();
+  const weight_plan& plan = model_.plan();
+  device_state& d = *d_;
+  const cu::stream_t s = stream_.get();
+  const int64_t D = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), F = c.n_ff, hd = c.head_dim;
+  const int depth = residency_ ? residency_->prefetch_depth() : 0;
+  const cu::row_map rows{d.pos.as<int32_t>(), d.tables.as<int32_t>(), d.table_of_row.as<int32_t>()};
+  auto mat = [&](const weight_view& w, const float* x, int64_t n_x, float* y) {
+    d.gemm.run(w.type, w.data, w.rows, w.cols, x, n_x, y, d.gemm_scratch.get(), d.gemm_scratch.size());
+  };
 
   const float attn_scale = 1.0f / std::sqrt(static_cast<float>(hd));
   lease layer_held;
@@ -374,11 +418,7 @@ void gpu_forward::run(const int32_t* tokens, const int64_t* seqs, const int64_t*
   const float* out_norm = bind_vector_at(plan.output_norm, layer_held.base);
   for (int64_t k = 0; k < n_out; ++k) cu::rms_norm(d.x + out_rows[k] * D, out_norm, d.xb + k * D, 1, D, c.rms_eps, s);
   layer_held = lease();
-  if (n_out == 0) {
-    stream_.synchronize();  // a prompt chunk that is not the last: report failures now
-    for (int64_t r = 0; r < n; ++r) pos_[static_cast<size_t>(seqs[r])] = positions[r] + 1;
-    return;
-  }
+  if (n_out == 0) return;
 
   for (size_t i = 0; i < plan.output.size(); ++i) {
     const auto& piece = plan.output[i];
@@ -397,11 +437,6 @@ void gpu_forward::run(const int32_t* tokens, const int64_t* seqs, const int64_t*
                            static_cast<size_t>(pr) * sizeof(float), s);
     }
   }
-  cu::copy_to_host(logits_.data(), d.logits.get(), static_cast<size_t>(n_out * n_vocab_) * sizeof(float), s);
-  stream_.synchronize();
-  // Positions move only once the pass has run: a failure leaves the sequences where they were.
-  for (int64_t r = 0; r < n; ++r) pos_[static_cast<size_t>(seqs[r])] = positions[r] + 1;
-  n_logit_rows_ = n_out;
 }
 
 }  // namespace tandem::models

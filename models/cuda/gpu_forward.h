@@ -27,6 +27,9 @@ struct gpu_context_params {
   int64_t max_batch = 512; // prompt rows per pass
   kernels::cpu::kv_type kv = kernels::cpu::kv_type::f16;
   int64_t block_tokens = 16;
+  // Replay decode-sized passes (up to kernels::cuda::k_matvec_max_rows rows, resident
+  // weights) from CUDA graphs captured on first use: one launch instead of hundreds.
+  bool cuda_graphs = true;
 };
 
 class gpu_forward {
@@ -66,6 +69,9 @@ class gpu_forward {
   // logits of rows out_rows[0 .. n_out) are copied to logits_.
   void run(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, const int64_t* out_rows,
            int64_t n_out);
+  // The layers and the output head (logits of out_rows into device memory): everything of a
+  // pass after the embedding, the part a CUDA graph captures.
+  void body(int64_t n, const int64_t* out_rows, int64_t n_out);
   const std::byte* acquire(int seg);
   void release(int seg);  // waits for the queued kernels first (streamed mode)
   // A segment held for the span of its use, released also when a pass throws.
@@ -95,6 +101,7 @@ class gpu_forward {
   kernels::cpu::rope_params rope_;
   kernels::cpu::kv_type kv_ = kernels::cpu::kv_type::f16;
   int64_t block_tokens_ = 16;
+  bool graphs_ = true;
   int64_t n_ctx_ = 0, max_batch_ = 0, n_vocab_ = 0, blocks_per_seq_ = 0;
   std::vector<int64_t> pos_;
   std::vector<float> logits_;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/matmul.h"
 #include "kernels/weight_type.h"
 
 using namespace tandem::kernels;
@@ -191,5 +192,26 @@ TEST_SUITE("op_table") {
         }
         CHECK(supports(d, o));  // the default type argument
       }
+  }
+
+  TEST_CASE("the CPU matmul is dispatched through the table: every listed type runs, others are refused with the list") {
+    for (const auto t : all_weight_types()) {
+      CAPTURE(display_name(t));
+      const int64_t cols = 256;  // one block of every block size
+      std::vector<std::byte> w(static_cast<size_t>(row_bytes(t, cols)) * 2, std::byte{0});
+      std::vector<float> x(static_cast<size_t>(cols), 1.0f), y(2, -1.0f);
+      if (supports(device_kind::cpu, op::matvec, t)) {
+        CHECK_NOTHROW(cpu::matmul(t, w.data(), 2, cols, x.data(), 1, y.data(), nullptr));
+      } else {
+        try {
+          cpu::matmul(t, w.data(), 2, cols, x.data(), 1, y.data(), nullptr);
+          FAIL("no exception");
+        } catch (const std::invalid_argument& e) {
+          const std::string msg = e.what();
+          CHECK(msg.find("cpu matvec has no kernel for " + display_name(t)) != std::string::npos);
+          CHECK(msg.find("Q4_K") != std::string::npos);
+        }
+      }
+    }
   }
 }

@@ -73,8 +73,8 @@ run_result cpu_greedy(const models::model& m, int n_gen, const std::vector<int32
 }
 
 run_result gpu_greedy(const models::model& m, int n_gen, models::weight_residency* res = nullptr,
-                      const std::vector<int32_t>& prompt = k_prompt) {
-  models::gpu_forward ctx(m, {.n_ctx = 64, .n_seq = 1, .max_batch = 16, .kv = kernels::cpu::kv_type::f32}, res);
+                      const std::vector<int32_t>& prompt = k_prompt, bool graphs = true) {
+  models::gpu_forward ctx(m, {.n_ctx = 64, .n_seq = 1, .max_batch = 16, .kv = kernels::cpu::kv_type::f32, .cuda_graphs = graphs}, res);
   return greedy(ctx, n_gen, prompt);
 }
 
@@ -142,6 +142,20 @@ TEST_SUITE("gpu_forward") {
       // Random weights give flat logits, so only the first few greedy tokens are robust to
       // the activation-precision difference; compare those and the logits of each step.
       check_close(gpu_greedy(gpu_model, 4), cpu_greedy(cpu_model, 4), 5e-2);
+    }
+  }
+
+  TEST_CASE("decode replayed from CUDA graphs equals decode launched kernel by kernel, bit for bit") {
+    if (!device_or_skip()) return;
+    test::scratch_dir dir;
+    for (const auto& path : {test::data_path("stories260K.gguf").string(), write_synth(dir, kernels::weight_type::q4_k)}) {
+      CAPTURE(path);
+      const models::model m(path, {.pack_weights = false});
+      const auto with = gpu_greedy(m, 10, nullptr, k_prompt, true);
+      const auto without = gpu_greedy(m, 10, nullptr, k_prompt, false);
+      CHECK(with.tokens == without.tokens);
+      REQUIRE(with.logits.size() == without.logits.size());
+      for (size_t i = 0; i < with.logits.size(); ++i) CHECK(with.logits[i] == without.logits[i]);
     }
   }
 
