@@ -156,7 +156,7 @@ void measure_resident(const models::model& m, const gpu_bench_options& o, const 
   cp.n_ctx = std::max(o.prompt, o.gen) + 1;
   cp.max_batch = std::min<int64_t>(o.prompt, 512);
   models::gpu_forward fwd(m, cp);
-  fwd.eval({ids.data(), std::min<size_t>(ids.size(), 16)});  // warm-up of both paths
+  fwd.eval(ids);  // warm-up at full size: cuBLAS picks (and lazily loads) per shape
   fwd.reset();
   fwd.eval({ids.data(), 1});
   fwd.reset();

@@ -108,6 +108,20 @@ pinned_buffer& pinned_buffer::operator=(pinned_buffer&& o) noexcept {
   return *this;
 }
 
+event::event() {
+  cudaEvent_t e = nullptr;
+  check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event create");
+  e_ = e;
+}
+
+event::~event() {
+  if (e_) cudaEventDestroy(static_cast<cudaEvent_t>(e_));
+}
+
+void event::record(stream_t s) { check(cudaEventRecord(static_cast<cudaEvent_t>(e_), s), "event record"); }
+
+void event::synchronize() const { check(cudaEventSynchronize(static_cast<cudaEvent_t>(e_)), "event synchronize"); }
+
 graph::~graph() {
   if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
 }

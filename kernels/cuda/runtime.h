@@ -76,6 +76,21 @@ class stream {
   stream_t s_ = nullptr;
 };
 
+// A point in a stream (cudaEvent, timing disabled): lets the host wait for the work queued
+// before it without waiting for the work queued after it.
+class event {
+ public:
+  event();  // throws std::runtime_error when the event cannot be created
+  ~event();
+  event(const event&) = delete;
+  event& operator=(const event&) = delete;
+  void record(stream_t s);
+  void synchronize() const;  // throws std::runtime_error when the work before it failed
+
+ private:
+  void* e_ = nullptr;  // cudaEvent_t
+};
+
 // Work captured from a stream once and replayed with one launch (a CUDA graph): a decode step
 // is hundreds of small kernels whose launch cost rivals their run time. Only stream-ordered
 // work may be captured (launches, async copies, from pinned or device memory); the pointers

@@ -39,6 +39,7 @@ struct gpu_forward::device_state {
   cu::device_buffer gemm_scratch;
   cu::device_buffer freq_factors;
   cu::graph graphs[cu::k_matvec_max_rows + 1];  // by rows of the pass (gpu_forward::run)
+  cu::event layer_done[2];                       // after the kernels of layers l and l-1 (streaming)
   float *x = nullptr, *xb = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *attn = nullptr, *gate = nullptr, *up = nullptr;
   size_t block_bytes = 0, part_bytes = 0;  // a KV block; one layer's K (or V) rows in it
   // Pinned staging of the per-row arrays, so their copies overlap: positions and table
@@ -247,6 +248,18 @@ gpu_forward::lease& gpu_forward::lease::operator=(lease&& o) noexcept {
   return *this;
 }
 
+void gpu_forward::lease::end_after(const cu::event& done) {
+  if (!f_) return;
+  gpu_forward* f = std::exchange(f_, nullptr);
+  try {
+    done.synchronize();
+  } catch (...) {
+    f->residency_->release(seg_);  // the stream failed: nothing more reads the segment
+    throw;
+  }
+  f->residency_->release(seg_);
+}
+
 void gpu_forward::lease::end() noexcept {
   if (!f_) return;
   // Also on unwind: a lease left open would pin its stream slot for good. When the stream has
@@ -337,9 +350,18 @@ void gpu_forward::run(const int32_t* tokens, const int64_t* seqs, const int64_t*
         cu::graph::abort_capture(s);
         throw;
       }
-      g = cu::graph::end_capture(s);
+      try {
+        g = cu::graph::end_capture(s);
+      } catch (const std::exception&) {
+        // Captured work never ran. A capture the driver refuses (or cannot instantiate) is
+        // not this pass's failure: run it launch by launch, and from now on always.
+        graphs_ = false;
+      }
     }
-    g.launch(s);
+    if (g)
+      g.launch(s);
+    else
+      body(n, out_rows, n_out);
   } else {
     body(n, out_rows, n_out);
   }
@@ -368,14 +390,28 @@ void gpu_forward::body(int64_t n, const int64_t* out_rows, int64_t n_out) {
   };
 
   const float attn_scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  lease layer_held;
+  // Streaming with a prefetch depth of 1 or more (so at least two stream slots): layer l's
+  // segment is acquired, its copy waited for on the host, while the GPU still computes layer
+  // l-1, whose segment goes back once an event after its kernels has passed, not once the
+  // whole stream has drained. The GPU then never waits for the host between layers. With
+  // depth 0 there is one slot: a segment goes back before the next one is asked for.
+  const bool overlap = residency_ && depth >= 1;
+  auto prefetch_after = [&](int seg, int ahead) {
+    for (int k = 1; k <= ahead && seg + k <= plan.last_segment(); ++k) residency_->prefetch(seg + k);
+  };
+  lease layer_held, prev_held;
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const int seg = plan.layer_segment(l);
+    if (overlap)
+      prev_held = std::move(layer_held);
+    else
+      layer_held = lease();  // hand the slot back before asking for the next segment
     // The last layer's segment also holds the output norm: it stays held past the loop.
     layer_held = lease(*this, seg);
     const std::byte* last_base = layer_held.base;
-    if (residency_)
-      for (int k = 1; k <= depth && seg + k <= plan.last_segment(); ++k) residency_->prefetch(seg + k);
+    // While the previous layer is still held one slot fewer is free: asking for depth
+    // segments ahead would make the arbiter retarget the slot that already holds the next one.
+    if (residency_) prefetch_after(seg, prev_held ? depth - 1 : depth);
     const layer_weights L = bind_layer(plan.layers[static_cast<size_t>(l)], last_base);
 
     cu::rms_norm(d.x, L.attn_norm, d.xb, n, D, c.rms_eps, s);
@@ -413,6 +449,13 @@ void gpu_forward::body(int64_t n, const int64_t* out_rows, int64_t n_out) {
     cu::swiglu(d.gate, d.up, n * F, s);
     mat(L.w_down, d.gate, n, d.xb);
     cu::add(d.x, d.xb, n * D, s);
+    if (overlap) {
+      d.layer_done[l % 2].record(s);
+      if (prev_held) {
+        prev_held.end_after(d.layer_done[(l + 1) % 2]);  // layer l-1's event
+        prefetch_after(seg, depth);  // into the slot just freed
+      }
+    }
   }
 
   const float* out_norm = bind_vector_at(plan.output_norm, layer_held.base);

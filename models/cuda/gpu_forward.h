@@ -84,6 +84,10 @@ class gpu_forward {
     lease(const lease&) = delete;
     lease& operator=(const lease&) = delete;
     ~lease() { end(); }
+    explicit operator bool() const { return f_ != nullptr; }
+    // Streaming only: releases once `done` (recorded after the kernels reading the segment)
+    // has passed, without waiting for work queued after it.
+    void end_after(const kernels::cuda::event& done);
 
    private:
     void end() noexcept;
