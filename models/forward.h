@@ -16,6 +16,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/thread_pool.h"
 #include "memory/kv_pool.h"
+#include "models/forward_pass.h"
 #include "models/model.h"
 #include "models/weight_residency.h"
 
@@ -81,7 +82,7 @@ std::optional<uint64_t> parse_cgroup_memory_max(std::string_view memory_max);
 // std::invalid_argument for a context size outside [1, k_max_context] or n_seq outside
 // [1, k_max_sequences], and std::runtime_error when memory_bytes() is more than the process
 // can get (usable_memory_bytes of read_memory_limits).
-class forward_context {
+class forward_context final : public forward_pass {
  public:
   // residency: where the weights are read from. Null: the model's own (load_options::
   // own_weights); otherwise the segments it leases, one at a time, prefetching the next ones
@@ -121,30 +122,30 @@ class forward_context {
   // last row, in the order the sequences appear. At most max_batch() rows. Throws
   // std::invalid_argument before doing any work for a bad token id or sequence, rows of a
   // sequence that are not consecutive, or a sequence that would overflow its context or KV.
-  void step(std::span<const int32_t> tokens, std::span<const int64_t> seqs);
+  void step(std::span<const int32_t> tokens, std::span<const int64_t> seqs) override;
 
   std::span<const float> logits() const { return {logits_.data() + (n_logit_rows_ - 1) * n_vocab_, static_cast<size_t>(n_vocab_)}; }
-  std::span<const float> all_logits_rows() const { return {logits_.data(), static_cast<size_t>(n_logit_rows_ * n_vocab_)}; }
-  int64_t pos(int64_t seq = 0) const { return pos_.at(static_cast<size_t>(seq)); }
+  std::span<const float> all_logits_rows() const override { return {logits_.data(), static_cast<size_t>(n_logit_rows_ * n_vocab_)}; }
+  int64_t pos(int64_t seq = 0) const override { return pos_.at(static_cast<size_t>(seq)); }
   int64_t n_ctx() const { return n_ctx_; }
   int64_t n_seq() const { return static_cast<int64_t>(pos_.size()); }
   // Rows per forward pass: context_params::max_batch clamped to [1, n_ctx], at least n_seq.
-  int64_t max_batch() const { return max_batch_; }
+  int64_t max_batch() const override { return max_batch_; }
   // Forgets a sequence (its cache is overwritten by the next eval).
-  void reset(int64_t seq = 0);
+  void reset(int64_t seq = 0) override;
   // Rolls a sequence back to an earlier position (e.g. to re-run the last prompt token).
   void truncate(int64_t pos, int64_t seq = 0);
   // An empty sequence whose first `pos` positions are already in its KV blocks (a prefix
   // adopted from a prefix cache) continues from there. Paged contexts only; throws
   // std::invalid_argument unless the sequence is empty and its blocks cover `pos`.
-  void assume(int64_t pos, int64_t seq);
+  void assume(int64_t pos, int64_t seq) override;
   // Positions before `end` of `seq` (a prompt's, or all of them with a large `end`, as the
   // engine asks) take the tiled attention kernel (kernels/cpu/ops.h,
   // attention_run::prompt_rows): f32 throughout, each key read once for a tile of rows, the
   // same result however the sequence is chunked or batched, within float noise of llama.cpp's
   // f16 arithmetic rather than equal to it. 0 (the default, and after reset): every row is
   // computed as llama.cpp computes it.
-  void set_prompt_end(int64_t seq, int64_t end);
+  void set_prompt_end(int64_t seq, int64_t end) override;
 
  private:
   // Row r of the chunk is token tokens[r] of sequence seqs[r] at position positions[r]; rows

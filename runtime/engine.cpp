@@ -6,6 +6,10 @@
 
 #include "runtime/engine_state.h"
 
+#if defined(TANDEM_HAVE_CUDA)
+#include "models/cuda/gpu_forward.h"
+#endif
+
 namespace tandem::runtime {
 
 engine::engine(std::vector<engine_model> models, const engine_config& config)
@@ -60,7 +64,26 @@ engine::engine(std::vector<engine_model> models, const engine_config& config)
     cp.n_seq = cfg.max_sequences;
     cp.max_batch = config.max_batch_tokens;
     cp.kv_pool = s->kv;
-    s->ctx = std::make_unique<models::forward_context>(*cfg.model, cp, &pool_, cfg.residency);
+    // Weights in GPU memory (an arbiter on the CUDA backend) are computed by the CUDA forward
+    // pass; everything else by the CPU kernels, which read the device tier directly.
+    const bool gpu = cfg.placement && !cfg.placement->arbiter().device_backend().device_host_addressable();
+    if (gpu) {
+#if defined(TANDEM_HAVE_CUDA)
+      if (!cfg.kv_pool)
+        throw std::invalid_argument("engine: model '" + cfg.name + "' runs on the CUDA backend and needs a KV pool in its arbiter's device tier");
+      models::gpu_context_params gp;
+      gp.n_ctx = cfg.context;
+      gp.n_seq = cfg.max_sequences;
+      gp.max_batch = config.max_batch_tokens;
+      gp.kv = cfg.kv;
+      gp.kv_pool = s->kv;
+      s->ctx = std::make_unique<models::gpu_forward>(*cfg.model, gp, cfg.residency);
+#else
+      throw std::invalid_argument("engine: model '" + cfg.name + "' is placed in device memory the CPU kernels cannot read, and this build has no CUDA backend");
+#endif
+    } else {
+      s->ctx = std::make_unique<models::forward_context>(*cfg.model, cp, &pool_, cfg.residency);
+    }
     for (int64_t q = cfg.max_sequences - 1; q >= 0; --q) s->free_seqs.push_back(q);
     if (config.prefix_cache)
       s->cache = std::make_unique<prefix_cache>(*s->kv, config.prefix_host_blocks < 0 ? s->kv->total_blocks() : config.prefix_host_blocks);

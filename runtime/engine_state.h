@@ -50,7 +50,7 @@ struct engine::served {
   std::unique_ptr<std::byte[]> kv_memory;  // when the engine makes the pool
   std::unique_ptr<memory::kv_pool> own_kv;
   memory::kv_pool* kv = nullptr;
-  std::unique_ptr<models::forward_context> ctx;
+  std::unique_ptr<models::forward_pass> ctx;  // forward_context, or gpu_forward on a CUDA backend
   std::deque<std::shared_ptr<active>> waiting;
   std::vector<std::shared_ptr<active>> running;  // in admission order
   std::deque<std::shared_ptr<active>> preempted;  // out of KV: swapped to host, or to recompute

@@ -49,14 +49,9 @@ served_roster::served_roster(const configs::roster& r, const serve_options& o) :
     throw std::invalid_argument(roster_.source + ": tandem serves one device per process; the roster lists " + std::to_string(roster_.devices.size()));
   const auto& dev = roster_.devices.front();
   backend_ = memory::make_backend({backend_kind_of(dev.backend), dev.link_gbps});
-  if (!backend_->device_host_addressable()) {
-    // The engine's executor runs the CPU kernels, which read the device tier directly; the
-    // CUDA forward pass (models/cuda/gpu_forward.h) is not wired into the engine yet.
-    if (dev.backend == configs::backend_choice::cuda)
-      throw std::runtime_error(roster_.source + ": devices[0] asks for the CUDA backend, but the serving engine runs on the CPU kernels, which cannot read GPU memory (the CUDA forward pass serves `tandem run --gpu` and `tandem bench gpu` only so far); use backend: cpu or auto");
-    spdlog::warn("serve: {} found, but the serving engine runs on the CPU kernels: serving on the CPU backend", backend_->info().name);
-    backend_ = memory::make_backend({memory::backend_kind::cpu, dev.link_gbps});
-  }
+  // A backend whose device memory the host cannot read is a GPU: the engine computes its
+  // models with the CUDA forward pass, which reads weights in their file layout.
+  const bool gpu = !backend_->device_host_addressable();
   arbiter_ = std::make_unique<memory::arbiter>(*backend_, memory::arbiter_config{dev.vram, dev.host});
 
   std::vector<engine_model> ems;
@@ -65,7 +60,13 @@ served_roster::served_roster(const configs::roster& r, const serve_options& o) :
     m->entry = &e;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      m->model = std::make_unique<models::model>(e.file);
+      // On a GPU the weights are read only through the arbiter's device copies, in file layout.
+      models::load_options lo;
+      if (gpu) {
+        lo.pack_weights = false;
+        lo.own_weights = false;
+      }
+      m->model = std::make_unique<models::model>(e.file, lo);
       m->tokenizer = std::make_unique<models::tokenizer>(models::tokenizer::from_gguf(m->model->file()));
     } catch (const std::exception& ex) {
       throw std::runtime_error("model '" + e.name + "' (" + e.file + "): " + ex.what());

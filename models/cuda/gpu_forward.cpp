@@ -47,6 +47,7 @@ struct gpu_forward::device_state {
   // rewritten while an earlier piece's copy is still queued). Every pass ends synchronised,
   // so the next one may rewrite them all.
   cu::pinned_buffer staging;
+  cu::pinned_buffer h_tables;       // int32, blocks_per_seq per sequence
   int32_t *h_pos = nullptr, *h_tor = nullptr, *h_rel = nullptr;
 };
 
@@ -75,9 +76,20 @@ gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_res
   n_ctx_ = p.n_ctx > 0 ? p.n_ctx : std::min<int64_t>(c.n_ctx_train > 0 ? c.n_ctx_train : k_default_context, k_default_context);
   if (n_ctx_ < 1 || n_ctx_ > k_max_context) throw std::invalid_argument("gpu forward: context size " + std::to_string(n_ctx_) + " out of range");
   if (p.n_seq < 1 || p.n_seq > k_max_sequences) throw std::invalid_argument("gpu forward: n_seq " + std::to_string(p.n_seq) + " out of range");
-  if (p.block_tokens < 1) throw std::invalid_argument("gpu forward: block_tokens must be positive");
+  kv_pool_ = p.kv_pool;
+  const int64_t bt = kv_pool_ ? kv_pool_->block_tokens() : p.block_tokens;
+  if (bt < 1) throw std::invalid_argument("gpu forward: block_tokens must be positive");
+  if (kv_pool_) {
+    const uint64_t want = kv_bytes_per_token(c, p.kv) * static_cast<uint64_t>(bt);
+    if (kv_pool_->block_bytes() != want)
+      throw std::invalid_argument("gpu forward: KV pool blocks are " + std::to_string(kv_pool_->block_bytes()) + " bytes; this model needs " +
+                                  std::to_string(want) + " for " + std::to_string(bt) + " positions");
+  }
   max_batch_ = std::clamp<int64_t>(p.max_batch, 1, n_ctx_);
   const int64_t max_rows = std::max(max_batch_, p.n_seq);
+  max_rows_ = max_rows;
+  step_out_.reserve(static_cast<size_t>(max_rows));
+  row_pos_.resize(static_cast<size_t>(max_rows));
   const int64_t out_rows = p.n_seq;  // eval outputs one row, decode one per sequence
   pos_.assign(static_cast<size_t>(p.n_seq), 0);
   graphs_ = p.cuda_graphs;
@@ -105,20 +117,22 @@ gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_res
     }
   }
 
-  // Paged KV: sequence s owns blocks [s * blocks_per_seq, (s + 1) * blocks_per_seq), listed in
-  // a real block table so the kernels take the same path as under an executor's pool.
-  blocks_per_seq_ = (n_ctx_ + p.block_tokens - 1) / p.block_tokens;
+  // Paged KV. Sequence s's block table sits at s * blocks_per_seq in the tables buffer. Own
+  // cache: s owns blocks [s * blocks_per_seq, (s + 1) * blocks_per_seq), listed once, so the
+  // kernels take the same path as under an executor's pool. kv_pool: the pool's tables, copied
+  // before each pass (they change as blocks are reserved, swapped or shared).
+  blocks_per_seq_ = (n_ctx_ + bt - 1) / bt;
   const size_t eb = elem_bytes(p.kv);
-  d.part_bytes = static_cast<size_t>(p.block_tokens * KV) * eb;
+  d.part_bytes = static_cast<size_t>(bt * KV) * eb;
   d.block_bytes = 2 * static_cast<size_t>(c.n_layer) * d.part_bytes;
   const int64_t n_blocks = p.n_seq * blocks_per_seq_;
-  d.kv = cu::device_buffer(static_cast<size_t>(n_blocks) * d.block_bytes);
-  std::vector<int32_t> tables(static_cast<size_t>(n_blocks));
-  for (int64_t b = 0; b < n_blocks; ++b) tables[static_cast<size_t>(b)] = static_cast<int32_t>(b);
-  d.tables = cu::device_buffer(tables.size() * sizeof(int32_t));
-  cu::copy_to_device(d.tables.get(), tables.data(), tables.size() * sizeof(int32_t), stream_.get());
+  if (!kv_pool_) d.kv = cu::device_buffer(static_cast<size_t>(n_blocks) * d.block_bytes);
+  d.tables = cu::device_buffer(static_cast<size_t>(n_blocks) * sizeof(int32_t));
+  d.h_tables = cu::pinned_buffer(static_cast<size_t>(n_blocks) * sizeof(int32_t));
+  for (int64_t b = 0; b < n_blocks; ++b) d.h_tables.as<int32_t>()[b] = kv_pool_ ? 0 : static_cast<int32_t>(b);
+  if (!kv_pool_) cu::copy_to_device(d.tables.get(), d.h_tables.get(), d.h_tables.size(), stream_.get());
   kv_ = p.kv;
-  block_tokens_ = p.block_tokens;
+  block_tokens_ = bt;
 
   const size_t row_ints = static_cast<size_t>(max_rows) * sizeof(int32_t);
   d.rel_ids = cu::device_buffer(row_ints);
@@ -206,8 +220,7 @@ void gpu_forward::eval(std::span<const int32_t> tokens, int64_t seq) {
   for (const int32_t t : tokens)
     if (t < 0 || t >= n_vocab_) throw std::invalid_argument("token id " + std::to_string(t) + " out of range [0, " + std::to_string(n_vocab_) + ")");
   const int64_t n = static_cast<int64_t>(tokens.size());
-  if (pos(seq) + n > n_ctx_)
-    throw std::invalid_argument("context overflow: " + std::to_string(pos(seq)) + " + " + std::to_string(n) + " tokens > n_ctx " + std::to_string(n_ctx_));
+  check_capacity(seq, pos(seq) + n);
   std::vector<int64_t> seqs(static_cast<size_t>(max_batch_), seq), positions(static_cast<size_t>(max_batch_));
   for (int64_t done = 0; done < n;) {
     const int64_t chunk = std::min(max_batch_, n - done);
@@ -228,12 +241,76 @@ void gpu_forward::decode(std::span<const int32_t> tokens, std::span<const int64_
     for (size_t j = 0; j < i; ++j)
       if (seqs[j] == seqs[i]) throw std::invalid_argument("decode: sequence " + std::to_string(seqs[i]) + " listed twice");
     if (tokens[i] < 0 || tokens[i] >= n_vocab_) throw std::invalid_argument("token id " + std::to_string(tokens[i]) + " out of range");
-    if (pos(seqs[i]) >= n_ctx_) throw std::invalid_argument("decode: sequence " + std::to_string(seqs[i]) + " is full");
+    check_capacity(seqs[i], pos(seqs[i]) + 1);
     positions[i] = pos(seqs[i]);
     out[i] = static_cast<int64_t>(i);
   }
   const auto n = static_cast<int64_t>(tokens.size());
   run(tokens.data(), seqs.data(), positions.data(), n, out.data(), n);
+}
+
+void gpu_forward::check_capacity(int64_t seq, int64_t end) const {
+  if (end > n_ctx_)
+    throw std::invalid_argument("context overflow: sequence " + std::to_string(seq) + " would hold " + std::to_string(end) + " of " +
+                                std::to_string(n_ctx_) + " positions");
+  if (!kv_pool_ || kv_pool_->capacity(seq) >= end) return;
+  throw std::invalid_argument("sequence " + std::to_string(seq) + " needs KV blocks for " + std::to_string(end) + " positions but holds " +
+                              std::to_string(kv_pool_->capacity(seq)) + (kv_pool_->swapped_out(seq) ? " (swapped out)" : "") +
+                              "; reserve them in the KV pool first");
+}
+
+void gpu_forward::upload_tables(const int64_t* seqs, int64_t n) {
+  device_state& d = *d_;
+  int32_t* h = d.h_tables.as<int32_t>();
+  for (int64_t r = 0; r < n; ++r) {
+    if (r > 0 && seqs[r] == seqs[r - 1]) continue;
+    const auto& t = kv_pool_->table(seqs[r]);
+    const auto len = std::min<int64_t>(static_cast<int64_t>(t.size()), blocks_per_seq_);
+    std::copy_n(t.data(), len, h + seqs[r] * blocks_per_seq_);
+    cu::copy_to_device(d.tables.as<int32_t>() + seqs[r] * blocks_per_seq_, h + seqs[r] * blocks_per_seq_,
+                       static_cast<size_t>(len) * sizeof(int32_t), stream_.get());
+  }
+}
+
+void gpu_forward::assume(int64_t pos, int64_t seq) {
+  check_seq(seq);
+  if (!kv_pool_) throw std::invalid_argument("assume: only a paged context adopts KV blocks");
+  if (pos_[static_cast<size_t>(seq)] != 0) throw std::invalid_argument("assume: sequence " + std::to_string(seq) + " is not empty");
+  if (pos < 0 || pos > n_ctx_ || kv_pool_->capacity(seq) < pos)
+    throw std::invalid_argument("assume: sequence " + std::to_string(seq) + " has no KV blocks for " + std::to_string(pos) + " positions");
+  pos_[static_cast<size_t>(seq)] = pos;
+}
+
+void gpu_forward::step(std::span<const int32_t> tokens, std::span<const int64_t> seqs) {
+  if (tokens.size() != seqs.size())
+    throw std::invalid_argument("step: " + std::to_string(tokens.size()) + " tokens for " + std::to_string(seqs.size()) + " sequence ids");
+  if (tokens.empty()) return;
+  const auto n = static_cast<int64_t>(tokens.size());
+  if (n > max_rows_) throw std::invalid_argument("step: " + std::to_string(n) + " rows, more than the " + std::to_string(max_rows_) + " a pass holds");
+  // Runs of consecutive rows per sequence; a sequence may not come back after another's run.
+  step_out_.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = seqs[static_cast<size_t>(i)];
+    check_seq(s);
+    const int32_t t = tokens[static_cast<size_t>(i)];
+    if (t < 0 || t >= n_vocab_) throw std::invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(n_vocab_) + ")");
+    if (i == 0 || seqs[static_cast<size_t>(i - 1)] != s)
+      for (int64_t j = 0; j < i; ++j)
+        if (seqs[static_cast<size_t>(j)] == s) throw std::invalid_argument("step: the rows of sequence " + std::to_string(s) + " are not consecutive");
+    if (i + 1 == n || seqs[static_cast<size_t>(i + 1)] != s) step_out_.push_back(i);
+  }
+  for (size_t k = 0; k < step_out_.size(); ++k) {
+    const int64_t end = step_out_[k], begin = k == 0 ? 0 : step_out_[k - 1] + 1;
+    const int64_t s = seqs[static_cast<size_t>(end)];
+    check_capacity(s, pos(s) + (end - begin + 1));
+  }
+  for (int64_t i = 0, k = 0; i < n; ++i) {
+    const int64_t s = seqs[static_cast<size_t>(i)];
+    const int64_t begin = k == 0 ? 0 : step_out_[static_cast<size_t>(k - 1)] + 1;
+    row_pos_[static_cast<size_t>(i)] = pos(s) + (i - begin);
+    if (i == step_out_[static_cast<size_t>(k)]) ++k;
+  }
+  run(tokens.data(), seqs.data(), row_pos_.data(), n, step_out_.data(), static_cast<int64_t>(step_out_.size()));
 }
 
 gpu_forward::lease::lease(gpu_forward& f, int seg) : f_(&f), seg_(seg), base(f.acquire(seg)) {}
@@ -306,6 +383,7 @@ void gpu_forward::run(const int32_t* tokens, const int64_t* seqs, const int64_t*
   const size_t row_ints = static_cast<size_t>(n) * sizeof(int32_t);
   cu::copy_to_device(d.pos.get(), d.h_pos, row_ints, s);
   cu::copy_to_device(d.table_of_row.get(), d.h_tor, row_ints, s);
+  if (kv_pool_) upload_tables(seqs, n);
 
   // Token embedding, piece by piece: each run of rows whose tokens fall in a piece is one
   // gather with ids relative to the piece.
@@ -429,7 +507,7 @@ void gpu_forward::body(int64_t n, const int64_t* out_rows, int64_t n_out) {
     cu::rope(d.q, n, Q, static_cast<int>(c.n_head), static_cast<int>(hd), rows.pos, rope_, ff, s);
     cu::rope(d.k, n, KV, static_cast<int>(c.n_head_kv), static_cast<int>(hd), rows.pos, rope_, ff, s);
 
-    std::byte* kv_base = d.kv.as<std::byte>();
+    std::byte* kv_base = kv_pool_ ? kv_pool_->data() : d.kv.as<std::byte>();
     const size_t eb = elem_bytes(kv_);
     const cu::paged_layer layer{kv_base + (2 * static_cast<size_t>(l)) * d.part_bytes,
                                 kv_base + (2 * static_cast<size_t>(l) + 1) * d.part_bytes,

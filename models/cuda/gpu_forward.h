@@ -16,6 +16,8 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
+#include "memory/kv_pool.h"
+#include "models/forward_pass.h"
 #include "models/model.h"
 #include "models/weight_residency.h"
 
@@ -27,12 +29,17 @@ struct gpu_context_params {
   int64_t max_batch = 512; // prompt rows per pass
   kernels::cpu::kv_type kv = kernels::cpu::kv_type::f16;
   int64_t block_tokens = 16;
+  // The executor's paged KV cache instead of this object's own: sequence s is the pool's
+  // sequence s, its positions in the blocks the caller reserved (on the device tier of an
+  // arbiter running the CUDA backend, so pool->data() is device memory); block_tokens then
+  // comes from the pool. The pool must outlive this object.
+  memory::kv_pool* kv_pool = nullptr;
   // Replay decode-sized passes (up to kernels::cuda::k_matvec_max_rows rows, resident
   // weights) from CUDA graphs captured on first use: one launch instead of hundreds.
   bool cuda_graphs = true;
 };
 
-class gpu_forward {
+class gpu_forward final : public forward_pass {
  public:
   // The model must have been loaded with load_options::pack_weights off (the CUDA kernels
   // read the file layout); throws std::invalid_argument otherwise, and std::runtime_error when
@@ -52,12 +59,21 @@ class gpu_forward {
   // holds one row per token in order.
   void decode(std::span<const int32_t> tokens, std::span<const int64_t> seqs);
 
+  // The engine's pass (forward_pass::step): rows of several sequences, each sequence's rows
+  // consecutive; one row of logits per sequence, for its last row. At most max_batch() rows.
+  void step(std::span<const int32_t> tokens, std::span<const int64_t> seqs) override;
+  // Paged (kv_pool) contexts only: see forward_pass::assume.
+  void assume(int64_t pos, int64_t seq) override;
+  // The CUDA attention has one kernel (f32 throughout): nothing to choose.
+  void set_prompt_end(int64_t, int64_t) override {}
+
   std::span<const float> logits() const;
-  std::span<const float> all_logits_rows() const { return {logits_.data(), static_cast<size_t>(n_logit_rows_ * n_vocab_)}; }
-  int64_t pos(int64_t seq = 0) const { return pos_.at(static_cast<size_t>(seq)); }
-  void reset(int64_t seq = 0) { pos_.at(static_cast<size_t>(seq)) = 0; }
+  std::span<const float> all_logits_rows() const override { return {logits_.data(), static_cast<size_t>(n_logit_rows_ * n_vocab_)}; }
+  int64_t pos(int64_t seq = 0) const override { return pos_.at(static_cast<size_t>(seq)); }
+  void reset(int64_t seq = 0) override { pos_.at(static_cast<size_t>(seq)) = 0; }
   int64_t n_ctx() const { return n_ctx_; }
-  int64_t max_batch() const { return max_batch_; }
+  // Rows per pass: max_batch clamped to [1, n_ctx], at least n_seq.
+  int64_t max_batch() const override { return max_rows_; }
   // Device bytes this object allocated: uploaded weights (resident), KV, activations, scratch.
   uint64_t device_bytes() const;
   kernels::cuda::stream_t stream() const { return stream_.get(); }
@@ -65,6 +81,10 @@ class gpu_forward {
  private:
   struct device_state;
   void check_seq(int64_t seq) const;
+  void check_capacity(int64_t seq, int64_t end) const;
+  // Rows r0 .. of each sequence in the pass: its block table's offset in the tables buffer
+  // (own KV: fixed; kv_pool: the pass's tables, copied before it).
+  void upload_tables(const int64_t* seqs, int64_t n);
   // Rows r of the pass: token tokens[r] of sequence seqs[r] at position positions[r]; the
   // logits of rows out_rows[0 .. n_out) are copied to logits_.
   void run(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, const int64_t* out_rows,
@@ -106,7 +126,9 @@ class gpu_forward {
   kernels::cpu::kv_type kv_ = kernels::cpu::kv_type::f16;
   int64_t block_tokens_ = 16;
   bool graphs_ = true;
-  int64_t n_ctx_ = 0, max_batch_ = 0, n_vocab_ = 0, blocks_per_seq_ = 0;
+  int64_t n_ctx_ = 0, max_batch_ = 0, max_rows_ = 0, n_vocab_ = 0, blocks_per_seq_ = 0;
+  memory::kv_pool* kv_pool_ = nullptr;
+  std::vector<int64_t> step_out_, row_pos_;
   std::vector<int64_t> pos_;
   std::vector<float> logits_;
   int64_t n_logit_rows_ = 1;

@@ -1,0 +1,32 @@
+// What the serving engine asks of a forward pass over a paged KV cache, whichever device runs
+// it: forward_context (models/forward.h) on the CPU kernels, gpu_forward
+// (models/cuda/gpu_forward.h) on a CUDA device. Each sequence's positions live in the blocks
+// its caller reserved in a memory::kv_pool.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+namespace tandem::models {
+
+class forward_pass {
+ public:
+  virtual ~forward_pass() = default;
+  // One pass over rows of several sequences, each sequence's rows consecutive and continuing
+  // it at its pos(): afterwards all_logits_rows() holds one row of logits per sequence (for
+  // its last row), in the order the sequences appear. Throws std::invalid_argument before
+  // doing any work on bad input.
+  virtual void step(std::span<const int32_t> tokens, std::span<const int64_t> seqs) = 0;
+  virtual std::span<const float> all_logits_rows() const = 0;
+  virtual int64_t pos(int64_t seq) const = 0;
+  virtual int64_t max_batch() const = 0;  // rows per step
+  virtual void reset(int64_t seq) = 0;    // forget the sequence
+  // An empty sequence whose first `pos` positions are already in its KV blocks (a prefix
+  // cache hit) continues from there.
+  virtual void assume(int64_t pos, int64_t seq) = 0;
+  // Which attention kernel the rows before `end` take, where the device has a choice (the
+  // CPU: tiled f32 or llama.cpp's f16 arithmetic); a no-op elsewhere.
+  virtual void set_prompt_end(int64_t seq, int64_t end) = 0;
+};
+
+}  // namespace tandem::models
