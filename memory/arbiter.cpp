@@ -205,6 +205,25 @@ event arbiter::start_fill(segment& s, std::byte* dst) {
   return event(done);
 }
 
+event arbiter::start_bounced_fill(segment& s, std::byte* dst) {
+  // A device the host cannot write, and no room for a host copy: fill a transient buffer in
+  // ordinary RAM and copy it over (slower than from pinned memory, and nothing is kept), so a
+  // small host budget limits what stays staged, not what can run.
+  auto done = std::make_shared<host_event>();
+  backend& b = backend_;
+  stager_.post([fill = s.src.fill, dst, bytes = static_cast<size_t>(s.src.bytes), done, &b] {
+    try {
+      std::vector<std::byte> buf(bytes);
+      fill(buf.data());
+      b.copy(copy_kind::host_to_device, dst, buf.data(), bytes).wait();
+      done->signal();
+    } catch (...) {
+      done->fail(std::current_exception());
+    }
+  });
+  return event(done);
+}
+
 event arbiter::start_device_copy(segment& s, std::byte* dst) {
   // From the host copy (landed or still filling; the loader waits for it), after every copy
   // posted before this one: the loader runs in order.
@@ -264,6 +283,7 @@ arbiter::result arbiter::load(model_id m, segment_range r) {
   // Space first, all or nothing: device copies, and host copies where the device cannot be
   // filled from disk directly.
   std::vector<std::pair<int, size_t>> dev, host;
+  std::vector<int> bounced;  // no room for a host copy: filled through a transient buffer
   auto undo = [&] {
     for (const auto& [j, off] : dev) give_back(tier::device, off);
     for (const auto& [j, off] : host) give_back(tier::host, off);
@@ -278,12 +298,10 @@ arbiter::result arbiter::load(model_id m, segment_range r) {
     }
     dev.emplace_back(i, *at);
     if (!s.host.allocated && !direct) {
-      const auto h = take(tier::host, static_cast<size_t>(s.src.bytes), {owner_kind::segment, e.name, s.src.name});
-      if (!h) {
-        undo();
-        return {status::no_space, {}};
-      }
-      host.emplace_back(i, *h);
+      if (const auto h = take(tier::host, static_cast<size_t>(s.src.bytes), {owner_kind::segment, e.name, s.src.name}))
+        host.emplace_back(i, *h);
+      else
+        bounced.push_back(i);
     }
   }
   for (const auto& [i, off] : host) {
@@ -298,7 +316,9 @@ arbiter::result arbiter::load(model_id m, segment_range r) {
     auto& s = e.segs[static_cast<size_t>(i)];
     s.device.allocated = true;
     s.device.offset = off;
-    s.device.ready = s.host.allocated ? start_device_copy(s, at(tier::device, off)) : start_fill(s, at(tier::device, off));
+    std::byte* dst = at(tier::device, off);
+    const bool bounce = std::find(bounced.begin(), bounced.end(), i) != bounced.end();
+    s.device.ready = s.host.allocated ? start_device_copy(s, dst) : bounce ? start_bounced_fill(s, dst) : start_fill(s, dst);
     evs.push_back(s.device.ready);
   }
   return {status::ok, all_of(std::move(evs))};
@@ -360,11 +380,12 @@ status arbiter::retarget_slot(model_entry& e, int seg, int* slot_out) {
   if (best < 0) return status::busy;
   auto& sl = e.slots[static_cast<size_t>(best)];
   auto& s = e.segs[static_cast<size_t>(seg)];
-  if (!s.host.allocated && !backend_.device_host_addressable()) return status::not_resident;
   std::byte* dst = at(tier::device, sl.offset);
   sl.seg = seg;
   sl.last_use = ++tick_;
-  sl.ready = s.host.allocated ? start_device_copy(s, dst) : start_fill(s, dst);
+  sl.ready = s.host.allocated                         ? start_device_copy(s, dst)
+             : backend_.device_host_addressable() ? start_fill(s, dst)
+                                                   : start_bounced_fill(s, dst);
   *slot_out = best;
   return status::ok;
 }

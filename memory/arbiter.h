@@ -170,7 +170,8 @@ class arbiter {
   result stage(model_id m, segment_range r = {});
   // -> device for the segments not already there: from the host copy when there is one, else
   // filled from disk (directly where the device is host-addressable, else through the host
-  // tier, which then keeps a copy). All or nothing.
+  // tier, which then keeps a copy, or, when the host tier has no room, through a transient
+  // buffer in RAM that is not kept). All or nothing over the device tier.
   result load(model_id m, segment_range r = {});
   // Frees the segments' copies in tier t (device or host). busy, and nothing freed, when one
   // of them is leased or a copy from or into it is in flight.
@@ -245,7 +246,11 @@ class arbiter {
   // Starts copying segment s (which has a host copy or can be filled) into device memory at
   // `dst`; returns the event of its landing. Caller holds the lock.
   event start_device_copy(segment& s, std::byte* dst);
+  // Fills `dst` from disk: directly (start_fill: host memory, or a host-addressable device),
+  // or, for a device the host cannot write and no host copy, through a transient buffer in
+  // RAM that is then copied over (start_bounced_fill).
   event start_fill(segment& s, std::byte* dst);
+  event start_bounced_fill(segment& s, std::byte* dst);
   status retarget_slot(model_entry& e, int seg, int* slot_out);
   void end_lease(model_id m, int seg, int slot);
 

@@ -11,6 +11,10 @@
 #include "models/forward.h"
 #include "runtime/memory_plan.h"
 
+#if defined(TANDEM_HAVE_CUDA)
+#include "models/cuda/gpu_forward.h"
+#endif
+
 namespace tandem::runtime {
 
 namespace {
@@ -50,8 +54,27 @@ served_roster::served_roster(const configs::roster& r, const serve_options& o) :
   const auto& dev = roster_.devices.front();
   backend_ = memory::make_backend({backend_kind_of(dev.backend), dev.link_gbps});
   // A backend whose device memory the host cannot read is a GPU: the engine computes its
-  // models with the CUDA forward pass, which reads weights in their file layout.
-  const bool gpu = !backend_->device_host_addressable();
+  // models with the CUDA forward pass, which reads weights in their file layout. A model it
+  // cannot run (a weight type without CUDA kernels) is an error when the roster asks for CUDA,
+  // and sends `auto` back to the CPU backend with a warning.
+  bool gpu = !backend_->device_host_addressable();
+#if defined(TANDEM_HAVE_CUDA)
+  for (const auto& e : roster_.models) {
+    if (!gpu) break;
+    std::string why;
+    try {
+      why = models::gpu_unsupported(models::model(e.file, {.pack_weights = false, .own_weights = false}));
+    } catch (const std::exception&) {
+      continue;  // an unreadable file is reported, naming it, when the models are opened below
+    }
+    if (why.empty()) continue;
+    if (dev.backend == configs::backend_choice::cuda)
+      throw std::runtime_error(roster_.source + ": model '" + e.name + "' cannot run on " + backend_->info().name + " (devices[0].backend: cuda): " + why);
+    spdlog::warn("serve: {} found, but model '{}' cannot run on it ({}): serving on the CPU backend", backend_->info().name, e.name, why);
+    backend_ = memory::make_backend({memory::backend_kind::cpu, dev.link_gbps});
+    gpu = false;
+  }
+#endif
   arbiter_ = std::make_unique<memory::arbiter>(*backend_, memory::arbiter_config{dev.vram, dev.host});
 
   std::vector<engine_model> ems;

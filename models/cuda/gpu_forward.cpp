@@ -24,6 +24,28 @@ size_t elem_bytes(kv_type t) { return t == kv_type::f16 ? 2 : 4; }
 
 }  // namespace
 
+std::string gpu_unsupported(const model& m) {
+  const auto& c = m.config();
+  const weight_plan& plan = m.plan();
+  for (const auto& seg : plan.segments)
+    for (const auto& t : seg.tensors)
+      if (t.form == tensor_form::packed)
+        return "segment " + seg.name + " holds CPU-packed panels; load the model with pack_weights off for the CUDA backend";
+  try {
+    for (const auto& layer : plan.layers)
+      for (const matrix_at* mat : {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w_gate, &layer.w_up, &layer.w_down})
+        kernels::require(kernels::device_kind::cuda, kernels::op::matmul, mat->view.type, "layer weights");
+    for (const auto& piece : plan.token_embd) kernels::require(kernels::device_kind::cuda, kernels::op::get_rows, piece.m.view.type, "token_embd");
+    for (const auto& piece : plan.output) kernels::require(kernels::device_kind::cuda, kernels::op::matmul, piece.m.view.type, "output");
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  if (c.head_dim < 1 || c.head_dim > 256 || c.n_head_kv < 1 || c.n_head % c.n_head_kv != 0)
+    return "the CUDA attention takes head_dim 1..256 and n_head a multiple of n_head_kv (model: head_dim " + std::to_string(c.head_dim) + ", " +
+           std::to_string(c.n_head) + " / " + std::to_string(c.n_head_kv) + " heads)";
+  return {};
+}
+
 // Device memory of the pass: everything is sized at construction, so eval and decode only
 // enqueue kernels and copies.
 struct gpu_forward::device_state {
@@ -55,21 +77,7 @@ gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_res
     : model_(m), residency_(residency) {
   const auto& c = m.config();
   const weight_plan& plan = m.plan();
-  for (const auto& seg : plan.segments)
-    for (const auto& t : seg.tensors)
-      if (t.form == tensor_form::packed)
-        throw std::invalid_argument("gpu forward: segment " + seg.name +
-                                    " holds CPU-packed panels; load the model with pack_weights off for the CUDA backend");
-  for (const auto& layer : plan.layers)
-    for (const matrix_at* mat : {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w_gate, &layer.w_up, &layer.w_down})
-      kernels::require(kernels::device_kind::cuda, kernels::op::matmul, mat->view.type, "gpu forward");
-  for (const auto& piece : plan.token_embd)
-    kernels::require(kernels::device_kind::cuda, kernels::op::get_rows, piece.m.view.type, "gpu forward: token_embd");
-  for (const auto& piece : plan.output)
-    kernels::require(kernels::device_kind::cuda, kernels::op::matmul, piece.m.view.type, "gpu forward: output");
-  if (c.head_dim < 1 || c.head_dim > 256 || c.n_head_kv < 1 || c.n_head % c.n_head_kv != 0)
-    throw std::invalid_argument("gpu forward: the CUDA attention takes head_dim 1..256 and n_head a multiple of n_head_kv (model: head_dim " +
-                                std::to_string(c.head_dim) + ", " + std::to_string(c.n_head) + " / " + std::to_string(c.n_head_kv) + " heads)");
+  if (const std::string why = gpu_unsupported(m); !why.empty()) throw std::invalid_argument("gpu forward: " + why);
   if (std::string why; !cu::device_available(&why)) throw std::runtime_error("gpu forward: " + why);
 
   n_vocab_ = c.n_vocab;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -38,6 +39,10 @@ struct gpu_context_params {
   // weights) from CUDA graphs captured on first use: one launch instead of hundreds.
   bool cuda_graphs = true;
 };
+
+// Why the CUDA forward pass cannot run `m` (a weight type without CUDA kernels, an attention
+// shape the kernel does not take, CPU-packed weights), or empty when it can. Needs no device.
+std::string gpu_unsupported(const model& m);
 
 class gpu_forward final : public forward_pass {
  public:

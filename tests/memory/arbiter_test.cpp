@@ -42,9 +42,53 @@ bool holds_segment(const std::byte* p, int tag, int i, uint64_t n) {
   return true;
 }
 
+// The CPU backend claiming, as a GPU's does, that the host cannot write its device tier: the
+// arbiter must then never fill device memory in place, while the test can still read it.
+class opaque_device_backend final : public backend {
+ public:
+  opaque_device_backend() : inner_(make_cpu_backend()) {}
+  backend_info info() const override { return inner_->info(); }
+  std::unique_ptr<region> allocate(tier t, size_t bytes) override { return inner_->allocate(t, bytes); }
+  bool device_host_addressable() const override { return false; }
+  event copy(copy_kind kind, void* dst, const void* src, size_t bytes) override {
+    ++copies;
+    return inner_->copy(kind, dst, src, bytes);
+  }
+  void synchronize() override { inner_->synchronize(); }
+  std::atomic<int> copies{0};
+
+ private:
+  std::unique_ptr<backend> inner_;
+};
+
 }  // namespace
 
 TEST_SUITE("arbiter") {
+  TEST_CASE("a device the host cannot write, and no host room: loads and stream slots fill through a transient buffer") {
+    opaque_device_backend b;
+    arbiter a(b, {1 << 20, 4096, 4096});  // one block of host tier: room for no segment
+    const auto m = a.add_model("m", segments(5, {9000, 7000, 8000}));
+    auto ld = a.load(m, {0, 2});
+    REQUIRE(ld.st == status::ok);
+    ld.done.wait();
+    CHECK(b.copies == 2);  // each segment copied to the device, none filled in place
+    CHECK(a.residency_of(m, 0, tier::host) == residency::absent);
+    for (int i = 0; i < 2; ++i) {
+      auto l = a.acquire(m, i);
+      REQUIRE(l);
+      CHECK(holds_segment(l.data(), 5, i, i == 0 ? 9000 : 7000));
+    }
+    REQUIRE(a.reserve_stream_slots(m, 1) == status::ok);
+    {
+      auto l = a.acquire(m, 2);  // through the slot, with no host copy to copy from
+      REQUIRE(l);
+      CHECK(holds_segment(l.data(), 5, 2, 8000));
+    }
+    CHECK(b.copies == 3);
+    a.check_integrity();
+  }
+
+
   TEST_CASE("stage, load, lease, evict: bytes land where the lease says, owners add up") {
     auto b = make_cpu_backend();
     arbiter a(*b, {1 << 20, 1 << 20, 4096});
