@@ -439,40 +439,22 @@ void forward_context::decode(std::span<const int32_t> tokens, std::span<const in
 }
 
 void forward_context::step(std::span<const int32_t> tokens, std::span<const int64_t> seqs) {
-  if (tokens.size() != seqs.size())
-    throw std::invalid_argument("step: " + std::to_string(tokens.size()) + " tokens for " + std::to_string(seqs.size()) + " sequence ids");
-  if (tokens.empty()) return;
+  if (tokens.empty() && seqs.empty()) return;
+  lay_out_step(
+      tokens, seqs, n_vocab_, max_batch_,
+      [this](int64_t s) {
+        check_seq(s);
+        return pos_[static_cast<size_t>(s)];
+      },
+      [this](int64_t s, int64_t need) {
+        if (need > n_ctx_)
+          throw std::invalid_argument("context overflow: sequence " + std::to_string(s) + " would hold " + std::to_string(need) + " of " +
+                                      std::to_string(n_ctx_) + " positions");
+        check_capacity(s, need);
+      },
+      step_out_, row_pos_.data());
   const auto n = static_cast<int64_t>(tokens.size());
-  if (n > max_batch_) throw std::invalid_argument("step: " + std::to_string(n) + " rows, more than the " + std::to_string(max_batch_) + " a pass holds");
-  // Runs of consecutive rows per sequence; a sequence may not come back after another's run.
-  step_out_.clear();
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t s = seqs[static_cast<size_t>(i)];
-    check_seq(s);
-    const int32_t t = tokens[static_cast<size_t>(i)];
-    if (t < 0 || t >= n_vocab_) throw std::invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(n_vocab_) + ")");
-    const bool starts_run = i == 0 || seqs[static_cast<size_t>(i - 1)] != s;
-    if (starts_run) {
-      for (int64_t j = 0; j < i; ++j)
-        if (seqs[static_cast<size_t>(j)] == s) throw std::invalid_argument("step: the rows of sequence " + std::to_string(s) + " are not consecutive");
-    }
-    if (i + 1 == n || seqs[static_cast<size_t>(i + 1)] != s) step_out_.push_back(i);
-  }
-  for (size_t k = 0; k < step_out_.size(); ++k) {
-    const int64_t end = step_out_[k], begin = k == 0 ? 0 : step_out_[k - 1] + 1;
-    const int64_t s = seqs[static_cast<size_t>(end)];
-    const int64_t need = pos_[static_cast<size_t>(s)] + (end - begin + 1);
-    if (need > n_ctx_)
-      throw std::invalid_argument("context overflow: sequence " + std::to_string(s) + " would hold " + std::to_string(need) + " of " + std::to_string(n_ctx_) + " positions");
-    check_capacity(s, need);
-  }
-  for (int64_t i = 0, k = 0; i < n; ++i) {
-    const int64_t s = seqs[static_cast<size_t>(i)];
-    const int64_t begin = k == 0 ? 0 : step_out_[static_cast<size_t>(k - 1)] + 1;
-    row_seq_[static_cast<size_t>(i)] = s;
-    row_pos_[static_cast<size_t>(i)] = pos_[static_cast<size_t>(s)] + (i - begin);
-    if (i == step_out_[static_cast<size_t>(k)]) ++k;
-  }
+  for (int64_t i = 0; i < n; ++i) row_seq_[static_cast<size_t>(i)] = seqs[static_cast<size_t>(i)];
   const auto runs = static_cast<int64_t>(step_out_.size());
   if (logits_.size() < static_cast<size_t>(runs * n_vocab_)) logits_.resize(static_cast<size_t>(runs * n_vocab_));
   n_logit_rows_ = runs;

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
+#include <vector>
 
 namespace tandem::models {
 
@@ -28,5 +30,16 @@ class forward_pass {
   // CPU: tiled f32 or llama.cpp's f16 arithmetic); a no-op elsewhere.
   virtual void set_prompt_end(int64_t seq, int64_t end) = 0;
 };
+
+// The rows of a step() checked and laid out, before any work, for both forward passes: rows
+// of one sequence must be consecutive and a sequence may not come back after another's run;
+// token ids in [0, n_vocab); at most max_rows rows. pos_of(seq) gives a sequence's next
+// position and throws std::invalid_argument for one out of range; fits(seq, end) throws it
+// when the sequence cannot hold positions up to `end` (context, KV blocks). Fills last_rows
+// with the last row of each run and row_pos[i] with row i's position. Throws
+// std::invalid_argument naming what is wrong.
+void lay_out_step(std::span<const int32_t> tokens, std::span<const int64_t> seqs, int64_t n_vocab, int64_t max_rows,
+                  const std::function<int64_t(int64_t)>& pos_of, const std::function<void(int64_t, int64_t)>& fits,
+                  std::vector<int64_t>& last_rows, int64_t* row_pos);
 
 }  // namespace tandem::models

@@ -54,59 +54,32 @@ void check_last(const char* what) {
   if (err != cudaSuccess) throw std::runtime_error(describe(what, err));
 }
 
-device_buffer::device_buffer(size_t bytes) {
-  if (bytes == 0) return;  // cudaMalloc(0) may or may not return a pointer; keep "empty" uniform
+namespace {
+
+// One allocation of `bytes` by `alloc`, or null for zero bytes; throws naming `what` and the size.
+template <class Alloc>
+void* allocate(size_t bytes, const char* what, Alloc alloc) {
+  if (bytes == 0) return nullptr;  // cudaMalloc(0) may or may not return a pointer; keep "empty" uniform
   void* p = nullptr;
-  const cudaError_t err = cudaMalloc(&p, bytes);
+  const cudaError_t err = alloc(&p, bytes);
   if (err != cudaSuccess) {
     cudaGetLastError();
-    throw std::runtime_error(describe("cudaMalloc of " + std::to_string(bytes) + " bytes", err));
+    throw std::runtime_error(describe(std::string(what) + " of " + std::to_string(bytes) + " bytes", err));
   }
-  p_ = p;
-  n_ = bytes;
+  return p;
 }
 
-device_buffer::~device_buffer() {
-  if (p_) cudaFree(p_);  // a destructor cannot report; a failing free means a dead context anyway
-}
+void free_device(void* p) { cudaFree(p); }
+void free_pinned(void* p) { cudaFreeHost(p); }
 
-device_buffer& device_buffer::operator=(device_buffer&& o) noexcept {
-  if (this != &o) {
-    if (p_) cudaFree(p_);
-    p_ = o.p_;
-    n_ = o.n_;
-    o.p_ = nullptr;
-    o.n_ = 0;
-  }
-  return *this;
-}
+}  // namespace
 
-pinned_buffer::pinned_buffer(size_t bytes) {
-  if (bytes == 0) return;
-  void* p = nullptr;
-  const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    throw std::runtime_error(describe("cudaHostAlloc of " + std::to_string(bytes) + " bytes", err));
-  }
-  p_ = p;
-  n_ = bytes;
-}
+device_buffer::device_buffer(size_t bytes)
+    : cuda_memory(allocate(bytes, "cudaMalloc", [](void** p, size_t n) { return cudaMalloc(p, n); }), bytes, &free_device) {}
 
-pinned_buffer::~pinned_buffer() {
-  if (p_) cudaFreeHost(p_);
-}
-
-pinned_buffer& pinned_buffer::operator=(pinned_buffer&& o) noexcept {
-  if (this != &o) {
-    if (p_) cudaFreeHost(p_);
-    p_ = o.p_;
-    n_ = o.n_;
-    o.p_ = nullptr;
-    o.n_ = 0;
-  }
-  return *this;
-}
+pinned_buffer::pinned_buffer(size_t bytes)
+    : cuda_memory(allocate(bytes, "cudaHostAlloc", [](void** p, size_t n) { return cudaHostAlloc(p, n, cudaHostAllocDefault); }), bytes,
+                  &free_pinned) {}
 
 event::event() {
   cudaEvent_t e = nullptr;

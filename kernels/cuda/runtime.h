@@ -18,48 +18,61 @@ bool device_available(std::string* why = nullptr);
 // asynchronous operation failed; clears non-sticky errors first read.
 void check_last(const char* what);
 
-// cudaMalloc'd memory, freed with the object.
-class device_buffer {
+// Memory from the CUDA runtime, freed with the object by the call that matches how it was
+// allocated (device_buffer, pinned_buffer).
+class cuda_memory {
+ public:
+  cuda_memory() = default;
+  ~cuda_memory() { reset(); }
+  cuda_memory(cuda_memory&& o) noexcept : p_(o.p_), n_(o.n_), free_(o.free_) { o.p_ = nullptr; o.n_ = 0; }
+  cuda_memory& operator=(cuda_memory&& o) noexcept {
+    if (this != &o) {
+      reset();
+      p_ = o.p_;
+      n_ = o.n_;
+      free_ = o.free_;
+      o.p_ = nullptr;
+      o.n_ = 0;
+    }
+    return *this;
+  }
+  cuda_memory(const cuda_memory&) = delete;
+  cuda_memory& operator=(const cuda_memory&) = delete;
+
+  void* get() const { return p_; }
+  template <class T>
+  T* as() const { return static_cast<T*>(p_); }
+  size_t size() const { return n_; }
+
+ protected:
+  using free_fn = void (*)(void*);
+  cuda_memory(void* p, size_t n, free_fn f) : p_(p), n_(p ? n : 0), free_(f) {}
+
+ private:
+  // A failing free means a dead context; a destructor cannot report it anyway.
+  void reset() noexcept {
+    if (p_) free_(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+  void* p_ = nullptr;
+  size_t n_ = 0;
+  free_fn free_ = nullptr;
+};
+
+// cudaMalloc'd memory. Zero bytes: empty, no call.
+class device_buffer : public cuda_memory {
  public:
   device_buffer() = default;
   explicit device_buffer(size_t bytes);  // throws std::runtime_error naming the size
-  ~device_buffer();
-  device_buffer(device_buffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
-  device_buffer& operator=(device_buffer&& o) noexcept;
-  device_buffer(const device_buffer&) = delete;
-  device_buffer& operator=(const device_buffer&) = delete;
-
-  void* get() const { return p_; }
-  template <class T>
-  T* as() const { return static_cast<T*>(p_); }
-  size_t size() const { return n_; }
-
- private:
-  void* p_ = nullptr;
-  size_t n_ = 0;
 };
 
-// cudaHostAlloc'd (pinned) host memory, freed with the object: copies from it are true DMA
-// that run after the call returns, so the bytes must stay unchanged until the stream has
-// reached the copy.
-class pinned_buffer {
+// cudaHostAlloc'd (pinned) host memory: copies from it are true DMA that run after the call
+// returns, so the bytes must stay unchanged until the stream has reached the copy.
+class pinned_buffer : public cuda_memory {
  public:
   pinned_buffer() = default;
   explicit pinned_buffer(size_t bytes);  // throws std::runtime_error naming the size
-  ~pinned_buffer();
-  pinned_buffer(pinned_buffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
-  pinned_buffer& operator=(pinned_buffer&& o) noexcept;
-  pinned_buffer(const pinned_buffer&) = delete;
-  pinned_buffer& operator=(const pinned_buffer&) = delete;
-
-  void* get() const { return p_; }
-  template <class T>
-  T* as() const { return static_cast<T*>(p_); }
-  size_t size() const { return n_; }
-
- private:
-  void* p_ = nullptr;
-  size_t n_ = 0;
 };
 
 // A non-blocking stream (does not serialise against the legacy default stream).

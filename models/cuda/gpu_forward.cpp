@@ -290,35 +290,16 @@ void gpu_forward::assume(int64_t pos, int64_t seq) {
 }
 
 void gpu_forward::step(std::span<const int32_t> tokens, std::span<const int64_t> seqs) {
-  if (tokens.size() != seqs.size())
-    throw std::invalid_argument("step: " + std::to_string(tokens.size()) + " tokens for " + std::to_string(seqs.size()) + " sequence ids");
-  if (tokens.empty()) return;
-  const auto n = static_cast<int64_t>(tokens.size());
-  if (n > max_rows_) throw std::invalid_argument("step: " + std::to_string(n) + " rows, more than the " + std::to_string(max_rows_) + " a pass holds");
-  // Runs of consecutive rows per sequence; a sequence may not come back after another's run.
-  step_out_.clear();
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t s = seqs[static_cast<size_t>(i)];
-    check_seq(s);
-    const int32_t t = tokens[static_cast<size_t>(i)];
-    if (t < 0 || t >= n_vocab_) throw std::invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(n_vocab_) + ")");
-    if (i == 0 || seqs[static_cast<size_t>(i - 1)] != s)
-      for (int64_t j = 0; j < i; ++j)
-        if (seqs[static_cast<size_t>(j)] == s) throw std::invalid_argument("step: the rows of sequence " + std::to_string(s) + " are not consecutive");
-    if (i + 1 == n || seqs[static_cast<size_t>(i + 1)] != s) step_out_.push_back(i);
-  }
-  for (size_t k = 0; k < step_out_.size(); ++k) {
-    const int64_t end = step_out_[k], begin = k == 0 ? 0 : step_out_[k - 1] + 1;
-    const int64_t s = seqs[static_cast<size_t>(end)];
-    check_capacity(s, pos(s) + (end - begin + 1));
-  }
-  for (int64_t i = 0, k = 0; i < n; ++i) {
-    const int64_t s = seqs[static_cast<size_t>(i)];
-    const int64_t begin = k == 0 ? 0 : step_out_[static_cast<size_t>(k - 1)] + 1;
-    row_pos_[static_cast<size_t>(i)] = pos(s) + (i - begin);
-    if (i == step_out_[static_cast<size_t>(k)]) ++k;
-  }
-  run(tokens.data(), seqs.data(), row_pos_.data(), n, step_out_.data(), static_cast<int64_t>(step_out_.size()));
+  if (tokens.empty() && seqs.empty()) return;
+  lay_out_step(
+      tokens, seqs, n_vocab_, max_rows_,
+      [this](int64_t s) {
+        check_seq(s);
+        return pos(s);
+      },
+      [this](int64_t s, int64_t need) { check_capacity(s, need); }, step_out_, row_pos_.data());
+  run(tokens.data(), seqs.data(), row_pos_.data(), static_cast<int64_t>(tokens.size()), step_out_.data(),
+      static_cast<int64_t>(step_out_.size()));
 }
 
 gpu_forward::lease::lease(gpu_forward& f, int seg) : f_(&f), seg_(seg), base(f.acquire(seg)) {}
