@@ -378,10 +378,7 @@ void forward_context::truncate(int64_t pos, int64_t seq) {
 
 void forward_context::assume(int64_t pos, int64_t seq) {
   check_seq(seq);
-  if (!kv_pool_) throw std::invalid_argument("assume: only a paged context adopts KV blocks");
-  if (pos_[static_cast<size_t>(seq)] != 0) throw std::invalid_argument("assume: sequence " + std::to_string(seq) + " is not empty");
-  if (pos < 0 || pos > n_ctx_ || kv_pool_->capacity(seq) < pos)
-    throw std::invalid_argument("assume: sequence " + std::to_string(seq) + " has no KV blocks for " + std::to_string(pos) + " positions");
+  check_assume(pos, seq, pos_[static_cast<size_t>(seq)], n_ctx_, kv_pool_ ? kv_pool_->capacity(seq) : -1);
   pos_[static_cast<size_t>(seq)] = pos;
 }
 

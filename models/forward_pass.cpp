@@ -35,4 +35,11 @@ void lay_out_step(std::span<const int32_t> tokens, std::span<const int64_t> seqs
   }
 }
 
+void check_assume(int64_t pos, int64_t seq, int64_t cur_pos, int64_t n_ctx, int64_t capacity) {
+  if (capacity < 0) throw std::invalid_argument("assume: only a paged context adopts KV blocks");
+  if (cur_pos != 0) throw std::invalid_argument("assume: sequence " + std::to_string(seq) + " is not empty");
+  if (pos < 0 || pos > n_ctx || capacity < pos)
+    throw std::invalid_argument("assume: sequence " + std::to_string(seq) + " has no KV blocks for " + std::to_string(pos) + " positions");
+}
+
 }  // namespace tandem::models

@@ -42,4 +42,9 @@ void lay_out_step(std::span<const int32_t> tokens, std::span<const int64_t> seqs
                   const std::function<int64_t(int64_t)>& pos_of, const std::function<void(int64_t, int64_t)>& fits,
                   std::vector<int64_t>& last_rows, int64_t* row_pos);
 
+// The checks of assume() for both forward passes: throws std::invalid_argument unless the
+// context is paged (capacity is the sequence's KV capacity, or < 0 without a pool), the
+// sequence is empty (cur_pos 0) and its blocks cover `pos` within n_ctx.
+void check_assume(int64_t pos, int64_t seq, int64_t cur_pos, int64_t n_ctx, int64_t capacity);
+
 }  // namespace tandem::models

@@ -117,15 +117,25 @@ struct blk_q4_0 {
 // (sub-block 2c+1).
 __device__ __forceinline__ int k_elem(int t, int j) { return 64 * (t >> 2) + 8 * (t & 3) + (j & 7) + ((j >> 3) << 5); }
 
+// Q4_K / Q5_K: scale and offset of chunk c's two sub-blocks (2c, 2c+1), from the super-block's
+// d, dmin and 6-bit packed scales/mins; element = scale * q - offset.
+__device__ __forceinline__ void k_chunk_scales(const uint8_t* b, int c, float& d0, float& o0, float& d1, float& o1) {
+  const float d = ld_f16(b), dmin = ld_f16(b + 2);
+  float sc0, m0, sc1, m1;
+  k_scale_min(b + 4, 2 * c, sc0, m0);
+  k_scale_min(b + 4, 2 * c + 1, sc1, m1);
+  d0 = d * sc0;
+  o0 = dmin * m0;
+  d1 = d * sc1;
+  o1 = dmin * m1;
+}
+
 struct blk_q4_k {
   static constexpr int qk = 256, bytes = 144, lanes = 16, n = 16;
   __device__ static void decode(const uint8_t* b, int t, float (&v)[n]) {
     const int c = t >> 2, l0 = 8 * (t & 3);
-    const float d = ld_f16(b), dmin = ld_f16(b + 2);
-    float sc0, m0, sc1, m1;
-    k_scale_min(b + 4, 2 * c, sc0, m0);
-    k_scale_min(b + 4, 2 * c + 1, sc1, m1);
-    const float d0 = d * sc0, o0 = dmin * m0, d1 = d * sc1, o1 = dmin * m1;
+    float d0, o0, d1, o1;
+    k_chunk_scales(b, c, d0, o0, d1, o1);
     const uint8_t* q = b + 16 + 32 * c + l0;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -146,11 +156,8 @@ struct blk_q5_k {
   static constexpr int qk = 256, bytes = 176, lanes = 16, n = 16;
   __device__ static void decode(const uint8_t* b, int t, float (&v)[n]) {
     const int c = t >> 2, l0 = 8 * (t & 3);
-    const float d = ld_f16(b), dmin = ld_f16(b + 2);
-    float sc0, m0, sc1, m1;
-    k_scale_min(b + 4, 2 * c, sc0, m0);
-    k_scale_min(b + 4, 2 * c + 1, sc1, m1);
-    const float d0 = d * sc0, o0 = dmin * m0, d1 = d * sc1, o1 = dmin * m1;
+    float d0, o0, d1, o1;
+    k_chunk_scales(b, c, d0, o0, d1, o1);
     const uint8_t* qh = b + 16 + l0;
     const uint8_t* q = b + 48 + 32 * c + l0;
 #pragma unroll
