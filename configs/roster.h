@@ -85,6 +85,9 @@ struct policy_config {
   bool prefetch = true;         // when idle, stage the likeliest next model
   duration idle_grace{std::chrono::seconds(30)};  // an idle model gives way to a lower-priority demand after this
   bool stream = true;  // run a model that cannot get the whole device in part, streaming the rest
+  // Work of a higher-priority model whose weights are all on the device runs between the
+  // layers of a lower-priority model's pass, instead of after it (tandem policy only).
+  bool interleave = true;
 };
 
 struct roster {

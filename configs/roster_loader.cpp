@@ -118,7 +118,7 @@ model_entry read_model(const reader& r, const YAML::Node& n, const std::string& 
 }
 
 void read_policy(const reader& r, const YAML::Node& n, policy_config& p) {
-  r.only_keys(n, "policy", {"name", "home", "hysteresis", "max_wait", "prefetch", "idle_grace", "stream"});
+  r.only_keys(n, "policy", {"name", "home", "hysteresis", "max_wait", "prefetch", "idle_grace", "stream", "interleave"});
   if (n["name"]) {
     p.name = r.string(n["name"], "policy.name");
     if (p.name != "tandem" && p.name != "exclusive" && p.name != "lru-keepalive" && p.name != "static")
@@ -130,6 +130,7 @@ void read_policy(const reader& r, const YAML::Node& n, policy_config& p) {
   if (n["prefetch"]) p.prefetch = r.boolean(n["prefetch"], "policy.prefetch");
   if (n["idle_grace"]) p.idle_grace = r.time(n["idle_grace"], "policy.idle_grace");
   if (n["stream"]) p.stream = r.boolean(n["stream"], "policy.stream");
+  if (n["interleave"]) p.interleave = r.boolean(n["interleave"], "policy.interleave");
 }
 
 // Names and aliases share one namespace; references must point at entries of the right role;

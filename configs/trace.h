@@ -36,6 +36,7 @@ struct model_costs {
   double prefill_tok_s = 1000;  // one sequence's prompt tokens per second
   double decode_tok_s = 30;     // one sequence's generated tokens per second
   double batch_gain = 0.9;      // a batch of n decodes takes (1 + (n - 1) * (1 - batch_gain)) steps' time
+  int layers = 32;              // a pass's granularity: work of a higher-priority model may run between layers
 };
 
 struct trace_costs {

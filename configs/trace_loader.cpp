@@ -71,11 +71,12 @@ trace_spec parse_trace(std::string_view yaml, const std::string& source, const r
       for (const auto& kv : ms) {
         const std::string name = kv.first.Scalar(), path = "costs.models." + name;
         check_model(r, kv.first, path, name, ro);
-        r.only_keys(kv.second, path, {"prefill_tok_s", "decode_tok_s", "batch_gain"});
+        r.only_keys(kv.second, path, {"prefill_tok_s", "decode_tok_s", "batch_gain", "layers"});
         model_costs mc;
         if (kv.second["prefill_tok_s"]) mc.prefill_tok_s = r.number(kv.second["prefill_tok_s"], path + ".prefill_tok_s", 1e-3, 1e9);
         if (kv.second["decode_tok_s"]) mc.decode_tok_s = r.number(kv.second["decode_tok_s"], path + ".decode_tok_s", 1e-3, 1e9);
         if (kv.second["batch_gain"]) mc.batch_gain = r.number(kv.second["batch_gain"], path + ".batch_gain", 0, 1);
+        if (kv.second["layers"]) mc.layers = static_cast<int>(r.integer(kv.second["layers"], path + ".layers", 1, 4096));
         t.costs.models[name] = mc;
       }
     }

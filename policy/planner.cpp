@@ -104,16 +104,21 @@ struct world {
   // `preempt`, running ones too. Returns whether `need` now fits; evicts nothing if it cannot.
   // any_priority: victims need not rank below `i` and hysteresis does not protect them (for a
   // pinned model).
-  bool make_room(size_t i, uint64_t need_bytes, bool allow_preempt, const std::string& why, bool any_priority = false) {
+  // by_base: rank by base priority, aged only among equals (see plan_tandem: aging has a model
+  // that can stream served beside a higher-priority one, so it does not take the device from
+  // it in the middle of its burst, nor hold it off).
+  bool make_room(size_t i, uint64_t need_bytes, bool allow_preempt, const std::string& why, bool any_priority = false,
+                 bool by_base = false) {
     if (device_free() >= need_bytes) return true;
     const double pi = prio(i);
     std::vector<size_t> idle, running;
     for (size_t v = 0; v < size(); ++v) {
       if (v == i || !m[v].on_device || e[v]->pinned) continue;
       // A model ranking at or above `i` gives way only once idle for policy.idle_grace: between
-      // its bursts, not within one.
+      // its bursts, not within one. by_base: ranked by base priority, aged only among equals.
       const bool idle_long = !busy(v) && m[v].preempted == 0 && now - m[v].last_used >= r.policy.idle_grace;
-      if (!any_priority && ((prio(v) >= pi && !idle_long) || protected_by_hysteresis(v, i))) continue;
+      const bool ranks_above = by_base && e[v]->priority != e[i]->priority ? e[v]->priority > e[i]->priority : prio(v) >= pi;
+      if (!any_priority && ((ranks_above && !idle_long) || protected_by_hysteresis(v, i))) continue;
       (busy(v) ? running : idle).push_back(v);
     }
     auto by_score = [&](size_t a, size_t b) {
@@ -155,6 +160,11 @@ double effective_priority(const configs::roster& r, const configs::model_entry& 
   return p;
 }
 
+bool may_interleave(const configs::roster& r, const configs::model_entry& outer, const configs::model_entry& inner,
+                    std::chrono::nanoseconds paused) {
+  return r.policy.name == "tandem" && r.policy.interleave && inner.priority > outer.priority && paused < r.policy.max_wait;
+}
+
 double victim_score(const configs::model_entry& m, const model_state& st, const snapshot& s, time_point now) {
   // Seconds to bring it back (from host at link speed, else from disk too), weighted by its
   // priority, per GB it frees, and discounted the longer it has been idle.
@@ -193,20 +203,38 @@ plan plan_tandem(const configs::roster& r, const snapshot& s, const demand& d, t
   for (const size_t i : order) {
     const std::string why = "demanded " + w.m[i].name;
     if (w.partial(i)) {
-      // Streaming: the rest of it comes on as soon as room can be made without preempting.
-      if (w.make_room(i, w.m[i].weight_bytes - resident_bytes(w.m[i]), false, why)) w.bring(i, "room for the rest");
+      // Streaming: the rest of it comes on as soon as room can be made without preempting, and
+      // without evicting a model of higher base priority within its burst: aging has this
+      // model served already (it runs), it must not also take the device.
+      if (w.make_room(i, w.m[i].weight_bytes - resident_bytes(w.m[i]), false, why, false, true)) w.bring(i, "room for the rest");
       continue;
     }
     if (w.m[i].on_device) continue;
+    const uint64_t kv = w.need(i) - w.m[i].weight_bytes;
+    const uint64_t at_least = kv + w.m[i].weight_bytes / 2;
+    auto stream_beside = [&](bool by_base) {
+      if (!r.policy.stream || !w.make_room(i, at_least, false, why, false, by_base)) return false;
+      w.bring(i, "streamed beside higher-priority work", std::min(w.m[i].weight_bytes, w.device_free() - kv));
+      return true;
+    };
+    // By base priority first: whole if room can be made from models below it (or idle long),
+    // else streamed beside those above it. Aging has the model served either way, so its aged
+    // rank does not evict a higher-priority model in the middle of a burst.
+    // When streaming is on, models of lower base priority are preempted for it too: they can
+    // come back streamed beside it, so their aged rank is honoured without holding it off.
+    if (w.make_room(i, w.need(i), false, why, false, true) || (r.policy.stream && w.make_room(i, w.need(i), true, why, false, true))) {
+      w.bring(i, "demanded");
+      continue;
+    }
+    if (stream_beside(true)) continue;
+    // Not even streamed: by aged rank, preempting if need be (the bounded wait of rule 3).
     if (w.make_room(i, w.need(i), false, why) || w.make_room(i, w.need(i), true, why)) {
       w.bring(i, "demanded");
       continue;
     }
     // No room without taking it from models that rank higher (busy, or idle only briefly):
     // run it streamed beside them, with the part that fits on the device and its KV.
-    const uint64_t kv = w.need(i) - w.m[i].weight_bytes;
-    const uint64_t at_least = kv + w.m[i].weight_bytes / 2;
-    if (r.policy.stream && w.make_room(i, at_least, false, why)) w.bring(i, "streamed beside higher-priority work", std::min(w.m[i].weight_bytes, w.device_free() - kv));
+    stream_beside(false);
   }
 
   // 5. Keep-alive expiry.

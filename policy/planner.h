@@ -48,6 +48,14 @@ plan plan_tandem(const configs::roster& r, const snapshot& s, const demand& d, t
 // Effective priority of a model with this demand at `now` (rule 3).
 double effective_priority(const configs::roster& r, const configs::model_entry& m, const model_demand* d, time_point now);
 
+// Whether work of `inner` may run between the layers of a pass of `outer` that has been
+// paused for `paused` already: tandem policy with policy.interleave, `inner` of higher base
+// priority, and the pause still within policy.max_wait (the outer pass's own requests age
+// like any others). The caller checks that `inner` needs no memory action (all its weights
+// on the device): a pass in flight holds its leases, so nothing may be planned meanwhile.
+bool may_interleave(const configs::roster& r, const configs::model_entry& outer, const configs::model_entry& inner,
+                    std::chrono::nanoseconds paused);
+
 // Eviction score of an idle model: lower is evicted first (rule 2).
 double victim_score(const configs::model_entry& m, const model_state& st, const snapshot& s, time_point now);
 

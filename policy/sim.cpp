@@ -4,6 +4,7 @@
 #include <cmath>
 #include <deque>
 #include <limits>
+#include <optional>
 
 #include "policy/planner.h"
 
@@ -47,6 +48,7 @@ struct model_sim {
   uint64_t device_bytes = 0;  // weights held on the device; the rest streams every step
   bool on_device = false, on_host = false;
   double device_ready = 0, host_ready = 0;
+  double weights_ready = 0, first_layer_at = 0;  // the last load: when it ends, when its first layer is there
   double last_used = -1e9, loaded_at = -1e9;
   std::deque<size_t> queue;  // waiting to start
   std::vector<size_t> running, preempted;
@@ -104,12 +106,101 @@ sim_result simulate(const configs::roster& r, const configs::trace_spec& t, cons
 
   const policy::time_point base = policy::time_point{} + std::chrono::hours(24);
   auto at = [&](double s) { return base + std::chrono::duration_cast<policy::clock::duration>(std::chrono::duration<double>(s)); };
-  double now = 0, device_free = 0, link_free = 0, disk_free = 0, busy = 0;
+  double now = 0, device_free = 0, link_free = 0, link_out_free = 0, disk_free = 0, busy = 0;
   size_t next_arrival = 0, finished = 0;
   // Arrival counts per model over the last minute, for the planner's prefetching.
   const double horizon = secs(t.length) + 3600;  // an hour to drain after the trace ends
 
-  while (finished < rs.size() && now <= horizon) {
+  // The pass in flight (or the last one), and one that a higher-priority model's work
+  // interrupted at a layer boundary: its results land when it has run its remaining time.
+  struct pass {
+    size_t model = 0;
+    double start = 0, end = 0, layer_s = 0;
+    std::vector<size_t> finishing;  // requests whose first token or end the pass produces
+  };
+  pass current;
+  bool has_current = false, paused_on = false;
+  pass paused;
+  double paused_at = 0;
+  // One step of model i from `now`: admit, a prefill chunk of up to 512 tokens, one token for
+  // every decoding sequence; results are stamped with the end of the step.
+  auto run_step = [&](size_t i) {
+    model_sim& m = ms[i];
+    while (!m.queue.empty() && static_cast<int>(m.running.size()) < m.e->max_sequences) {
+      m.running.push_back(m.queue.front());
+      m.queue.pop_front();
+    }
+    // A model held in part streams the rest of its weights through the link every pass.
+    double step = secs(c.step_overhead) + static_cast<double>(m.bytes - m.device_bytes) / 1e9 / c.link_gb_s;
+    // Prompt rows of a pass: a chunk of 512; while the weights are still landing, as much as
+    // a pass holds (2048), since the copy, not the rows, sets the pace of that pass.
+    int64_t budget = m.device_ready > now ? 2048 : 512;
+    std::vector<size_t> first_now, decoded;
+    int64_t prompt_rows = 0;
+    for (const size_t k : m.running) {
+      auto& q = rs[k];
+      if (q.prefilled < q.r->prompt) {
+        const int64_t chunk = std::min(budget, q.r->prompt - q.prefilled);
+        budget -= chunk;
+        q.prefilled += chunk;
+        prompt_rows += chunk;
+        if (q.prefilled == q.r->prompt) first_now.push_back(k);
+      } else {
+        decoded.push_back(k);
+      }
+    }
+    // A decode-only pass is paced by reading the weights; one with a prompt chunk by its rows,
+    // the decode rows riding along like prompt rows (the weights are read once per pass).
+    double compute = static_cast<double>(prompt_rows) / m.cost->prefill_tok_s;
+    if (!decoded.empty()) {
+      const auto n = static_cast<double>(decoded.size());
+      const double decode_only = (1.0 + (n - 1) * (1.0 - m.cost->batch_gain)) / m.cost->decode_tok_s;
+      compute = prompt_rows > 0 ? std::max(compute + n / m.cost->prefill_tok_s, decode_only) : decode_only;
+    }
+    step += compute;
+    const double layer_s = step / std::max(1, m.cost->layers);
+    double end = now + step;
+    // Weights still landing (a swap-in under way): layer l computes once it is on the device,
+    // so the pass ends one layer after the copy at the earliest.
+    if (m.device_ready > now) end = std::max(std::max(now, m.first_layer_at) + step, m.device_ready + layer_s);
+    current = {i, end - step, end, layer_s, first_now};
+    has_current = true;
+    for (const size_t k : first_now) {
+      rs[k].first_token = end;
+      rs[k].generated = 1;
+    }
+    for (const size_t k : decoded) ++rs[k].generated;
+    std::vector<size_t> still;
+    for (const size_t k : m.running) {
+      auto& q = rs[k];
+      if (q.first_token >= 0 && q.generated >= q.r->output) {
+        q.done = end;
+        ++finished;
+        if (std::find(first_now.begin(), first_now.end(), k) == first_now.end()) current.finishing.push_back(k);
+      } else {
+        still.push_back(k);
+      }
+    }
+    m.running = std::move(still);
+    m.last_used = end;
+    busy += step;
+    device_free = end;
+  };
+  // A model whose work may run inside the paused (or running) pass of model `outer`: all its
+  // weights on the device and ready, work it can start, and the policy's consent.
+  auto interleaving = [&](size_t outer, double paused_s) -> std::optional<size_t> {
+    std::optional<size_t> best;
+    for (size_t j = 0; j < ms.size(); ++j) {
+      const model_sim& m = ms[j];
+      if (j == outer || !m.on_device || m.device_bytes < m.bytes || m.device_ready > now) continue;
+      const bool work = !m.running.empty() || (!m.queue.empty() && static_cast<int>(m.running.size()) < m.e->max_sequences);
+      if (!work || !may_interleave(r, *ms[outer].e, *m.e, std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(paused_s))))
+        continue;
+      if (!best || m.e->priority > ms[*best].e->priority) best = j;
+    }
+    return best;
+  };
+  while ((finished < rs.size() || paused_on) && now <= horizon) {
     while (next_arrival < rs.size() && rs[next_arrival].r->arrive <= now) {
       const auto it = index.find(rs[next_arrival].r->model);
       if (it != index.end()) ms[it->second].queue.push_back(next_arrival);
@@ -117,7 +208,24 @@ sim_result simulate(const configs::roster& r, const configs::trace_spec& t, cons
       ++next_arrival;
     }
     double wake = next_arrival < rs.size() ? rs[next_arrival].r->arrive : std::numeric_limits<double>::infinity();
-    if (device_free <= now) {
+    if (device_free <= now && paused_on) {
+      // A pass is paused mid-way: it holds its layers, so nothing is planned; interleaved work
+      // runs until none is left (or the pass has waited max_wait), then the pass goes on.
+      if (const auto j = interleaving(paused.model, now - paused_at)) {
+        run_step(*j);
+      } else {
+        const double end = now + (paused.end - paused_at);
+        for (const size_t k : paused.finishing) {
+          if (rs[k].first_token == paused.end) rs[k].first_token = end;
+          if (rs[k].done == paused.end) rs[k].done = end;
+        }
+        ms[paused.model].last_used = end;
+        current = {paused.model, now, end, paused.layer_s, std::move(paused.finishing)};
+        paused_on = false;
+        device_free = end;
+      }
+      wake = std::min(wake, device_free);
+    } else if (device_free <= now) {
       // The planner's view of the simulated world.
       snapshot s;
       s.device_capacity = dev.vram;
@@ -192,7 +300,8 @@ sim_result simulate(const configs::roster& r, const configs::trace_spec& t, cons
             }
             m.on_device = true;
             m.device_bytes = target;
-            m.device_ready = start + dur;
+            m.device_ready = m.weights_ready = start + dur;
+            m.first_layer_at = start + dur / std::max(1, m.cost->layers);
             link_free = m.device_ready;
             m.gb += move;
             break;
@@ -201,7 +310,9 @@ sim_result simulate(const configs::roster& r, const configs::trace_spec& t, cons
             uint64_t kv_tokens = 0;
             for (const size_t k : m.running) kv_tokens += static_cast<uint64_t>(rs[k].prefilled + rs[k].generated);
             const double kv_gb = static_cast<double>(kv_tokens * m.e->kv_bytes_per_token.value_or(0)) / 1e9;
-            link_free = std::max(now, link_free) + kv_gb / c.link_gb_s;
+            // Device -> host: the link's other direction (a copy stream per direction; PCIe is
+            // full duplex), so a swap-out does not delay the loads that follow it.
+            link_out_free = std::max(now, link_out_free) + kv_gb / c.link_gb_s;
             m.preempted.insert(m.preempted.end(), m.running.begin(), m.running.end());
             m.running.clear();
             break;
@@ -220,54 +331,12 @@ sim_result simulate(const configs::roster& r, const configs::trace_spec& t, cons
       }
       if (!p.run.empty()) {
         model_sim& m = ms[index.at(p.run)];
-        if (m.on_device && m.device_ready > now) {
-          wake = std::min(wake, m.device_ready);
-        } else if (m.on_device) {
-          // One step: admit, a prefill chunk of up to 512 tokens, one token for every decoding
-          // sequence; results land at the end of the step.
-          while (!m.queue.empty() && static_cast<int>(m.running.size()) < m.e->max_sequences) {
-            m.running.push_back(m.queue.front());
-            m.queue.pop_front();
-          }
-          // A model held in part streams the rest of its weights through the link every pass.
-          double step = secs(c.step_overhead) + static_cast<double>(m.bytes - m.device_bytes) / 1e9 / c.link_gb_s;
-          int64_t budget = 512;
-          std::vector<size_t> first_now, decoded;
-          for (const size_t k : m.running) {
-            auto& q = rs[k];
-            if (q.prefilled < q.r->prompt) {
-              const int64_t chunk = std::min(budget, q.r->prompt - q.prefilled);
-              budget -= chunk;
-              q.prefilled += chunk;
-              step += static_cast<double>(chunk) / m.cost->prefill_tok_s;
-              if (q.prefilled == q.r->prompt) first_now.push_back(k);
-            } else {
-              decoded.push_back(k);
-            }
-          }
-          if (!decoded.empty())
-            step += (1.0 + static_cast<double>(decoded.size() - 1) * (1.0 - m.cost->batch_gain)) / m.cost->decode_tok_s;
-          const double end = now + step;
-          for (const size_t k : first_now) {
-            rs[k].first_token = end;
-            rs[k].generated = 1;
-          }
-          for (const size_t k : decoded) ++rs[k].generated;
-          std::vector<size_t> still;
-          for (const size_t k : m.running) {
-            auto& q = rs[k];
-            if (q.first_token >= 0 && q.generated >= q.r->output) {
-              q.done = end;
-              ++finished;
-            } else {
-              still.push_back(k);
-            }
-          }
-          m.running = std::move(still);
-          m.last_used = end;
-          busy += step;
-          device_free = end;
-        }
+        // tandem's passes lease each layer as it lands (layer streaming), so a model being
+        // swapped in starts its pass at once; a process-per-model server loads it first, and
+        // swapped-in KV is needed from the first layer on.
+        const bool pipelined = !process_per_model && m.device_ready == m.weights_ready;
+        if (m.on_device && m.device_ready > now && !pipelined) wake = std::min(wake, m.device_ready);
+        else if (m.on_device) run_step(index.at(p.run));
       }
       if (device_free > now) wake = std::min(wake, device_free);
       // Copies in flight finish later: look again then.
@@ -281,6 +350,19 @@ sim_result simulate(const configs::roster& r, const configs::trace_spec& t, cons
       }
     } else {
       wake = std::min(wake, device_free);
+    }
+    // A pass is in flight. Work that may interleave with it (a request of a resident
+    // higher-priority model) pauses it at its next layer boundary.
+    if (device_free > now && has_current && !paused_on && current.end == device_free && current.layer_s > 0 &&
+        interleaving(current.model, 0)) {
+      const double boundary = current.start + std::ceil((now - current.start) / current.layer_s) * current.layer_s;
+      if (boundary < device_free) {
+        paused = current;
+        paused_at = boundary;
+        paused_on = true;
+        device_free = boundary;
+        wake = std::min(wake, device_free);
+      }
     }
     now = std::max(now + 1e-9, wake);
   }

@@ -70,6 +70,7 @@ TEST_SUITE("roster_loader") {
     CHECK(r.find("nope") == nullptr);
     CHECK(configs::kv_budget_bytes(r.models[0]) == (128ull << 10) * 4096 * 2);
     CHECK(r.policy.name == "tandem");
+    CHECK(r.policy.interleave);  // the default
   }
 
   TEST_CASE("every error names file, line, column and key") {
@@ -106,6 +107,7 @@ TEST_SUITE("roster_loader") {
          "the models preloaded to the host need 4.0 GiB, more than the host budget of 1.0 GiB"},
         {k_base + "policy:\n  home: ghost\n", "policy.home: no model named 'ghost'"},
         {k_base + "policy:\n  name: fifo\n", "policy.name: expected one of tandem, exclusive, lru-keepalive, static"},
+        {k_base + "policy:\n  interleave: sometimes\n", "policy.interleave"},
         {k_base + "server:\n  listen: localhost\n", "server.listen: expected HOST:PORT"},
         {k_base + "server:\n  limits:\n    idle_timeout: forever\n", "server.limits.idle_timeout: expected a duration"},
         {k_base + "extra: 1\n", "extra: unknown key (expected one of: server, devices, models, policy)"},

@@ -20,6 +20,8 @@ TEST_SUITE("trace_loader") {
     CHECK(t.streams[0].rate_per_s == doctest::Approx(1.0));
     CHECK(t.slo_ttft.at("code") == std::chrono::milliseconds(300));
     CHECK(t.costs.models.at("chat").decode_tok_s > 0);
+    CHECK(t.costs.models.at("chat").layers == 64);
+    CHECK(t.costs.models.at("code").layers == 28);
   }
 
   TEST_CASE("errors name the key and line") {
@@ -39,5 +41,7 @@ TEST_SUITE("trace_loader") {
     CHECK(error_of(costs + "streams:\n  - {model: chat, kind: bursts, rate: 1/s, prompt: 1, output: 1}\n").find("needs on and off") != std::string::npos);
     CHECK(error_of("costs:\n  models:\n    chat: {prefill_tok_s: 1, decode_tok_s: 1}\n").find("no costs for model 'code'") != std::string::npos);
     CHECK(error_of(costs + "lenght: 1h\n").find("lenght: unknown key") != std::string::npos);
+    CHECK(error_of("costs:\n  models:\n    chat: {prefill_tok_s: 1, decode_tok_s: 1, layers: 0}\n    code: {prefill_tok_s: 1, decode_tok_s: 1}\n")
+              .find("costs.models.chat.layers") != std::string::npos);
   }
 }

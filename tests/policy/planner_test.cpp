@@ -171,6 +171,84 @@ TEST_SUITE("planner") {
     CHECK(late.run == "aux");
   }
 
+  TEST_CASE("aging serves a lower-priority model streamed, not by taking the device from a higher one mid-burst") {
+    const auto r = roster();
+    // code (priority 80) on the device, idle 2 s: between two requests of a burst. chat (20)
+    // has waited 20 s, so it outranks code by effective priority.
+    auto code = state("code", 3, true);
+    code.last_used = t0 - 2s;
+    auto s = snap({state("chat", 6, false), code, state("aux", 3, false)});
+    s.device_capacity = 8000000000ull;  // chat (6 GB + 1 GB KV) and code do not fit together
+    const auto p = policy::plan_tandem(r, s, wants("chat", 1, t0 - 20s), t0);
+    CHECK_FALSE(has(p, action_kind::evict_device, "code"));
+    REQUIRE(has(p, action_kind::load, "chat"));
+    CHECK(p.actions.back().bytes > 0);  // in part, the rest streamed
+    CHECK(p.run == "chat");             // served now all the same
+    // Without streaming, aging has it take the device: the wait stays bounded.
+    auto no_stream = r;
+    no_stream.policy.stream = false;
+    const auto p2 = policy::plan_tandem(no_stream, s, wants("chat", 1, t0 - 20s), t0);
+    CHECK(has(p2, action_kind::evict_device, "code"));
+    CHECK(has(p2, action_kind::load, "chat"));
+  }
+
+  TEST_CASE("a higher-priority model preempts a lower one that aging has raised above it, when that one can stream") {
+    auto r = roster();
+    r.models[0].max_sequences = 2;  // so that its waiting request can start, and ages
+    // chat runs on the device and has another request waiting for 20 s (aged above code).
+    auto chat = state("chat", 6, true);
+    chat.running = 1;
+    chat.kv_device_bytes = 1000000000ull;
+    chat.last_used = t0;
+    auto s = snap({chat, state("code", 3, false), state("aux", 3, false)});
+    s.device_capacity = 8000000000ull;
+    policy::demand d;
+    d.models = {{"chat", 1, t0 - 20s, 0}, {"code", 1, t0, 0}};
+    const auto p = policy::plan_tandem(r, s, d, t0);
+    CHECK(has(p, action_kind::preempt, "chat"));
+    CHECK(has(p, action_kind::load, "code"));
+    CHECK(p.run == "code");
+    // The next plan brings chat back in part beside it, streamed; its sequences resume, and it
+    // is the one stepped (it aged).
+    auto code = state("code", 3, true);
+    code.running = 1;
+    code.kv_device_bytes = 1000000000ull;
+    code.loaded_at = t0;
+    auto after = state("chat", 6, false);
+    after.preempted = 1;
+    auto s2 = snap({after, code, state("aux", 3, false)});
+    s2.device_capacity = 8000000000ull;
+    d.models[1].queued = 0;
+    const auto next = policy::plan_tandem(r, s2, d, t0 + 10ms);
+    CHECK_FALSE(has(next, action_kind::evict_device, "code"));
+    REQUIRE(has(next, action_kind::load, "chat"));
+    CHECK(next.actions.back().kind == action_kind::resume);
+    CHECK(next.run == "chat");
+    // Without streaming, chat's aged rank holds the device.
+    auto no_stream = r;
+    no_stream.policy.stream = false;
+    const auto p2 = policy::plan_tandem(no_stream, s, d, t0);
+    CHECK_FALSE(has(p2, action_kind::preempt, "chat"));
+    CHECK_FALSE(has(p2, action_kind::load, "code"));
+    CHECK(p2.run == "chat");
+  }
+
+  TEST_CASE("may_interleave: higher base priority, tandem with interleave on, within max_wait") {
+    auto r = roster();
+    const auto& chat = r.models[0];
+    const auto& code = r.models[1];
+    CHECK(policy::may_interleave(r, chat, code, 0s));
+    CHECK(policy::may_interleave(r, chat, code, 9s));
+    CHECK_FALSE(policy::may_interleave(r, chat, code, 10s));  // the paused pass has waited max_wait
+    CHECK_FALSE(policy::may_interleave(r, code, chat, 0s));   // never a lower one inside a higher one
+    CHECK_FALSE(policy::may_interleave(r, chat, chat, 0s));
+    r.policy.interleave = false;
+    CHECK_FALSE(policy::may_interleave(r, r.models[0], r.models[1], 0s));
+    r.policy.interleave = true;
+    r.policy.name = "static";
+    CHECK_FALSE(policy::may_interleave(r, r.models[0], r.models[1], 0s));
+  }
+
   TEST_CASE("idle grace: an idle higher-priority model gives way once idle long enough") {
     const auto r = roster();  // idle_grace defaults to 30 s
     auto code = state("code", 3, true);
