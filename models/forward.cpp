@@ -544,7 +544,10 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
     kernels::cpu::swiglu(ff_gate_, ff_up_, n * F, pool_);
     project(L.w_down, ff_gate_, n, xb_, pool_);
     for (int64_t i = 0; i < n * D; ++i) x_[i] += xb_[i];
-    if (l + 1 < c.n_layer) layer_held.reset();
+    if (l + 1 < c.n_layer) {
+      layer_held.reset();
+      if (between_layers_) between_layers_();
+    }
   }
 
   for (int64_t r = 0; r < n; ++r) pos_[static_cast<size_t>(seqs[r])] = positions[r] + 1;

@@ -29,6 +29,15 @@ class forward_pass {
   // Which attention kernel the rows before `end` take, where the device has a choice (the
   // CPU: tiled f32 or llama.cpp's f16 arithmetic); a no-op elsewhere.
   virtual void set_prompt_end(int64_t seq, int64_t end) = 0;
+
+  // Called on the caller's thread between two layers of each later step() (not after the
+  // last), when none of the pass's work is running on the host: the engine runs passes of a
+  // higher-priority model there (runtime/engine_interleave.cpp), whose weights must then be
+  // on the device already. Empty: none. The hook must not throw.
+  void set_between_layers(std::function<void()> hook) { between_layers_ = std::move(hook); }
+
+ protected:
+  std::function<void()> between_layers_;
 };
 
 // The rows of a step() checked and laid out, before any work, for both forward passes: rows

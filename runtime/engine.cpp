@@ -248,8 +248,7 @@ engine::served* engine::pick() {
   return best;
 }
 
-void engine::iterate(std::unique_lock<std::mutex>& lock) {
-  // Take in what was submitted; drop what was cancelled, waiting or running.
+void engine::take_submissions() {
   while (!submitted_.empty()) {
     auto a = std::move(submitted_.front());
     submitted_.pop_front();
@@ -258,32 +257,28 @@ void engine::iterate(std::unique_lock<std::mutex>& lock) {
     t.last_arrival = a->arrived;
     t.waiting.push_back(std::move(a));
   }
-  for (auto& s : models_) {
-    for (auto it = s->waiting.begin(); it != s->waiting.end();) {
+}
+
+void engine::drop_cancelled(served& s) {
+  auto sweep = [&](auto& list) {
+    for (auto it = list.begin(); it != list.end();) {
       if ((*it)->handle->cancel_requested()) {
-        retire(*s, **it, finish_reason::cancelled);
-        it = s->waiting.erase(it);
+        retire(s, **it, finish_reason::cancelled);
+        it = list.erase(it);
       } else {
         ++it;
       }
     }
-    for (auto it = s->running.begin(); it != s->running.end();) {
-      if ((*it)->handle->cancel_requested()) {
-        retire(*s, **it, finish_reason::cancelled);
-        it = s->running.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    for (auto it = s->preempted.begin(); it != s->preempted.end();) {
-      if ((*it)->handle->cancel_requested()) {
-        retire(*s, **it, finish_reason::cancelled);
-        it = s->preempted.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
+  };
+  sweep(s.waiting);
+  sweep(s.running);
+  sweep(s.preempted);
+}
+
+void engine::iterate(std::unique_lock<std::mutex>& lock) {
+  // Take in what was submitted; drop what was cancelled, waiting or running.
+  take_submissions();
+  for (auto& s : models_) drop_cancelled(*s);
   apply_controls();
   served* s = roster_ ? plan_and_pick() : pick();
   if (!s) {
@@ -293,86 +288,101 @@ void engine::iterate(std::unique_lock<std::mutex>& lock) {
                });
     return;
   }
-  s->last_pass = clock_type::now();
+  admit(*s);
+  run_pass(*s, lock, roster_.has_value());
+}
+
+void engine::admit(served& s) {
+  s.last_pass = clock_type::now();
   // Preempted sequences come back first, oldest first, as blocks allow: swapped-out KV by copy,
   // the others to be evaluated again from their tokens.
-  while (!s->preempted.empty()) {
-    auto& a = s->preempted.front();
+  while (!s.preempted.empty()) {
+    auto& a = s.preempted.front();
     // Only with headroom of a block per running sequence, or it would be the next victim.
-    const int64_t bt = s->kv->block_tokens();
+    const int64_t bt = s.kv->block_tokens();
     const int32_t need = static_cast<int32_t>(
         a->recompute ? (std::min<int64_t>(static_cast<int64_t>(a->prompt.size()), config_.prefill_chunk) + bt - 1) / bt
-                     : (s->ctx->pos(a->seq) + bt - 1) / bt);
-    const int32_t want = need + static_cast<int32_t>(s->running.size());
-    if (s->kv->free_blocks() < want && s->cache) s->cache->evict(want);
-    if (s->kv->free_blocks() < want && !s->running.empty()) break;
+                     : (s.ctx->pos(a->seq) + bt - 1) / bt);
+    const int32_t want = need + static_cast<int32_t>(s.running.size());
+    if (s.kv->free_blocks() < want && s.cache) s.cache->evict(want);
+    if (s.kv->free_blocks() < want && !s.running.empty()) break;
     const bool back = a->recompute
-                          ? s->kv->reserve(a->seq, std::min<int64_t>(static_cast<int64_t>(a->prompt.size()), config_.prefill_chunk)) == memory::status::ok
-                          : s->kv->swap_in(a->seq) == memory::status::ok;
+                          ? s.kv->reserve(a->seq, std::min<int64_t>(static_cast<int64_t>(a->prompt.size()), config_.prefill_chunk)) == memory::status::ok
+                          : s.kv->swap_in(a->seq) == memory::status::ok;
     if (!back) break;
     a->recompute = false;
-    s->running.push_back(std::move(a));
-    s->preempted.pop_front();
+    s.running.push_back(std::move(a));
+    s.preempted.pop_front();
   }
   // Admit into free slots while the pool can hold each prompt's first chunk (not while
   // preempted sequences wait: they were first).
-  while (s->preempted.empty() && !s->waiting.empty() && !s->free_seqs.empty()) {
-    prefer_cached_prefix(*s);
-    auto& a = s->waiting.front();
-    const int64_t seq = s->free_seqs.back();
+  while (s.preempted.empty() && !s.waiting.empty() && !s.free_seqs.empty()) {
+    prefer_cached_prefix(s);
+    auto& a = s.waiting.front();
+    const int64_t seq = s.free_seqs.back();
     // A cached prefix is adopted, not evaluated again.
-    const std::vector<int32_t> cached = s->cache ? s->cache->match(a->prompt) : std::vector<int32_t>{};
-    if (!cached.empty()) s->kv->adopt(seq, cached);
-    const int64_t start = static_cast<int64_t>(cached.size()) * s->kv->block_tokens();
+    const std::vector<int32_t> cached = s.cache ? s.cache->match(a->prompt) : std::vector<int32_t>{};
+    if (!cached.empty()) s.kv->adopt(seq, cached);
+    const int64_t start = static_cast<int64_t>(cached.size()) * s.kv->block_tokens();
     const int64_t first = start + std::min<int64_t>(static_cast<int64_t>(a->prompt.size()) - start, config_.prefill_chunk);
-    if (s->kv->reserve(seq, first) != memory::status::ok &&
-        (!s->cache || (s->cache->evict(static_cast<int32_t>((first + s->kv->block_tokens() - 1) / s->kv->block_tokens()) -
-                                       static_cast<int32_t>(s->kv->table(seq).size())),
-                       s->kv->reserve(seq, first) != memory::status::ok))) {
-      s->kv->drop(seq);
+    if (s.kv->reserve(seq, first) != memory::status::ok &&
+        (!s.cache || (s.cache->evict(static_cast<int32_t>((first + s.kv->block_tokens() - 1) / s.kv->block_tokens()) -
+                                       static_cast<int32_t>(s.kv->table(seq).size())),
+                       s.kv->reserve(seq, first) != memory::status::ok))) {
+      s.kv->drop(seq);
       break;
     }
     if (start > 0) {
-      s->ctx->assume(start, seq);
+      s.ctx->assume(start, seq);
       a->prefilled = start;
       prefix_reused_ += start;
     }
-    ++s->prefix_queries;
-    if (start > 0) ++s->prefix_hits;
-    s->free_seqs.pop_back();
+    ++s.prefix_queries;
+    if (start > 0) ++s.prefix_hits;
+    s.free_seqs.pop_back();
     a->seq = seq;
-    s->running.push_back(std::move(a));
-    s->waiting.pop_front();
+    s.running.push_back(std::move(a));
+    s.waiting.pop_front();
+  }
+}
+
+void engine::run_pass(served& s, std::unique_lock<std::mutex>& lock, bool interleaving) {
+  // Between its layers, passes of a higher-priority model may run (engine_interleave.cpp).
+  if (interleaving) {
+    const auto started = clock_type::now();
+    s.ctx->set_between_layers([this, &s, started] { interleave(s, started); });
+  } else {
+    s.ctx->set_between_layers({});
   }
   // The pass runs without the lock: submit() and cancel() stay responsive meanwhile.
   lock.unlock();
   try {
     const auto t0 = clock_type::now();
-    step(*s);
-    learn_pass_cost(*s, std::chrono::duration<double>(clock_type::now() - t0).count());
+    step(s);
+    learn_pass_cost(s, std::chrono::duration<double>(clock_type::now() - t0).count());
   } catch (const std::exception& e) {
     lock.lock();
-    for (auto& a : s->running) retire(*s, *a, finish_reason::error, e.what());
-    s->running.clear();
+    for (auto& a : s.running) retire(s, *a, finish_reason::error, e.what());
+    s.running.clear();
     return;
   }
   lock.lock();
   // Retire what finished in the pass; set aside what it preempted.
-  for (auto it = s->running.begin(); it != s->running.end();) {
+  for (auto it = s.running.begin(); it != s.running.end();) {
     if ((*it)->ending != finish_reason::none) {
-      retire(*s, **it, (*it)->ending);
-      it = s->running.erase(it);
+      retire(s, **it, (*it)->ending);
+      it = s.running.erase(it);
     } else if ((*it)->preempt) {
       (*it)->preempt = false;
       ++preemptions_;
-      ++s->preemptions;
-      s->preempted.push_back(std::move(*it));
-      it = s->running.erase(it);
+      ++s.preemptions;
+      s.preempted.push_back(std::move(*it));
+      it = s.running.erase(it);
     } else {
       ++it;
     }
   }
-  s->publish();
+  s.publish();
 }
 
 void engine::preempt(served& s, active& a) {

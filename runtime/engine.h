@@ -19,6 +19,13 @@
 // steps the model the plan names, once its segments are on the device or streamable. Without
 // one, every model's weights must already be readable (owned, or resident in an arbiter), and
 // the model to step is picked by priority with aging.
+//
+// Interleaving (with a roster, policy.interleave): while a model's pass runs, requests for a
+// model of higher priority whose weights are all on the device do not wait for the pass to
+// end. Between two of its layers the engine runs that model's passes until it has no work
+// left (or the paused pass has waited policy.max_wait), then the paused pass goes on. A long
+// prompt of a big model, or its pass streaming weights through the link, delays a code
+// completion by one layer, not by the whole pass.
 #pragma once
 
 #include <atomic>
@@ -184,6 +191,18 @@ class engine {
   struct served;
   void run();
   void iterate(std::unique_lock<std::mutex>& lock);
+  // The parts of an iteration (engine::m_ held): queue what was submitted; retire a model's
+  // cancelled requests; bring back its preempted sequences and admit waiting ones; run its
+  // pass (the lock released meanwhile) and retire what finished. With `interleaving`, passes
+  // of higher-priority models may run between the pass's layers.
+  void take_submissions();
+  void drop_cancelled(served& s);
+  void admit(served& s);
+  void run_pass(served& s, std::unique_lock<std::mutex>& lock, bool interleaving);
+  // Between two layers of `outer`'s pass (engine thread, engine::m_ not held): passes of the
+  // model interleavable() names, until it has none left (engine_interleave.cpp).
+  void interleave(served& outer, std::chrono::steady_clock::time_point paused_since) noexcept;
+  served* interleavable(const served& outer, std::chrono::steady_clock::duration paused);
   served* find(const std::string& name) const;        // null when no model has that name
   const served& known(const std::string& name) const;  // throws std::invalid_argument for an unknown name
   served* pick();

@@ -109,6 +109,9 @@ void engine::step(served& s) {
     // as the streams' contexts grow (the budget is relative to it).
     if (++s.passes_with_prompts % k_decode_probe_every == 0) prompt_budget = 0;
   }
+  // While the model's weights are still landing (a swap-in), the copy sets the pace of the
+  // pass, not its rows: a prompt takes as many rows as the pass holds, not one chunk.
+  const int64_t chunk_cap = s.swap_in_started ? budget : config_.prefill_chunk;
   s.pass_prompt_rows = s.pass_decode_rows = 0;
   for (const bool prompts : {false, true})
     for (auto& ap : s.running) {
@@ -120,7 +123,7 @@ void engine::step(served& s) {
       s.ctx->set_prompt_end(a.seq, config_.fast_attention ? std::numeric_limits<int64_t>::max() : 0);
       if (prompts) {
         if (prompt_budget <= 0) break;
-        const int64_t chunk = std::min({config_.prefill_chunk, plen - a.prefilled, budget, prompt_budget});
+        const int64_t chunk = std::min({chunk_cap, plen - a.prefilled, budget, prompt_budget});
         if (!blocks_for(a, a.prefilled + chunk)) continue;
         for (int64_t i = 0; i < chunk; ++i) {
           toks.push_back(a.prompt[static_cast<size_t>(a.prefilled + i)]);

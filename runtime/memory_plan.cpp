@@ -74,6 +74,11 @@ bool runnable(const memory::arbiter_snapshot& a, const std::string& model) {
   return std::all_of(m->segments.begin(), m->segments.end(), [](const auto& s) { return s.device != memory::residency::absent; });
 }
 
+bool all_resident(const memory::arbiter_snapshot& a, const std::string& model) {
+  const auto* m = find_model(a, model);
+  return m && std::all_of(m->segments.begin(), m->segments.end(), [](const auto& s) { return s.device == memory::residency::resident; });
+}
+
 memory::status apply_memory_action(models::arbiter_residency& r, const policy::action& act) {
   auto& a = r.arbiter();
   const auto id = r.id();

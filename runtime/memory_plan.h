@@ -47,4 +47,8 @@ memory::status apply_memory_action(models::arbiter_residency& r, const policy::a
 // or stream slots reserved for the ones that are not.
 bool runnable(const memory::arbiter_snapshot& a, const std::string& model);
 
+// Whether every segment of the model's weights has landed on the device (none absent or in
+// flight): a pass of it needs no lease to wait and no stream slot.
+bool all_resident(const memory::arbiter_snapshot& a, const std::string& model);
+
 }  // namespace tandem::runtime

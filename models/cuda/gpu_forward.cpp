@@ -520,6 +520,10 @@ void gpu_forward::body(int64_t n, const int64_t* out_rows, int64_t n_out) {
         prefetch_after(seg, depth);  // into the slot just freed
       }
     }
+    // Another model's passes may run here: its kernels queue on its own stream behind nothing
+    // of this pass but the layer already queued. Leased weights only, so never inside a
+    // graph capture (graphs are for passes over weights of their own).
+    if (residency_ && between_layers_ && l + 1 < c.n_layer) between_layers_();
   }
 
   const float* out_norm = bind_vector_at(plan.output_norm, layer_held.base);
