@@ -348,18 +348,18 @@ void engine::admit(served& s) {
 
 void engine::run_pass(served& s, std::unique_lock<std::mutex>& lock, bool interleaving) {
   // Between its layers, passes of a higher-priority model may run (engine_interleave.cpp).
-  if (interleaving) {
-    const auto started = clock_type::now();
-    s.ctx->set_between_layers([this, &s, started] { interleave(s, started); });
-  } else {
+  s.paused_since.reset();
+  s.interleaved_s = 0;
+  if (interleaving)
+    s.ctx->set_between_layers([this, &s] { interleave(s); });
+  else
     s.ctx->set_between_layers({});
-  }
   // The pass runs without the lock: submit() and cancel() stay responsive meanwhile.
   lock.unlock();
   try {
     const auto t0 = clock_type::now();
     step(s);
-    learn_pass_cost(s, std::chrono::duration<double>(clock_type::now() - t0).count());
+    learn_pass_cost(s, std::chrono::duration<double>(clock_type::now() - t0).count() - s.interleaved_s);
   } catch (const std::exception& e) {
     lock.lock();
     for (auto& a : s.running) retire(s, *a, finish_reason::error, e.what());

@@ -201,7 +201,7 @@ class engine {
   void run_pass(served& s, std::unique_lock<std::mutex>& lock, bool interleaving);
   // Between two layers of `outer`'s pass (engine thread, engine::m_ not held): passes of the
   // model interleavable() names, until it has none left (engine_interleave.cpp).
-  void interleave(served& outer, std::chrono::steady_clock::time_point paused_since) noexcept;
+  void interleave(served& outer) noexcept;
   served* interleavable(const served& outer, std::chrono::steady_clock::duration paused);
   served* find(const std::string& name) const;        // null when no model has that name
   const served& known(const std::string& name) const;  // throws std::invalid_argument for an unknown name

@@ -31,17 +31,20 @@ engine::served* engine::interleavable(const served& outer, clock_type::duration 
   return all_resident(best->cfg.placement->arbiter().snapshot(), best->cfg.name) ? best : nullptr;
 }
 
-void engine::interleave(served& outer, clock_type::time_point paused_since) noexcept {
+void engine::interleave(served& outer) noexcept {
+  const auto t0 = clock_type::now();
   try {
     std::unique_lock lock(m_);
     while (!stop_) {
       take_submissions();
-      served* inner = interleavable(outer, clock_type::now() - paused_since);
-      if (!inner) return;
+      // The paused pass's wait counts from the first time other passes ran inside it.
+      served* inner = interleavable(outer, outer.paused_since ? clock_type::now() - *outer.paused_since : clock_type::duration{});
+      if (!inner) break;
       drop_cancelled(*inner);
       admit(*inner);
       // Nothing could start (its KV pool is full): that waits for the plan, after this pass.
-      if (inner->running.empty()) return;
+      if (inner->running.empty()) break;
+      if (!outer.paused_since) outer.paused_since = clock_type::now();
       run_pass(*inner, lock, false);
     }
   } catch (const std::exception& e) {
@@ -49,6 +52,8 @@ void engine::interleave(served& outer, clock_type::time_point paused_since) noex
     // handed to its requests by run_pass).
     spdlog::error("engine: interleaving a pass of another model beside '{}' failed: {}", outer.cfg.name, e.what());
   }
+  // Not this pass's own cost (the ITL budget's estimates of it).
+  outer.interleaved_s += std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 
 }  // namespace tandem::runtime

@@ -79,6 +79,10 @@ struct engine::served {
   double prompt_extra_s = 0, prompt_rows_avg = 0;  // averages prompt_row_s is the ratio of
   int64_t pass_prompt_rows = 0, pass_decode_rows = 0;
   int64_t passes_with_prompts = 0;
+  // Interleaving during this model's pass: when other models' passes first ran between its
+  // layers, and their seconds (not counted in this pass's learned cost).
+  std::optional<clock_type::time_point> paused_since;
+  double interleaved_s = 0;
   double arrival_rate = 0;             // requests per second, decaying (the planner's prefetch hint)
   clock_type::time_point last_arrival{};
   static constexpr double k_rate_window_s = 60;
