@@ -34,6 +34,7 @@ struct world {
   std::vector<model_state> m;  // snapshot models that are in the roster, in roster order
   std::vector<const configs::model_entry*> e;
   std::vector<const model_demand*> dem;
+  std::vector<bool> brought;  // loaded by this plan: never also a victim in it
   plan out;
 
   world(const configs::roster& r_, const snapshot& s_, const demand& d_, time_point n) : r(r_), s(s_), d(d_), now(n) {
@@ -45,6 +46,7 @@ struct world {
       const auto dt = std::find_if(d.models.begin(), d.models.end(), [&](const model_demand& x) { return x.name == entry.name; });
       dem.push_back(dt == d.models.end() ? nullptr : &*dt);
     }
+    brought.assign(m.size(), false);
   }
   size_t size() const { return m.size(); }
   int queued(size_t i) const { return dem[i] ? dem[i]->queued : 0; }
@@ -91,6 +93,7 @@ struct world {
       m[i].on_host = true;
     }
     out.actions.push_back({action_kind::load, m[i].name, why, bytes});
+    brought[i] = true;
     if (!m[i].on_device) m[i].loaded_at = now;
     m[i].on_device = true;
     m[i].device_bytes = bytes;
@@ -113,7 +116,7 @@ struct world {
     const double pi = prio(i);
     std::vector<size_t> idle, running;
     for (size_t v = 0; v < size(); ++v) {
-      if (v == i || !m[v].on_device || e[v]->pinned) continue;
+      if (v == i || !m[v].on_device || e[v]->pinned || brought[v]) continue;
       // A model ranking at or above `i` gives way only once idle for policy.idle_grace: between
       // its bursts, not within one. by_base: ranked by base priority, aged only among equals.
       const bool idle_long = !busy(v) && m[v].preempted == 0 && now - m[v].last_used >= r.policy.idle_grace;

@@ -117,6 +117,7 @@ sim_result simulate(const configs::roster& r, const configs::trace_spec& t, cons
     size_t model = 0;
     double start = 0, end = 0, layer_s = 0;
     std::vector<size_t> finishing;  // requests whose first token or end the pass produces
+    double first_pause = -1;        // when other work first ran inside it (its wait counts from there)
   };
   pass current;
   bool has_current = false, paused_on = false;
@@ -163,7 +164,7 @@ sim_result simulate(const configs::roster& r, const configs::trace_spec& t, cons
     // Weights still landing (a swap-in under way): layer l computes once it is on the device,
     // so the pass ends one layer after the copy at the earliest.
     if (m.device_ready > now) end = std::max(std::max(now, m.first_layer_at) + step, m.device_ready + layer_s);
-    current = {i, end - step, end, layer_s, first_now};
+    current = {i, end - step, end, layer_s, first_now, -1};
     has_current = true;
     for (const size_t k : first_now) {
       rs[k].first_token = end;
@@ -193,6 +194,8 @@ sim_result simulate(const configs::roster& r, const configs::trace_spec& t, cons
     for (size_t j = 0; j < ms.size(); ++j) {
       const model_sim& m = ms[j];
       if (j == outer || !m.on_device || m.device_bytes < m.bytes || m.device_ready > now) continue;
+      // (Preempted sequences need their KV copied back: a memory action, the plan's business.)
+      if (!m.preempted.empty()) continue;
       const bool work = !m.running.empty() || (!m.queue.empty() && static_cast<int>(m.running.size()) < m.e->max_sequences);
       if (!work || !may_interleave(r, *ms[outer].e, *m.e, std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(paused_s))))
         continue;
@@ -211,7 +214,7 @@ sim_result simulate(const configs::roster& r, const configs::trace_spec& t, cons
     if (device_free <= now && paused_on) {
       // A pass is paused mid-way: it holds its layers, so nothing is planned; interleaved work
       // runs until none is left (or the pass has waited max_wait), then the pass goes on.
-      if (const auto j = interleaving(paused.model, now - paused_at)) {
+      if (const auto j = interleaving(paused.model, now - paused.first_pause)) {
         run_step(*j);
       } else {
         const double end = now + (paused.end - paused_at);
@@ -220,7 +223,7 @@ sim_result simulate(const configs::roster& r, const configs::trace_spec& t, cons
           if (rs[k].done == paused.end) rs[k].done = end;
         }
         ms[paused.model].last_used = end;
-        current = {paused.model, now, end, paused.layer_s, std::move(paused.finishing)};
+        current = {paused.model, now, end, paused.layer_s, std::move(paused.finishing), paused.first_pause};
         paused_on = false;
         device_free = end;
       }
@@ -318,6 +321,8 @@ sim_result simulate(const configs::roster& r, const configs::trace_spec& t, cons
             break;
           }
           case action_kind::resume: {
+            // Back in once the swap-out (the link's other direction) has finished.
+            link_free = std::max(link_free, link_out_free);
             uint64_t kv_tokens = 0;
             for (const size_t k : m.preempted) kv_tokens += static_cast<uint64_t>(rs[k].prefilled + rs[k].generated);
             const double kv_gb = static_cast<double>(kv_tokens * m.e->kv_bytes_per_token.value_or(0)) / 1e9;
@@ -354,10 +359,11 @@ sim_result simulate(const configs::roster& r, const configs::trace_spec& t, cons
     // A pass is in flight. Work that may interleave with it (a request of a resident
     // higher-priority model) pauses it at its next layer boundary.
     if (device_free > now && has_current && !paused_on && current.end == device_free && current.layer_s > 0 &&
-        interleaving(current.model, 0)) {
+        interleaving(current.model, current.first_pause < 0 ? 0 : now - current.first_pause)) {
       const double boundary = current.start + std::ceil((now - current.start) / current.layer_s) * current.layer_s;
       if (boundary < device_free) {
         paused = current;
+        if (paused.first_pause < 0) paused.first_pause = boundary;
         paused_at = boundary;
         paused_on = true;
         device_free = boundary;

@@ -350,6 +350,7 @@ void engine::run_pass(served& s, std::unique_lock<std::mutex>& lock, bool interl
   // Between its layers, passes of a higher-priority model may run (engine_interleave.cpp).
   s.paused_since.reset();
   s.interleaved_s = 0;
+  s.interleave_failed = false;
   if (interleaving)
     s.ctx->set_between_layers([this, &s] { interleave(s); });
   else

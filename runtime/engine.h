@@ -102,6 +102,7 @@ struct model_stats {
   std::chrono::steady_clock::time_point last_used{};  // last pass (or load)
   int64_t prefix_queries = 0, prefix_hits = 0;  // admissions, and those that adopted cached blocks
   int64_t preemptions = 0;
+  int64_t interleaved_passes = 0;  // its passes run between the layers of another model's pass
   // Weights brought to the device (swap-ins) and taken off it (swap-outs) by the plan or an
   // operator; a swap-in's seconds run from its start until every segment is resident.
   int64_t swap_ins = 0, swap_outs = 0;

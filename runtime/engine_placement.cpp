@@ -213,6 +213,7 @@ model_stats engine::stats(const std::string& model) const {
   st.prefix_queries = s.prefix_queries;
   st.prefix_hits = s.prefix_hits;
   st.preemptions = s.preemptions;
+  st.interleaved_passes = s.interleaved_passes;
   st.swap_ins = s.swap_ins;
   st.swap_outs = s.swap_outs;
   st.swap_in_bytes = s.swap_in_bytes;

@@ -83,6 +83,8 @@ struct engine::served {
   // layers, and their seconds (not counted in this pass's learned cost).
   std::optional<clock_type::time_point> paused_since;
   double interleaved_s = 0;
+  bool interleave_failed = false;  // an interleaved admission threw: none more in this pass
+  int64_t interleaved_passes = 0;  // passes of this model run inside another's (engine::m_)
   double arrival_rate = 0;             // requests per second, decaying (the planner's prefetch hint)
   clock_type::time_point last_arrival{};
   static constexpr double k_rate_window_s = 60;

@@ -233,6 +233,20 @@ TEST_SUITE("planner") {
     CHECK(p2.run == "chat");
   }
 
+  TEST_CASE("a model loaded by a plan is never also a victim in it") {
+    // chat (aged past max_wait) and code both asked for, neither on the device, and they do
+    // not fit together: chat is placed first (it outranks by age), so code runs... not by
+    // evicting the chat load just queued: code streams or waits, chat runs.
+    const auto r = roster();
+    auto s = snap({state("chat", 7, false), state("code", 3, false), state("aux", 3, false)});
+    policy::demand d;
+    d.models = {{"chat", 1, t0 - 20s, 0}, {"code", 1, t0, 0}};
+    const auto p = policy::plan_tandem(r, s, d, t0);
+    CHECK(has(p, action_kind::load, "chat"));
+    CHECK_FALSE(has(p, action_kind::evict_device, "chat"));
+    CHECK(p.run == "chat");
+  }
+
   TEST_CASE("may_interleave: higher base priority, tandem with interleave on, within max_wait") {
     auto r = roster();
     const auto& chat = r.models[0];

@@ -7,6 +7,7 @@
 #include "memory/arbiter.h"
 #include "memory/cpu_backend.h"
 #include "models/arbiter_residency.h"
+#include "models/weight_residency.h"
 #include "models/synth.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
@@ -64,9 +65,9 @@ enum class setup { interleave, policy_off, high_evicted };
 
 TEST_SUITE("engine_interleave") {
   TEST_CASE("a higher-priority request runs inside a lower-priority pass, only when the policy allows and its weights are on the device") {
-    // low: a synthetic model whose 600-token prompt is one pass of 8 layers (tens of ms on one
-    // thread, the pass of interest in each setup; the prefix cache is off so it is evaluated);
-    // high: the tiny test model. Both fit on the device.
+    // low: a synthetic model of 8 layers, on a device that holds only part of it, so each of
+    // its passes streams the rest through a throttled link (about 0.2 s a pass, whatever the
+    // CPU); high: the tiny test model, all on the device.
     test::scratch_dir dir;
     models::synth_options o;
     o.dim = 384;
@@ -86,10 +87,24 @@ TEST_SUITE("engine_interleave") {
     const auto hi_tok = models::tokenizer::from_gguf(hi.file());
 
     std::vector<int32_t> lo_prompt;
-    for (int i = 0; i < 600; ++i) lo_prompt.push_back(3 + (i * 37) % 500);
+    for (int i = 0; i < 200; ++i) lo_prompt.push_back(3 + (i * 37) % 500);
     const std::vector<int32_t> hi_prompt = {1, 260, 33, 410};
     const auto lo_ref = alone(lo, lo_tok, lo_prompt, 1);
     const auto hi_ref = alone(hi, hi_tok, hi_prompt, 6);
+
+    constexpr size_t blk = 16 << 10;
+    auto weights = [&](const models::model& m) {
+      uint64_t b = 0;
+      for (const auto& seg : models::segment_sources(m)) b += (seg.bytes + blk - 1) / blk * blk;
+      return b;
+    };
+    auto kv_block = [](const models::model& m) { return static_cast<size_t>(models::kv_bytes_per_token(m.config(), kernels::cpu::kv_type::f16) * 16); };
+    const int32_t kv_blocks = 2 * 1024 / 16;
+    const uint64_t kv_bytes = ((kv_blocks * kv_block(lo) + blk - 1) / blk + (kv_blocks * kv_block(hi) + blk - 1) / blk) * blk;
+    // Both KV pools, the high model and 60% of the low one.
+    const uint64_t device = kv_bytes + weights(hi) + weights(lo) * 6 / 10;
+    // About 9 MB streamed per low pass at 40 MB/s.
+    constexpr double k_link_gbps = 0.04;
 
     for (const setup how : {setup::interleave, setup::policy_off, setup::high_evicted}) {
       CAPTURE(static_cast<int>(how));
@@ -106,21 +121,20 @@ TEST_SUITE("engine_interleave") {
       }
       r.models = {low, high};
       r.policy.prefetch = false;
+      r.policy.idle_grace = std::chrono::hours(1);  // high never gives the device to low
       r.policy.interleave = how != setup::policy_off;
 
-      constexpr size_t blk = 16 << 10;
-      auto kv_block = [](const models::model& m) { return static_cast<size_t>(models::kv_bytes_per_token(m.config(), kernels::cpu::kv_type::f16) * 16); };
-      auto backend = memory::make_cpu_backend();
-      memory::arbiter a(*backend, {uint64_t{64} << 20, uint64_t{64} << 20, blk});
-      auto lo_kv = memory::kv_pool::make(a, "low", 2 * 1024 / 16, 16, kv_block(lo));
-      auto hi_kv = memory::kv_pool::make(a, "high", 2 * 1024 / 16, 16, kv_block(hi));
+      auto backend = memory::make_cpu_backend(k_link_gbps);
+      memory::arbiter a(*backend, {device, uint64_t{64} << 20, blk});
+      auto lo_kv = memory::kv_pool::make(a, "low", kv_blocks, 16, kv_block(lo));
+      auto hi_kv = memory::kv_pool::make(a, "high", kv_blocks, 16, kv_block(hi));
       REQUIRE(lo_kv);
       REQUIRE(hi_kv);
       models::arbiter_residency lo_place(a, lo, "low"), hi_place(a, hi, "high");
       runtime::engine e({{"low", &lo, &lo_tok, 0, 2, 1024, kernels::cpu::kv_type::f16, nullptr, lo_kv.get(), &lo_place},
                          {"high", &hi, &hi_tok, 100, 2, 1024, kernels::cpu::kv_type::f16, nullptr, hi_kv.get(), &hi_place}},
                         {.threads = 1, .max_batch_tokens = 1024, .prefill_chunk = 1024, .prefix_cache = false, .roster = &r});
-      // Both models on the device first: a request to each.
+      // High on the device first, then low (streamed beside it).
       CHECK(collect(*e.submit({"high", hi_prompt, greedy(6)})) == hi_ref);
       CHECK(collect(*e.submit({"low", {1, 20, 30}, greedy(1)})).size() == 1);
       if (how == setup::high_evicted) {
@@ -134,21 +148,25 @@ TEST_SUITE("engine_interleave") {
         }));
       }
 
-      // The low prompt's pass is in flight once its request shows as running (the engine
-      // holds its lock from admission until the pass starts).
+      // The low prompt's only pass is in flight while its request shows as running (the engine
+      // holds its lock from admission until the pass starts, and retires it after).
       const auto lo_h = e.submit({"low", lo_prompt, greedy(1)});
       REQUIRE(until([&] { return e.stats("low").running == 1; }));
       const auto hi_h = e.submit({"high", hi_prompt, greedy(6)});
+      REQUIRE(e.stats("low").running == 1);  // submitted in the middle of that pass
       CHECK(collect(*hi_h) == hi_ref);
       CHECK(collect(*lo_h) == lo_ref);
       if (how == setup::interleave) {
-        // It ran inside the low pass: done before the low request, which ends with that pass.
+        // It ran inside the low pass: its passes were interleaved, and it ended first.
+        CHECK(e.stats("high").interleaved_passes > 0);
         CHECK(hi_h->finished_at() < lo_h->finished_at());
       } else {
         // Interleaving off, or the high model's weights not on the device (a load is a plan's
-        // memory action, which never happens in the middle of a pass): it waits for the pass.
+        // memory action, which never happens in the middle of a pass): it waited for the pass.
+        CHECK(e.stats("high").interleaved_passes == 0);
         CHECK(hi_h->finished_at() > lo_h->finished_at());
       }
+      CHECK(e.stats("low").interleaved_passes == 0);
       e.drain();
       CHECK(e.kv_blocks_in_use("low") == 0);
       CHECK(e.kv_blocks_in_use("high") == 0);
