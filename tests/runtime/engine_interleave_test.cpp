@@ -7,50 +7,22 @@
 #include "memory/arbiter.h"
 #include "memory/cpu_backend.h"
 #include "models/arbiter_residency.h"
-#include "models/weight_residency.h"
 #include "models/synth.h"
 #include "runtime/engine.h"
-#include "runtime/generate.h"
+#include "tests/runtime/engine_test_util.h"
 #include "tests/test_support.h"
 
 using namespace tandem;
 using namespace std::chrono_literals;
+using test::alone;
+using test::collect;
+using test::greedy;
 
 namespace {
 
-runtime::generation_params greedy(int64_t n) {
-  runtime::generation_params p;
-  p.max_tokens = n;
-  p.sampling.temperature = 0;
-  p.stop_at_eog = false;
-  return p;
-}
-
-std::vector<int32_t> alone(const models::model& m, const models::tokenizer& tok, const std::vector<int32_t>& prompt, int64_t n) {
-  models::forward_context ctx(m, {.n_ctx = 1024}, nullptr);
-  runtime::generate_options o;
-  o.max_tokens = n;
-  o.sampling.temperature = 0;
-  o.stop_at_eog = false;
-  o.fast_attention = true;  // as the engine computes attention
-  std::vector<int32_t> out;
-  runtime::generate(ctx, tok, prompt, o, [&](int32_t id, const std::string&) {
-    if (id >= 0) out.push_back(id);
-    return true;
-  });
-  return out;
-}
-
-std::vector<int32_t> collect(runtime::request_handle& h) {
-  std::vector<int32_t> out;
-  int32_t t = 0;
-  while (h.next(&t, 60s)) out.push_back(t);
-  return out;
-}
-
 template <class F>
 bool until(F pred) {
-  // Polled without sleeping: the pass it waits for may last only milliseconds.
+  // Polled without sleeping, so as not to miss the start of a pass.
   const auto end = std::chrono::steady_clock::now() + 30s;
   while (!pred()) {
     if (std::chrono::steady_clock::now() > end) return false;
@@ -89,8 +61,8 @@ TEST_SUITE("engine_interleave") {
     std::vector<int32_t> lo_prompt;
     for (int i = 0; i < 200; ++i) lo_prompt.push_back(3 + (i * 37) % 500);
     const std::vector<int32_t> hi_prompt = {1, 260, 33, 410};
-    const auto lo_ref = alone(lo, lo_tok, lo_prompt, 1);
-    const auto hi_ref = alone(hi, hi_tok, hi_prompt, 6);
+    const auto lo_ref = alone(lo, lo_tok, lo_prompt, 1, 1024);
+    const auto hi_ref = alone(hi, hi_tok, hi_prompt, 6, 1024);
 
     constexpr size_t blk = 16 << 10;
     auto weights = [&](const models::model& m) {

@@ -12,45 +12,14 @@
 #include "models/arbiter_residency.h"
 #include "models/synth.h"
 #include "runtime/generate.h"
+#include "tests/runtime/engine_test_util.h"
 #include "tests/test_support.h"
 
 using namespace tandem;
 using namespace std::chrono_literals;
-
-namespace {
-
-runtime::generation_params greedy(int64_t n) {
-  runtime::generation_params p;
-  p.max_tokens = n;
-  p.sampling.temperature = 0;
-  p.stop_at_eog = false;
-  return p;
-}
-
-// What one request gives on its own: a fresh context, the single-sequence loop.
-std::vector<int32_t> alone(const models::model& m, const models::tokenizer& tok, const std::vector<int32_t>& prompt, int64_t n) {
-  models::forward_context ctx(m, {.n_ctx = 256}, nullptr);
-  runtime::generate_options o;
-  o.max_tokens = n;
-  o.sampling.temperature = 0;
-  o.stop_at_eog = false;
-  o.fast_attention = true;  // as the engine computes attention
-  std::vector<int32_t> out;
-  runtime::generate(ctx, tok, prompt, o, [&](int32_t id, const std::string&) {
-    if (id >= 0) out.push_back(id);
-    return true;
-  });
-  return out;
-}
-
-std::vector<int32_t> collect(runtime::request_handle& h) {
-  std::vector<int32_t> out;
-  int32_t t = 0;
-  while (h.next(&t, 60s)) out.push_back(t);
-  return out;
-}
-
-}  // namespace
+using test::alone;
+using test::collect;
+using test::greedy;
 
 TEST_SUITE("engine") {
   TEST_CASE("8 concurrent requests, arriving at different times, give what each gives alone") {

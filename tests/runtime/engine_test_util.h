@@ -1,0 +1,49 @@
+// Helpers of the engine's tests: greedy parameters, what a request gives on its own, and the
+// tokens a handle streams.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "models/forward.h"
+#include "runtime/engine.h"
+#include "runtime/generate.h"
+
+namespace tandem::test {
+
+inline runtime::generation_params greedy(int64_t n) {
+  runtime::generation_params p;
+  p.max_tokens = n;
+  p.sampling.temperature = 0;
+  p.stop_at_eog = false;
+  return p;
+}
+
+// What one request gives on its own: a fresh context of n_ctx positions, the single-sequence
+// loop, attention computed as the engine computes it.
+inline std::vector<int32_t> alone(const models::model& m, const models::tokenizer& tok, const std::vector<int32_t>& prompt, int64_t n,
+                                  int64_t n_ctx = 256) {
+  models::forward_context ctx(m, {.n_ctx = n_ctx}, nullptr);
+  runtime::generate_options o;
+  o.max_tokens = n;
+  o.sampling.temperature = 0;
+  o.stop_at_eog = false;
+  o.fast_attention = true;
+  std::vector<int32_t> out;
+  runtime::generate(ctx, tok, prompt, o, [&](int32_t id, const std::string&) {
+    if (id >= 0) out.push_back(id);
+    return true;
+  });
+  return out;
+}
+
+inline std::vector<int32_t> collect(runtime::request_handle& h) {
+  std::vector<int32_t> out;
+  int32_t t = 0;
+  while (h.next(&t, std::chrono::seconds(60))) out.push_back(t);
+  return out;
+}
+
+}  // namespace tandem::test
