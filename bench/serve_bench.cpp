@@ -190,6 +190,15 @@ serve_bench_result run_serve_bench(const serve_bench_options& o) {
   b.insert(b.end(), tail_b.begin(), tail_b.end());
   r.prefix_miss_ttft_ms = ttft_of(a);
   r.prefix_hit_ttft_ms = ttft_of(b);
+
+  // Interleaving, on a roster engine of its own.
+  interleave_bench_options io;
+  io.low_path = o.model_path;
+  io.high_path = o.high_path;
+  io.threads = o.threads;
+  io.low_prompt = std::min<int64_t>(1024, std::max<int64_t>(64, o.long_prompt / 3));
+  r.interleave_low_prompt = io.low_prompt;
+  r.interleave = run_interleave_bench(io);
   return r;
 }
 
@@ -218,6 +227,11 @@ nlohmann::json to_json(const serve_bench_result& r, const serve_bench_options& o
   j["burst_ttft_ms_contended"] = r.burst_ttft_ms_contended;
   j["prefix_hit_ttft_ms"] = r.prefix_hit_ttft_ms;
   j["prefix_miss_ttft_ms"] = r.prefix_miss_ttft_ms;
+  j["interleave_low_prompt_tokens"] = r.interleave_low_prompt;
+  j["interleave_low_pass_ms"] = r.interleave.low_pass_ms;
+  j["interleave_high_ttft_ms"] = r.interleave.high_ttft_ms_interleaved;
+  j["no_interleave_high_ttft_ms"] = r.interleave.high_ttft_ms_waiting;
+  j["interleaved_passes"] = r.interleave.interleaved_passes;
   return j;
 }
 
@@ -241,6 +255,10 @@ std::string format_table(const serve_bench_result& r, const serve_bench_options&
                 r.burst_ttft_ms_contended);
   out += line;
   std::snprintf(line, sizeof line, "TTFT 512-token prompt      prefix miss %7.1f ms  hit %7.1f ms\n", r.prefix_miss_ttft_ms, r.prefix_hit_ttft_ms);
+  out += line;
+  std::snprintf(line, sizeof line, "high-priority TTFT during a %lld-token low-priority pass (%.0f ms)  interleaved %7.1f ms  waiting %7.1f ms\n",
+                static_cast<long long>(r.interleave_low_prompt), r.interleave.low_pass_ms, r.interleave.high_ttft_ms_interleaved,
+                r.interleave.high_ttft_ms_waiting);
   out += line;
   return out;
 }

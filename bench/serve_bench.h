@@ -2,7 +2,8 @@
 // per-stream decode at 1, 4 and 16 concurrent sequences; inter-token latency of 4 streams while
 // a long prompt is prefilled, and alone over the same token positions; TTFT of a burst of short high-priority requests on an
 // idle engine and while a low-priority entry runs 8 long generations; TTFT of a prompt whose
-// prefix is cached against one whose is not.
+// prefix is cached against one whose is not; and a high-priority request's TTFT while a
+// low-priority model runs a long prompt pass, with interleaving on and off (interleave_bench.h).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -10,6 +11,8 @@
 #include <cstdint>
 #include <map>
 #include <string>
+
+#include "bench/interleave_bench.h"
 
 namespace tandem::bench {
 
@@ -33,6 +36,8 @@ struct serve_bench_result {
   int64_t itl_tokens_from = 0, itl_tokens_to = 0;  // the streams' token positions both ITL figures cover
   double burst_ttft_ms_idle = 0, burst_ttft_ms_contended = 0;  // median over the burst
   double prefix_miss_ttft_ms = 0, prefix_hit_ttft_ms = 0;
+  interleave_bench_result interleave;
+  int64_t interleave_low_prompt = 0;
   int threads = 0;
 };
 

@@ -82,6 +82,9 @@ struct served_fixture {
     runtime::serve_options so;
     so.threads = 2;
     served = std::make_unique<runtime::served_roster>(roster, so);
+    // The preload's copies land before any test looks: on a loaded machine a model's state
+    // could otherwise still read "loading" at the first check.
+    for (int i = 0; i < 4000 && !served->ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     ctx = std::make_unique<api::server_context>(*served, roster.server);
     auto hc = api::http_config_of(roster.server);  // 127.0.0.1:0, the roster's limits
     hc.idle_timeout = idle_timeout;
