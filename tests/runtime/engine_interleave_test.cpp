@@ -38,7 +38,7 @@ enum class setup { interleave, policy_off, high_evicted };
 TEST_SUITE("engine_interleave") {
   TEST_CASE("a higher-priority request runs inside a lower-priority pass, only when the policy allows and its weights are on the device") {
     // low: a synthetic model of 8 layers, on a device that holds only part of it, so each of
-    // its passes streams the rest through a throttled link (about 0.2 s a pass, whatever the
+    // its passes streams the rest through a throttled link (about 0.3 s a pass, whatever the
     // CPU); high: the tiny test model, all on the device.
     test::scratch_dir dir;
     models::synth_options o;
@@ -65,12 +65,8 @@ TEST_SUITE("engine_interleave") {
     const auto hi_ref = alone(hi, hi_tok, hi_prompt, 6, 1024);
 
     constexpr size_t blk = 16 << 10;
-    auto weights = [&](const models::model& m) {
-      uint64_t b = 0;
-      for (const auto& seg : models::segment_sources(m)) b += (seg.bytes + blk - 1) / blk * blk;
-      return b;
-    };
-    auto kv_block = [](const models::model& m) { return static_cast<size_t>(models::kv_bytes_per_token(m.config(), kernels::cpu::kv_type::f16) * 16); };
+    auto weights = [&](const models::model& m) { return test::weight_bytes_in_blocks(m, blk); };
+    const auto kv_block = test::kv_block_bytes;
     const int32_t kv_blocks = 2 * 1024 / 16;
     const uint64_t kv_bytes = ((kv_blocks * kv_block(lo) + blk - 1) / blk + (kv_blocks * kv_block(hi) + blk - 1) / blk) * blk;
     // Both KV pools, the high model and 60% of the low one.

@@ -252,12 +252,8 @@ TEST_SUITE("engine") {
     const auto lo_tok = models::tokenizer::from_gguf(lo.file());
     const auto hi_tok = models::tokenizer::from_gguf(hi.file());
     constexpr size_t blk = 16 << 10;
-    auto weights = [&](const models::model& m) {
-      uint64_t b = 0;
-      for (const auto& s : models::segment_sources(m)) b += (s.bytes + blk - 1) / blk * blk;
-      return b;
-    };
-    auto kv_block = [](const models::model& m) { return static_cast<size_t>(models::kv_bytes_per_token(m.config(), kernels::cpu::kv_type::f16) * 16); };
+    auto weights = [&](const models::model& m) { return test::weight_bytes_in_blocks(m, blk); };
+    const auto kv_block = test::kv_block_bytes;
     const int32_t kv_blocks = 3 * 256 / 16;
     const uint64_t kv_bytes = ((kv_blocks * kv_block(lo) + blk - 1) / blk + (kv_blocks * kv_block(hi) + blk - 1) / blk) * blk;
     // Both KV pools and the larger model's weights, with a little room, but not both models.

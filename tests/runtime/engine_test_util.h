@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "models/arbiter_residency.h"
 #include "models/forward.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
@@ -44,6 +45,17 @@ inline std::vector<int32_t> collect(runtime::request_handle& h) {
   int32_t t = 0;
   while (h.next(&t, std::chrono::seconds(60))) out.push_back(t);
   return out;
+}
+
+// Device bytes of a model's weight segments in an arbiter of `block` bytes, and one f16 KV
+// block of 16 positions: for sizing device budgets in tests.
+inline uint64_t weight_bytes_in_blocks(const models::model& m, size_t block) {
+  uint64_t b = 0;
+  for (const auto& seg : models::segment_sources(m)) b += (seg.bytes + block - 1) / block * block;
+  return b;
+}
+inline size_t kv_block_bytes(const models::model& m) {
+  return static_cast<size_t>(models::kv_bytes_per_token(m.config(), kernels::cpu::kv_type::f16) * 16);
 }
 
 }  // namespace tandem::test
