@@ -167,7 +167,30 @@ void attention_many(const attention_run* runs, int64_t n_runs, kv_type kt, int n
   const int p_parts = (group + p_heads - 1) / p_heads;
   const int64_t p_rows_per_tile = std::max(1, k_prompt_lanes / p_heads);
   auto prompt_rows = [&](const attention_run& r) { return prompt_kernel ? std::clamp<int64_t>(r.prompt_rows, 0, std::max<int64_t>(r.n_q, 0)) : 0; };
+  // A run whose prompt rows leave a tile of one KV head mostly empty (a decode row: one row of
+  // `group` heads) takes tiles of `kv_period` KV heads instead, all its rows in each, as many
+  // as fill the lanes, but never so few tiles that threads would idle.
+  int kv_period = 1;
+  if (p_parts == 1) {
+    while (kv_period * 2 <= k_prompt_max_kv_period && kv_period * 2 * group <= k_prompt_lanes && kv_period < n_kv_heads)
+      kv_period *= 2;
+  }
+  auto grouped = [&](const attention_run& r) {
+    const int64_t rows = prompt_rows(r);
+    return kv_period > 1 && rows > 0 && rows * group * kv_period <= k_prompt_lanes;
+  };
+  if (kv_period > 1) {
+    for (;;) {
+      int64_t tiles = 0;
+      for (int64_t i = 0; i < n_runs; ++i)
+        if (grouped(runs[i])) tiles += (n_kv_heads + kv_period - 1) / kv_period;
+      if (tiles == 0 || tiles >= threads || kv_period == 1) break;
+      kv_period /= 2;
+    }
+  }
+  const int64_t kv_tiles = (n_kv_heads + kv_period - 1) / kv_period;
   auto prompt_units = [&](const attention_run& r) {
+    if (grouped(r)) return kv_tiles;
     return (prompt_rows(r) + p_rows_per_tile - 1) / p_rows_per_tile * n_kv_heads * p_parts;
   };
   // Units of run i: [first[i], first[i + 1]): its prompt tiles, then (row, KV head, part) for
@@ -213,27 +236,40 @@ void attention_many(const attention_run* runs, int64_t n_runs, kv_type kt, int n
       if (local < p_units) {
         thread_local std::vector<float> prompt_scratch;
         if (prompt_scratch.size() < prompt_scratch_floats(dp)) prompt_scratch.resize(prompt_scratch_floats(dp));
-        const int64_t per_tile = static_cast<int64_t>(n_kv_heads) * p_parts;
-        const int64_t tile = zigzag_row(local / per_tile, p_units / per_tile);
-        const int kv_head = static_cast<int>(local % per_tile) / p_parts;
-        const int part = static_cast<int>(local % p_parts);
-        const int64_t r0 = tile * p_rows_per_tile;
-        const int64_t head = static_cast<int64_t>(kv_head) * group + part * p_heads;
         prompt_tile pt;
-        pt.q = run.q + (r0 * n_heads + head) * head_dim;
-        pt.out = run.out + (r0 * n_heads + head) * head_dim;
         pt.q_row_stride = static_cast<int64_t>(n_heads) * head_dim;
-        pt.n_heads = std::min(p_heads, group - part * p_heads);
-        pt.n_rows = static_cast<int>(std::min(p_rows_per_tile, p_rows - r0));
-        pt.row0_pos = run.pos0 + r0;
-        pt.k = static_cast<const char*>(run.k_cache) + static_cast<size_t>(kv_head) * head_dim * elem;
-        pt.v = static_cast<const char*>(run.v_cache) + static_cast<size_t>(kv_head) * head_dim * elem;
         pt.kv_stride = kv_stride;
         pt.pages = run.pages;
         pt.head_dim = head_dim;
         pt.padded_dim = dp;
         pt.scale = scale;
         pt.kt = kt;
+        int64_t r0 = 0, head = 0;
+        int kv_head = 0;
+        if (grouped(run)) {
+          // Tile `local`: every prompt row, all heads of KV heads kv_period * local onwards.
+          kv_head = static_cast<int>(local) * kv_period;
+          head = static_cast<int64_t>(kv_head) * group;
+          pt.n_heads = group;
+          pt.n_rows = static_cast<int>(p_rows);
+          pt.kv_period = kv_period;
+          pt.n_kv = std::min(kv_period, n_kv_heads - kv_head);
+          pt.group = group;
+        } else {
+          const int64_t per_tile = static_cast<int64_t>(n_kv_heads) * p_parts;
+          const int64_t tile = zigzag_row(local / per_tile, p_units / per_tile);
+          kv_head = static_cast<int>(local % per_tile) / p_parts;
+          const int part = static_cast<int>(local % p_parts);
+          r0 = tile * p_rows_per_tile;
+          head = static_cast<int64_t>(kv_head) * group + part * p_heads;
+          pt.n_heads = std::min(p_heads, group - part * p_heads);
+          pt.n_rows = static_cast<int>(std::min(p_rows_per_tile, p_rows - r0));
+        }
+        pt.q = run.q + (r0 * n_heads + head) * head_dim;
+        pt.out = run.out + (r0 * n_heads + head) * head_dim;
+        pt.row0_pos = run.pos0 + r0;
+        pt.k = static_cast<const char*>(run.k_cache) + static_cast<size_t>(kv_head) * head_dim * elem;
+        pt.v = static_cast<const char*>(run.v_cache) + static_cast<size_t>(kv_head) * head_dim * elem;
         attend_prompt_avx512(pt, prompt_scratch.data());
         continue;
       }

@@ -69,19 +69,26 @@ struct attention_scratch {
 void attend_avx2(const attention_task& t, const attention_scratch& s);
 void attend_avx512(const attention_task& t, const attention_scratch& s);
 
-// Prompt rows (attention_run::prompt_rows) on AVX-512: consecutive query rows of one sequence
-// and heads of one KV head, as up to 16 query vectors (lane i: row i / n_heads, head
-// i % n_heads of the tile). Not the f16 contract above: f32 throughout, scores from fused
-// multiply-adds over the dimensions in order, a vectorised exponential, blockwise online
-// softmax (attention_prompt_avx512.cpp). Each lane's result depends on its own row only.
+// Prompt rows (attention_run::prompt_rows) on AVX-512: consecutive query rows of one sequence,
+// n_heads heads of each of n_kv consecutive KV heads, as up to 16 query vectors. Lane i
+// attends with KV head i % kv_period of the tile and is query vector i / kv_period: row
+// q / n_heads, head q % n_heads of that KV head's group (lanes whose KV head is past n_kv,
+// or whose row is past n_rows, are empty). Decode rows fill a tile with several KV heads
+// (kv_period 2 or 4), prompt chunks with rows of one (kv_period 1). Not the f16 contract
+// above: f32 throughout, scores from fused multiply-adds over the dimensions in order, a
+// vectorised exponential, blockwise online softmax (attention_prompt_avx512.cpp). Each lane's
+// result depends on its own row and head only, never on the tile's other lanes.
 struct prompt_tile {
-  const float* q;         // the tile's first row, its first head
+  const float* q;         // the tile's first row, its first KV head's first head
   float* out;             // same layout as q
   int64_t q_row_stride;   // floats from one row's queries to the next's
-  int n_heads;            // heads per row in the tile
-  int n_rows;             // n_rows * n_heads <= 16
+  int n_heads;            // heads per KV head in the tile
+  int n_rows;             // n_rows * n_heads * kv_period <= 16
+  int kv_period = 1;      // 1, 2 or 4: lanes per round of KV heads
+  int n_kv = 1;           // KV heads in the tile, 1 .. kv_period
+  int group = 0;          // heads from one KV head's first to the next's (with n_kv > 1)
   int64_t row0_pos;       // position of the first row
-  const void* k;          // this KV head's key at position 0 (as attention_task)
+  const void* k;          // the first KV head's key at position 0 (as attention_task)
   const void* v;
   int64_t kv_stride;
   kv_pages pages;
@@ -90,6 +97,7 @@ struct prompt_tile {
   float scale;
   kv_type kt;
 };
+inline constexpr int k_prompt_max_kv_period = 4;
 inline constexpr int k_prompt_lanes = 16;
 size_t prompt_scratch_floats(int padded_dim);
 void attend_prompt_avx512(const prompt_tile& t, float* scratch);
