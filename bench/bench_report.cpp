@@ -30,6 +30,10 @@ std::string line(const char* label, const std::string& what, const summary& s, c
 
 double bench_report::batched_vs_single() const { return ratio(result.batched_decode.median, result.decode.median); }
 double bench_report::decode_vs_ceiling() const { return ratio(result.decode_gb.median, ceiling.gb_s_summary.median); }
+double bench_report::compute_ceiling_tok_s() const {
+  return ratio(dots.gmac_s_summary.median * 1e9, static_cast<double>(result.int8_macs_per_token));
+}
+double bench_report::batched_vs_compute_ceiling() const { return ratio(result.batched_decode.median, compute_ceiling_tok_s()); }
 
 bench_report run_bench(const bench_options& o) {
   models::model m(o.model_path);
@@ -45,6 +49,7 @@ bench_report run_bench(const bench_options& o) {
   r.result = run_model_bench(m, pool, o.params);
   r.ceiling = measure_read_ceiling(pool, o.read_buffer_bytes > 0 ? o.read_buffer_bytes : default_read_buffer_bytes(),
                                    std::max(o.params.reps, 3));
+  r.dots = measure_dot_ceiling(pool, std::max(o.params.reps, 3));
   return r;
 }
 
@@ -66,7 +71,11 @@ nlohmann::json to_json(const bench_report& r) {
   put(j, "batched_decode_tok_s", r.result.batched_decode, r.result.batched_decode_tok_s);
   put(j, "decode_gb_s", r.result.decode_gb, r.result.decode_gb_s);
   put(j, "read_ceiling_gb_s", r.ceiling.gb_s_summary, r.ceiling.gb_s);
+  put(j, "dot_ceiling_gmac_s", r.dots.gmac_s_summary, r.dots.gmac_s);
   j["decode_bytes_per_token"] = r.result.decode_bytes_per_token;
+  j["int8_macs_per_token"] = r.result.int8_macs_per_token;
+  j["compute_ceiling_tok_s"] = r.compute_ceiling_tok_s();
+  j["batched_vs_compute_ceiling"] = r.batched_vs_compute_ceiling();
   j["read_buffer_bytes"] = r.ceiling.buffer_bytes;
   j["batched_vs_single"] = r.batched_vs_single();
   j["decode_vs_ceiling"] = r.decode_vs_ceiling();
@@ -93,6 +102,11 @@ std::string format_table(const bench_report& r) {
   out += line("decode", what, r.result.decode_gb, "GB/s", note);
   std::snprintf(what, sizeof what, "read, %.0f MiB buffer", static_cast<double>(r.ceiling.buffer_bytes) / (1 << 20));
   out += line("ceiling", what, r.ceiling.gb_s_summary, "GB/s");
+  if (r.result.int8_macs_per_token > 0) {
+    std::snprintf(note, sizeof note, "%.0f tok/s at %.1fM MACs/token; batched %.2f of it", r.compute_ceiling_tok_s(),
+                  static_cast<double>(r.result.int8_macs_per_token) / 1e6, r.batched_vs_compute_ceiling());
+    out += line("ceiling", "int8 dot", r.dots.gmac_s_summary, "GMAC/s", note);
+  }
   return out;
 }
 

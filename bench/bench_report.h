@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "bench/dot_ceiling.h"
 #include "bench/model_bench.h"
 #include "bench/read_ceiling.h"
 
@@ -29,22 +30,29 @@ struct bench_report {
   model_bench_params params;
   model_bench_result result;
   read_ceiling_result ceiling;  // measured with the same pool, after the model phases
+  dot_ceiling_result dots;      // likewise, after the read ceiling
 
   // Medians divided: batched aggregate over single-sequence decode, and decode GB/s over the
   // read ceiling (0 when the divisor is 0).
   double batched_vs_single() const;
   double decode_vs_ceiling() const;
+  // Rows per second the int8 dot ceiling allows: dots median / int8 MACs per row (0 for a
+  // model without quantized matrices), and batched decode's aggregate over it.
+  double compute_ceiling_tok_s() const;
+  double batched_vs_compute_ceiling() const;
 };
 
-// Loads the model, runs run_model_bench and measure_read_ceiling (with at least 3
-// repetitions, it being cheap) on one pool of `threads`. Throws what they throw, and
+// Loads the model, runs run_model_bench, measure_read_ceiling and measure_dot_ceiling (with
+// at least 3 repetitions, they being cheap) on one pool of `threads`. Throws what they throw, and
 // the model loader's errors naming the file.
 bench_report run_bench(const bench_options& o);
 
 // One flat object: medians under the names (prefill_tok_s, decode_tok_s,
-// batched_decode_tok_s, decode_gb_s, read_ceiling_gb_s), "<name>_min" / "<name>_max" and
-// "<name>_samples" beside each, the ratios, and the run's settings (model, arch, type, threads,
-// isa, prompt, gen, batch, reps, decode_bytes_per_token, read_buffer_bytes, weight_bytes).
+// batched_decode_tok_s, decode_gb_s, read_ceiling_gb_s, dot_ceiling_gmac_s),
+// "<name>_min" / "<name>_max" and "<name>_samples" beside each, the ratios
+// (batched_vs_single, decode_vs_ceiling, compute_ceiling_tok_s, batched_vs_compute_ceiling),
+// and the run's settings (model, arch, type, threads, isa, prompt, gen, batch, reps,
+// decode_bytes_per_token, int8_macs_per_token, read_buffer_bytes, weight_bytes).
 nlohmann::json to_json(const bench_report& r);
 
 // A small human-readable table: one line per figure with median and [min .. max].

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cpu/act_quant.h"
 #include "models/forward.h"
 
 namespace tandem::bench {
@@ -71,6 +72,19 @@ uint64_t decode_weight_bytes(const models::model& m) {
   return bytes + static_cast<uint64_t>(extra);
 }
 
+uint64_t decode_int8_macs(const models::model& m) {
+  auto int8 = [](const models::weight_view& v) -> uint64_t {
+    const auto act = kernels::cpu::activation_type(v.type);
+    const bool dots = act == kernels::weight_type::q8_0 || act == kernels::weight_type::q8_1 || act == kernels::weight_type::q8_k;
+    return dots ? static_cast<uint64_t>(v.rows) * static_cast<uint64_t>(v.cols) : 0;
+  };
+  const auto& w = m.weights();
+  uint64_t macs = int8(w.output);
+  for (const auto& L : w.layers)
+    for (const models::weight_view* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) macs += int8(*v);
+  return macs;
+}
+
 kernels::weight_type main_weight_type(const models::model& m) {
   std::map<kernels::weight_type, uint64_t> by_type;
   for (const auto& t : m.file().tensors()) by_type[t.type] += t.bytes;
@@ -90,6 +104,7 @@ model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_
 
   model_bench_result r;
   r.decode_bytes_per_token = decode_weight_bytes(m);
+  r.int8_macs_per_token = decode_int8_macs(m);
   {
     models::context_params cp;
     cp.n_ctx = std::max(p.prompt, p.gen);

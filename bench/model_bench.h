@@ -32,6 +32,7 @@ struct model_bench_result {
   std::vector<double> decode_gb_s;            // decode_bytes_per_token * decode_tok_s / 1e9
   summary prefill, decode, batched_decode, decode_gb;
   uint64_t decode_bytes_per_token = 0;        // decode_weight_bytes(model)
+  uint64_t int8_macs_per_token = 0;           // decode_int8_macs(model)
 };
 
 // Deterministic pseudo-random token ids in [0, n_vocab): the same (n_vocab, n, seed) gives
@@ -44,6 +45,11 @@ std::vector<int32_t> bench_tokens(int64_t n_vocab, int64_t n, uint64_t seed);
 // head is tied to it), at its file size, or at its packed size where the model packed it at
 // load (kernels/cpu/packed.h). The KV cache is not counted.
 uint64_t decode_weight_bytes(const models::model& m);
+
+// Multiply-adds of one decode row through weight matrices whose products are int8 dots (the
+// quantized types: activations are quantized to Q8_0 / Q8_1 / Q8_K): rows x cols of each such
+// projection and of the output head. The embedding lookup and attention are not counted.
+uint64_t decode_int8_macs(const models::model& m);
 
 // The weight type holding the most bytes among the model's tensors (what a file is called
 // by: "Q4_K" for a Q4_K_M file whose output head is Q6_K).

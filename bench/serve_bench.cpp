@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/dot_ceiling.h"
 #include "bench/model_bench.h"
 #include "kernels/cpu/thread_pool.h"
 #include "models/model.h"
@@ -199,6 +200,11 @@ serve_bench_result run_serve_bench(const serve_bench_options& o) {
   io.low_prompt = std::min<int64_t>(1024, std::max<int64_t>(64, o.long_prompt / 3));
   r.interleave_low_prompt = io.low_prompt;
   r.interleave = run_interleave_bench(io);
+
+  // What the matrices could do at most: every engine is gone, so the pool has the cores.
+  r.int8_macs_per_token = decode_int8_macs(m);
+  kernels::cpu::thread_pool pool(r.threads > 0 ? r.threads : kernels::cpu::default_thread_count());
+  r.dot_ceiling_gmac_s = measure_dot_ceiling(pool, 3).gmac_s_summary.median;
   return r;
 }
 
@@ -232,6 +238,11 @@ nlohmann::json to_json(const serve_bench_result& r, const serve_bench_options& o
   j["interleave_high_ttft_ms"] = r.interleave.high_ttft_ms_interleaved;
   j["no_interleave_high_ttft_ms"] = r.interleave.high_ttft_ms_waiting;
   j["interleaved_passes"] = r.interleave.interleaved_passes;
+  j["dot_ceiling_gmac_s"] = r.dot_ceiling_gmac_s;
+  j["int8_macs_per_token"] = r.int8_macs_per_token;
+  j["compute_ceiling_tok_s"] = r.compute_ceiling_tok_s();
+  j["decode_16_vs_compute_ceiling"] =
+      r.decode_tok_s.count(16) && r.compute_ceiling_tok_s() > 0 ? r.decode_tok_s.at(16) / r.compute_ceiling_tok_s() : 0;
   return j;
 }
 
@@ -243,6 +254,11 @@ std::string format_table(const serve_bench_result& r, const serve_bench_options&
   out += line;
   for (const auto& [c, v] : r.decode_tok_s) {
     std::snprintf(line, sizeof line, "decode, %2d streams      %9.1f tok/s aggregate, %7.1f per stream\n", c, v, r.per_stream_tok_s.at(c));
+    out += line;
+  }
+  if (r.compute_ceiling_tok_s() > 0) {
+    std::snprintf(line, sizeof line, "int8 compute ceiling      %9.1f tok/s (%.0f GMAC/s over %.1fM MACs per token)\n", r.compute_ceiling_tok_s(),
+                  r.dot_ceiling_gmac_s, static_cast<double>(r.int8_macs_per_token) / 1e6);
     out += line;
   }
   std::snprintf(line, sizeof line, "ITL idle (tokens %lld..%lld) p50 %7.1f ms  p99 %7.1f ms\n", static_cast<long long>(r.itl_tokens_from),

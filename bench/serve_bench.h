@@ -39,6 +39,13 @@ struct serve_bench_result {
   interleave_bench_result interleave;
   int64_t interleave_low_prompt = 0;
   int threads = 0;
+  // The int8 compute ceiling (bench/dot_ceiling.h) on a pool of the same threads, and the
+  // rows per second it allows the model (0 without quantized matrices).
+  double dot_ceiling_gmac_s = 0;
+  uint64_t int8_macs_per_token = 0;
+  double compute_ceiling_tok_s() const {
+    return int8_macs_per_token > 0 ? dot_ceiling_gmac_s * 1e9 / static_cast<double>(int8_macs_per_token) : 0;
+  }
 };
 
 serve_bench_result run_serve_bench(const serve_bench_options& o);

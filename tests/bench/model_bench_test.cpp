@@ -55,6 +55,22 @@ TEST_SUITE("bench_model") {
     CHECK(bench::decode_weight_bytes(packed) == bench::decode_weight_bytes(q) + extra);
   }
 
+  TEST_CASE("decode_int8_macs: rows x cols of the quantized projections and output head only") {
+    // F32 weights multiply in float: no int8 dots at all.
+    const models::model f(test::data_path("stories260K.gguf").string());
+    CHECK(bench::decode_int8_macs(f) == 0);
+    // The Q8_0 file: its Q8_0 matrices, counted from the file's tensor table (packing does not
+    // change the count; the embedding lookup is not a product).
+    const models::model q(test::data_path("stories260K-q8_0.gguf").string());
+    uint64_t want = 0;
+    for (const auto& t : q.file().tensors()) {
+      const bool matrix = t.name == "output.weight" || (t.name.rfind("blk.", 0) == 0 && t.ne.size() == 2);
+      if (matrix && t.type == kernels::weight_type::q8_0) want += static_cast<uint64_t>(t.elements());
+    }
+    CHECK(want > 0);
+    CHECK(bench::decode_int8_macs(q) == want);
+  }
+
   TEST_CASE("decode_weight_bytes: a tied output head reads the whole table") {
     test::scratch_dir dir;
     models::synth_options o;

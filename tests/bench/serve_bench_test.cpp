@@ -26,9 +26,13 @@ TEST_SUITE("bench_serve") {
     CHECK(r.interleave.high_ttft_ms_interleaved > 0);
     CHECK(r.interleave.high_ttft_ms_waiting > 0);
     CHECK(r.interleave.low_pass_ms > 0);
+    CHECK(r.dot_ceiling_gmac_s > 0);
+    CHECK(r.int8_macs_per_token == 0);  // F32 weights: no int8 products
+    CHECK(r.compute_ceiling_tok_s() == 0);
     const auto j = bench::to_json(r, o);
     for (const char* k : {"decode_tok_s", "itl_p99_ms_idle", "itl_p99_ms_during_prefill", "burst_ttft_ms_idle", "burst_ttft_ms_contended",
-                          "prefix_hit_ttft_ms", "prefix_miss_ttft_ms", "interleave_high_ttft_ms", "no_interleave_high_ttft_ms"}) {
+                          "prefix_hit_ttft_ms", "prefix_miss_ttft_ms", "interleave_high_ttft_ms", "no_interleave_high_ttft_ms",
+                          "dot_ceiling_gmac_s", "compute_ceiling_tok_s", "decode_16_vs_compute_ceiling"}) {
       CAPTURE(k);
       CHECK(j.contains(k));
     }

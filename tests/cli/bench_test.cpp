@@ -20,7 +20,7 @@ TEST_SUITE("bench") {
     const auto j = nlohmann::json::parse(r.out);  // throws on anything but one JSON value
     REQUIRE(j.is_object());
     for (const char* key : {"prefill_tok_s", "decode_tok_s", "batched_decode_tok_s", "decode_gb_s", "read_ceiling_gb_s",
-                            "decode_bytes_per_token", "batched_vs_single", "decode_vs_ceiling"}) {
+                            "dot_ceiling_gmac_s", "decode_bytes_per_token", "batched_vs_single", "decode_vs_ceiling"}) {
       CAPTURE(key);
       REQUIRE(j.contains(key));
       CHECK(j[key].is_number());
@@ -34,6 +34,10 @@ TEST_SUITE("bench") {
     CHECK(j["type"] == "F32");
     CHECK(j["decode_tok_s_samples"].size() == 2);
     CHECK(j["read_buffer_bytes"] == 16 << 20);
+    // F32 weights: no int8 products, so no compute ceiling in rows per second.
+    CHECK(j["int8_macs_per_token"] == 0);
+    CHECK(j["compute_ceiling_tok_s"] == 0);
+    CHECK(j["batched_vs_compute_ceiling"] == 0);
     // Medians lie within their spreads.
     for (const char* key : {"prefill_tok_s", "decode_tok_s", "batched_decode_tok_s"}) {
       CAPTURE(key);
@@ -51,6 +55,23 @@ TEST_SUITE("bench") {
       CAPTURE(s);
       CHECK(r.out.find(s) != std::string::npos);
     }
+  }
+
+  TEST_CASE("a quantized model gets the int8 compute ceiling in rows per second") {
+    const std::string cmd = "bench -m '" + test::data_path("stories260K-q8_0.gguf").string() +
+                            "' -t 2 --read-mib 16 --prompt 8 --gen 2 --batch 2 --reps 1";
+    const auto r = test::run_tandem(cmd + " --json");
+    REQUIRE(r.exit_code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    const double macs = j["int8_macs_per_token"].get<double>();
+    CHECK(macs > 0);
+    CHECK(j["compute_ceiling_tok_s"].get<double>() == doctest::Approx(j["dot_ceiling_gmac_s"].get<double>() * 1e9 / macs));
+    CHECK(j["batched_vs_compute_ceiling"].get<double>() ==
+          doctest::Approx(j["batched_decode_tok_s"].get<double>() / j["compute_ceiling_tok_s"].get<double>()));
+    const auto t = test::run_tandem(cmd);
+    REQUIRE(t.exit_code == 0);
+    CHECK(t.out.find("int8 dot") != std::string::npos);
+    CHECK(t.out.find("GMAC/s") != std::string::npos);
   }
 
   TEST_CASE("bad arguments give a clear error and a non-zero exit") {
