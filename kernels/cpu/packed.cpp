@@ -246,7 +246,7 @@ void packed_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const in
           const int c = static_cast<int>(col0 % 32) + e;
           dot += packed_code(wt, unit, ch, o, c) * codes[r * cols + col0 + e];
         }
-        const float* x = aux + r * nsub * 2 + 2 * s;
+        const float* x = aux + (r * nsub + s) * k_panel_aux_per_sub;
         acc += scale * x[0] * static_cast<float>(dot) + min * x[1];
       }
       out[r * out_stride + o] = acc;

@@ -13,6 +13,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cpu/packed.h"
 #include "kernels/cpu/panel.h"
@@ -28,6 +29,13 @@ using avx512::q6_high_pair;
 constexpr int R16 = k_panel_rows;
 constexpr __mmask16 k_all16 = 0xFFFF;
 constexpr size_t k_prefetch_ahead = 4096;
+
+// The int32 offset term of an activation sub-block (panel.h: the third aux float's bits).
+static inline int32_t offset_term(const float* x) {
+  int32_t v;
+  std::memcpy(&v, x + 2, sizeof v);
+  return v;
+}
 
 // -x, sign of zero included (0 - x would give +0 for x = +0, where the reference's -k * d
 // gives -0).
@@ -71,6 +79,7 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
   constexpr int64_t uc = k_quant ? 256 : 32;
   constexpr int sub = WT == weight_type::q6_k ? 16 : 32;
   constexpr size_t ub = unit_bytes<WT>();
+  constexpr bool k_offset = WT == weight_type::q4_0 || WT == weight_type::q8_0 || WT == weight_type::q6_k;
   const int64_t nsub = cols / sub;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   __m512 f[R];
@@ -90,8 +99,19 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
       for (size_t b = 0; b < share; b += 64) avx512::prefetch(unit, ch * share + k_prefetch_ahead + b);
       const int64_t col0 = u * uc + ch * 32;
       // Integer sums: acc0 for the chunk (or its first 16 columns for Q6_K), acc1 the rest.
+      // Types whose codes carry an offset start from the activations' offset term, so the
+      // sums are of the signed values (ggml's integer dot) and no float correction follows.
       __m512i acc0[R], acc1[R];
-      TANDEM_UNROLL for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_si512();
+      TANDEM_UNROLL for (int r = 0; r < R; ++r) {
+        if constexpr (k_offset) {
+          const float* x = aux + (r * nsub + col0 / sub) * k_panel_aux_per_sub;
+          acc0[r] = _mm512_set1_epi32(offset_term(x));
+          if constexpr (WT == weight_type::q6_k) acc1[r] = _mm512_set1_epi32(offset_term(x + k_panel_aux_per_sub));
+          else acc1[r] = _mm512_setzero_si512();
+        } else {
+          acc0[r] = acc1[r] = _mm512_setzero_si512();
+        }
+      }
       TANDEM_UNROLL for (int q = 0; q < (WT == weight_type::q8_0 ? 8 : 4); ++q) {
         __m512i lo, hi = _mm512_setzero_si512();
         if constexpr (WT == weight_type::q8_0) {
@@ -129,18 +149,17 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
       // Scales and mins of the chunk's sub-blocks, then the float update per row.
       auto update = [&](const __m512i (&acc)[R], __m512 scale, __m512 min, int64_t s) {
         TANDEM_UNROLL for (int r = 0; r < R; ++r) {
-          const float* x = aux + r * nsub * 2 + 2 * s;
+          const float* x = aux + (r * nsub + s) * k_panel_aux_per_sub;
           const __m512 t = _mm512_maskz_cvtepi32_ps(k_all16, acc[r]);
           f[r] = _mm512_fmadd_ps(t, _mm512_mul_ps(scale, _mm512_set1_ps(x[0])), f[r]);
-          f[r] = _mm512_fmadd_ps(min, _mm512_set1_ps(x[1]), f[r]);
+          if constexpr (!k_offset) f[r] = _mm512_fmadd_ps(min, _mm512_set1_ps(x[1]), f[r]);
         }
       };
+      const __m512 no_min = _mm512_setzero_ps();
       if constexpr (WT == weight_type::q4_0) {
-        const __m512 s = f16x16(unit + 256);
-        update(acc0, s, _mm512_mul_ps(s, _mm512_set1_ps(-8.0f)), col0 / 32);
+        update(acc0, f16x16(unit + 256), no_min, col0 / 32);
       } else if constexpr (WT == weight_type::q8_0) {
-        const __m512 s = f16x16(unit + 512);
-        update(acc0, s, _mm512_mul_ps(s, _mm512_set1_ps(-128.0f)), col0 / 32);
+        update(acc0, f16x16(unit + 512), no_min, col0 / 32);
       } else if constexpr (WT == weight_type::q4_k) {
         const uint8_t* at = unit + 2048 + 4 * R16;
         const __m512 s = _mm512_mul_ps(d, u8x16(at + R16 * ch));
@@ -148,10 +167,8 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
         update(acc0, s, m, col0 / 32);
       } else {
         const uint8_t* at = unit + 3072 + 2 * R16;
-        const __m512 s0 = _mm512_mul_ps(d, i8x16(at + R16 * (2 * ch)));
-        const __m512 s1 = _mm512_mul_ps(d, i8x16(at + R16 * (2 * ch + 1)));
-        update(acc0, s0, _mm512_mul_ps(s0, _mm512_set1_ps(-32.0f)), col0 / 16);
-        update(acc1, s1, _mm512_mul_ps(s1, _mm512_set1_ps(-32.0f)), col0 / 16 + 1);
+        update(acc0, _mm512_mul_ps(d, i8x16(at + R16 * (2 * ch))), no_min, col0 / 16);
+        update(acc1, _mm512_mul_ps(d, i8x16(at + R16 * (2 * ch + 1))), no_min, col0 / 16 + 1);
       }
     }
   }

@@ -76,7 +76,17 @@ size_t panel_act_code_bytes(int64_t cols, int64_t n_x) { return static_cast<size
 
 size_t panel_act_aux_floats(weight_type wt, int64_t cols, int64_t n_x) {
   const int sub = panel_sub_elems(wt);
-  return sub == 0 ? 0 : static_cast<size_t>(cols / sub * 2 * n_x);
+  return sub == 0 ? 0 : static_cast<size_t>(cols / sub * k_panel_aux_per_sub * n_x);
+}
+
+int panel_code_offset(weight_type wt) {
+  switch (wt) {
+    case weight_type::q4_0: return -8;
+    case weight_type::q5_0: return -16;
+    case weight_type::q8_0: return -128;
+    case weight_type::q6_k: return -32;
+    default: return 0;
+  }
 }
 
 void panel_decode_row(weight_type wt, const void* row, int64_t cols, uint8_t* codes, float* scale, float* min) {
@@ -205,10 +215,18 @@ void panel_acts(weight_type wt, const void* act, size_t a_row, int64_t n_x, int6
                 float* aux) {
   const int sub = panel_sub_elems(wt);
   const weight_type at = activation_type(wt);
+  const int offset = panel_code_offset(wt);
+  constexpr int A = k_panel_aux_per_sub;
+  auto put = [&](float* x, float da, float ds, int sum) {
+    x[0] = da;
+    x[1] = ds;
+    const int32_t term = offset * sum;
+    std::memcpy(x + 2, &term, sizeof term);
+  };
   for (int64_t r = 0; r < n_x; ++r) {
     const auto* row = static_cast<const uint8_t*>(act) + r * a_row;
     int8_t* q = codes + r * cols;
-    float* x = aux + r * (cols / sub) * 2;
+    float* x = aux + r * (cols / sub) * A;
     if (at == weight_type::q8_0 || at == weight_type::q8_1) {
       const bool one = at == weight_type::q8_1;
       const size_t bytes = one ? sizeof(block_q8_1) : sizeof(block_q8_0);
@@ -219,17 +237,14 @@ void panel_acts(weight_type wt, const void* act, size_t a_row, int64_t n_x, int6
         half_bytes d, s;
         std::memcpy(d, blk, 2);
         const float da = half(d);
-        float ds;
+        int sum = 0;
+        for (int j = 0; j < 32; ++j) sum += qs[j];
+        float ds = da * static_cast<float>(sum);
         if (one) {
           std::memcpy(s, blk + 2, 2);
           ds = half(s);  // ggml's offset term uses the stored (rounded) d * sum
-        } else {
-          int sum = 0;
-          for (int j = 0; j < 32; ++j) sum += qs[j];
-          ds = da * static_cast<float>(sum);
         }
-        x[2 * i] = da;
-        x[2 * i + 1] = ds;
+        put(x + A * i, da, ds, sum);
       }
     } else if (at == weight_type::q8_k) {
       for (int64_t i = 0; i < cols / 256; ++i) {
@@ -239,8 +254,7 @@ void panel_acts(weight_type wt, const void* act, size_t a_row, int64_t n_x, int6
         const int per = 256 / sub;
         for (int j = 0; j < per; ++j) {
           const int sum = sub == 16 ? b.bsums[j] : b.bsums[2 * j] + b.bsums[2 * j + 1];
-          x[2 * (i * per + j)] = b.d;
-          x[2 * (i * per + j) + 1] = b.d * static_cast<float>(sum);
+          put(x + A * (i * per + j), b.d, b.d * static_cast<float>(sum), sum);
         }
       }
     } else {
@@ -256,7 +270,7 @@ void panel_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const int
   const size_t sb = sub_block_bytes(sub);
   for (int r = 0; r < n_act; ++r) {
     const int8_t* q = codes + r * cols;
-    const float* x = aux + r * nsub * 2;
+    const float* x = aux + r * nsub * k_panel_aux_per_sub;
     for (int o = 0; o < n_w; ++o) {
       float acc = 0.0f;
       for (int64_t s = 0; s < nsub; ++s) {
@@ -264,7 +278,7 @@ void panel_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const int
         int32_t dot = 0;
         for (int e = 0; e < sub; ++e) dot += p[(e / 4) * 64 + 4 * o + e % 4] * q[s * sub + e];
         const auto* f = reinterpret_cast<const float*>(p + (sub / 4) * 64);
-        acc += f[o] * x[2 * s] * static_cast<float>(dot) + f[k_panel_rows + o] * x[2 * s + 1];
+        acc += f[o] * x[k_panel_aux_per_sub * s] * static_cast<float>(dot) + f[k_panel_rows + o] * x[k_panel_aux_per_sub * s + 1];
       }
       out[r * out_stride + o] = acc;
     }

@@ -133,8 +133,10 @@ static inline void transpose_16x8(const uint8_t* const* rows, __m512i out[8]) {
   out[7] = _mm512_maskz_shuffle_i64x2(k_all8, v1, v3, _MM_SHUFFLE(3, 1, 3, 1));
 }
 
-// R activation rows against one panel of sub-blocks of S elements.
-template <int S, int R>
+// R activation rows against one panel of sub-blocks of S elements. Offset: the type's codes
+// carry an offset (panel_code_offset), so each integer sum starts from the activations'
+// offset term and the mins are not read.
+template <int S, int R, bool Offset>
 void panel_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, float* out,
                 int64_t out_stride, __mmask16 lanes) {
   constexpr int groups = S / 4;
@@ -146,7 +148,15 @@ void panel_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const f
     const uint8_t* p = panel + s * sub_bytes;
     const int8_t* q = codes + s * S;
     __m512i acc[R];
-    TANDEM_UNROLL for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
+    TANDEM_UNROLL for (int r = 0; r < R; ++r) {
+      if constexpr (Offset) {
+        int32_t term;
+        std::memcpy(&term, aux + (r * nsub + s) * k_panel_aux_per_sub + 2, sizeof term);
+        acc[r] = _mm512_set1_epi32(term);
+      } else {
+        acc[r] = _mm512_setzero_si512();
+      }
+    }
     TANDEM_UNROLL for (int g = 0; g < groups; ++g) {
       const __m512i c = _mm512_load_si512(p + 64 * g);
       TANDEM_UNROLL for (int r = 0; r < R; ++r) {
@@ -157,10 +167,10 @@ void panel_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const f
     }
     const __m512 sc = _mm512_load_ps(p + groups * 64), mn = _mm512_load_ps(p + groups * 64 + 64);
     TANDEM_UNROLL for (int r = 0; r < R; ++r) {
-      const float* x = aux + r * nsub * 2 + 2 * s;
+      const float* x = aux + (r * nsub + s) * k_panel_aux_per_sub;
       const __m512 t = _mm512_maskz_cvtepi32_ps(k_all16, acc[r]);
       f[r] = _mm512_fmadd_ps(t, _mm512_mul_ps(sc, _mm512_set1_ps(x[0])), f[r]);
-      f[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(x[1]), f[r]);
+      if constexpr (!Offset) f[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(x[1]), f[r]);
     }
   }
   TANDEM_UNROLL for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + r * out_stride, lanes, f[r]);
@@ -309,11 +319,15 @@ void panel_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const 
         });
     return;
   }
+  const bool offset = panel_code_offset(wt) != 0;
   avx512::with_act_rows(n_act, [&]<int R>() {
-    if (panel_sub_elems(wt) == 16)
-      panel_tile<16, R>(panel, cols, codes, aux, out, out_stride, lanes);
-    else
-      panel_tile<32, R>(panel, cols, codes, aux, out, out_stride, lanes);
+    if (panel_sub_elems(wt) == 16) {
+      if (offset) panel_tile<16, R, true>(panel, cols, codes, aux, out, out_stride, lanes);
+      else panel_tile<16, R, false>(panel, cols, codes, aux, out, out_stride, lanes);
+    } else {
+      if (offset) panel_tile<32, R, true>(panel, cols, codes, aux, out, out_stride, lanes);
+      else panel_tile<32, R, false>(panel, cols, codes, aux, out, out_stride, lanes);
+    }
   });
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/panel.h"
 #include "kernels/cpu/simd_avx512.h"
 
 namespace tandem::kernels::cpu::avx512 {
@@ -68,7 +69,7 @@ static inline void ggml_order_tile(int64_t nb, const int8_t* codes, int64_t cols
     scales(b, d, m);
     __m512 dd[R];
     TANDEM_UNROLL for (int r = 0; r < R; ++r) {
-      const float* x = aux + r * nb * 2 + 2 * b;
+      const float* x = aux + (r * nb + b) * k_panel_aux_per_sub;
       dd[r] = _mm512_mul_ps(d, _mm512_set1_ps(x[0]));
       msum[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(x[1]), msum[r]);
     }
@@ -92,7 +93,7 @@ static inline void ggml_order_tile(int64_t nb, const int8_t* codes, int64_t cols
 template <class Group, class Scales>
 static inline void ggml_order_rows(int64_t nb, const int8_t* codes, int64_t cols, const float* aux, int n_act,
                                    float* out, int64_t out_stride, __mmask16 lanes, Group&& group, Scales&& scales) {
-  const int64_t per_row = nb * 2;
+  const int64_t per_row = nb * k_panel_aux_per_sub;
   for (int r = 0; r < n_act; r += 2) {
     if (n_act - r >= 2)
       ggml_order_tile<2>(nb, codes + r * cols, cols, aux + r * per_row, out + r * out_stride, out_stride, lanes, group, scales);
