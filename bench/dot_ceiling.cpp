@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <stdexcept>
+#include <string>
 
 #include "bench/dot_kernels.h"
 
@@ -85,7 +86,8 @@ dot_ceiling_result measure_dot_ceiling(kernels::cpu::thread_pool& pool, int reps
     probe *= 4;
   }
   const double per_s = static_cast<double>(probe) / std::max(probe_s, 1e-9);
-  // Sixteen chunks per thread: a thread that wakes late leaves its share to the others.
+  // Many small chunks, which the pool hands out in pieces as threads come free: a thread that
+  // wakes late leaves its share to the others.
   const int64_t chunks = int64_t{16} * pool.size();
   const int64_t per_chunk =
       std::clamp<int64_t>(static_cast<int64_t>(per_s * pass_ms / 1e3 * pool.size() / static_cast<double>(chunks)), 1, int64_t{1} << 28);
@@ -104,8 +106,10 @@ dot_ceiling_result measure_dot_ceiling(kernels::cpu::thread_pool& pool, int reps
     pass();
     r.gmac_s.push_back(static_cast<double>(chunks * per_chunk * macs) / seconds_since(t0) / 1e9);
   }
-  const int64_t sink = total.load();
-  asm volatile("" : : "r"(sink));
+  // Every pass (the untimed one too) must have made every product.
+  const int64_t want = -(reps + 1) * chunks * (per_chunk * macs / 2);
+  if (total.load() != want)
+    throw std::runtime_error("measure_dot_ceiling: checksum " + std::to_string(total.load()) + ", expected " + std::to_string(want));
   r.gmac_s_summary = summarize(r.gmac_s);
   return r;
 }

@@ -33,8 +33,9 @@ struct dot_ceiling_result {
 
 // Calibrates a pass of about `pass_ms` milliseconds on the pool's threads, runs it once
 // untimed, then `reps` times timed, each pass split into many equal chunks that the threads
-// take as they go (so a late-waking worker cannot stretch it), on the active ISA path. Throws
-// std::invalid_argument for reps < 1 or pass_ms <= 0.
+// take as they go (so a late-waking worker cannot stretch it), on the active ISA path, and
+// checks the sum of every chunk's checksum. Throws std::invalid_argument for reps < 1 or
+// pass_ms <= 0, std::runtime_error if the checksum is wrong.
 dot_ceiling_result measure_dot_ceiling(kernels::cpu::thread_pool& pool, int reps, double pass_ms = 50);
 
 }  // namespace tandem::bench

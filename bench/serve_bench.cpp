@@ -201,7 +201,7 @@ serve_bench_result run_serve_bench(const serve_bench_options& o) {
   r.interleave_low_prompt = io.low_prompt;
   r.interleave = run_interleave_bench(io);
 
-  // What the matrices could do at most: every engine is gone, so the pool has the cores.
+  // What the matrices could do at most, measured last: the engines are idle by now.
   r.int8_macs_per_token = decode_int8_macs(m);
   kernels::cpu::thread_pool pool(r.threads > 0 ? r.threads : kernels::cpu::default_thread_count());
   r.dot_ceiling_gmac_s = measure_dot_ceiling(pool, 3).gmac_s_summary.median;

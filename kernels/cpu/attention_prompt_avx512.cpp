@@ -66,7 +66,8 @@ inline void widen(const prompt_tile& t, const void* base, int64_t p, int h, floa
 template <int P>
 inline __m512 key_lanes(const float* x) {
   if constexpr (P == 1) return _mm512_set1_ps(x[0]);
-  else if constexpr (P == 2) return _mm512_broadcast_f32x2(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(x))));
+  // Two floats through loadl_epi64, whose pointer type may alias them (a double load may not).
+  else if constexpr (P == 2) return _mm512_broadcast_f32x2(_mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x))));
   else return _mm512_broadcast_f32x4(_mm_loadu_ps(x));
 }
 

@@ -146,7 +146,7 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
     });
   }
 
-  // Panel forms: int8 codes and per-sub-block {da, da * sum} of every converted row.
+  // Panel forms: int8 codes and per-sub-block {da, da * sum, offset term} of every converted row.
   thread_local std::vector<uint8_t> panel_act_scratch;
   int8_t* panel_codes[k_max_matmul_jobs] = {};
   float* panel_aux[k_max_matmul_jobs] = {};

@@ -48,7 +48,7 @@ void dequantize_packed_row(weight_type wt, const void* packed, int64_t cols, int
 
 // Products over packed panels: out[r * out_stride + o] = dot(row o of the panel at `panel`,
 // activation row r) for r < n_act, o < n_w (1..16). Activations in panel.h's form
-// (panel_acts: int8 codes, per sub-block {da, da * sum}). The AVX-512 kernel carries up to
+// (panel_acts: int8 codes, per sub-block {da, da * sum, offset term}). The AVX-512 kernel carries up to
 // k_panel_max_act_rows rows per call; the reference any number.
 void packed_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
                     int n_act, float* out, int64_t out_stride, int n_w);

@@ -46,9 +46,9 @@ size_t panel_bytes(weight_type wt, int64_t cols);
 
 // Activation rows as the panel kernel reads them: int8 codes, `cols` per row, and per row and
 // sub-block k_panel_aux_per_sub floats {da, da * sum, offset term}: the third holds the bits of
-// an int32, panel_code_offset(wt) * sum, which a kernel can start its integer dot from so that
-// it sums (code - offset) * a exactly, as ggml does, instead of subtracting offset * scale *
-// da * sum in float. Sizes for n_x rows:
+// an int32, panel_code_offset(wt) * sum. A kernel that starts its integer dot from it sums
+// code * a + offset * a = the signed values' dot exactly, as ggml does, instead of adding
+// min * da * sum in float. Sizes for n_x rows:
 inline constexpr int k_panel_aux_per_sub = 3;
 // What the unsigned panel codes of `wt` carry above the signed values they stand for, negated:
 // -8 (Q4_0), -16 (Q5_0), -128 (Q8_0), -32 (Q6_K); 0 for types with a separate min (Q4_1, Q5_1,
