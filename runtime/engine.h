@@ -117,7 +117,8 @@ struct engine_config {
   // While sequences are decoding, a pass with prompt rows may take this many times a pass of
   // decode rows alone: the engine measures both costs as it runs and sizes prompt chunks to
   // fit, so a long prompt slows the streams beside it by this factor at most (one prompt row a
-  // pass always goes in). 0: prompt chunks of prefill_chunk whatever they cost.
+  // pass always goes in). A prompt of at most prefill_chunk tokens goes in whole regardless.
+  // 0: prompt chunks of prefill_chunk whatever they cost.
   double itl_budget = 1.5;
   double aging_per_s = 10;         // priority a waiting request gains per second of waiting
   bool prefix_cache = true;        // keep finished sequences' full KV blocks for later prompts

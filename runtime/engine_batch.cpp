@@ -97,17 +97,23 @@ void engine::step(served& s) {
   // Decoding sequences first, one row each, so that no prompt chunk crowds them out of a
   // pass; then prompt chunks. While sequences decode, the prompt rows of a pass are held to
   // what fits the ITL budget (prompt_row_limit); with none decoding, a prompt takes whole chunks.
+  // A short prompt (one chunk at most) goes in whole whatever the budget: the budget keeps a
+  // long prefill from stalling the streams, but holding a burst of short requests to a row or
+  // two a pass would keep them waiting for hundreds of passes (and out of the batch) to spare
+  // the streams a few milliseconds once.
   int64_t prompt_budget = std::numeric_limits<int64_t>::max();
   bool decoding = false, prefilling = false;
   for (const auto& ap : s.running) {
     if (ap->preempt) continue;
     (ap->prefilled >= static_cast<int64_t>(ap->prompt.size()) ? decoding : prefilling) = true;
   }
+  bool probe = false;
   if (decoding && prefilling) {
     prompt_budget = prompt_row_limit(s);
     // Every few passes, decode rows alone: keeps the measured cost of a decode pass current
     // as the streams' contexts grow (the budget is relative to it).
-    if (++s.passes_with_prompts % k_decode_probe_every == 0) prompt_budget = 0;
+    probe = ++s.passes_with_prompts % k_decode_probe_every == 0;
+    if (probe) prompt_budget = 0;
   }
   // While the model's weights are still landing (a swap-in), the copy sets the pace of the
   // pass, not its rows: a prompt takes as many rows as the pass holds, not one chunk.
@@ -122,15 +128,16 @@ void engine::step(served& s) {
       if ((a.prefilled < plen) != prompts) continue;
       s.ctx->set_prompt_end(a.seq, config_.fast_attention ? std::numeric_limits<int64_t>::max() : 0);
       if (prompts) {
-        if (prompt_budget <= 0) break;
-        const int64_t chunk = std::min({chunk_cap, plen - a.prefilled, budget, prompt_budget});
+        const bool short_prompt = !probe && plen <= config_.prefill_chunk && plen - a.prefilled <= budget;
+        if (prompt_budget <= 0 && !short_prompt) continue;
+        const int64_t chunk = short_prompt ? plen - a.prefilled : std::min({chunk_cap, plen - a.prefilled, budget, prompt_budget});
         if (!blocks_for(a, a.prefilled + chunk)) continue;
         for (int64_t i = 0; i < chunk; ++i) {
           toks.push_back(a.prompt[static_cast<size_t>(a.prefilled + i)]);
           seqs.push_back(a.seq);
         }
         a.rows = chunk;
-        prompt_budget -= chunk;
+        if (!short_prompt) prompt_budget -= chunk;
         s.pass_prompt_rows += chunk;
       } else {
         if (!blocks_for(a, s.ctx->pos(a.seq) + 1)) continue;

@@ -66,6 +66,36 @@ TEST_SUITE("engine") {
     }
   }
 
+  TEST_CASE("a burst of short prompts joins decoding streams at once, whatever the ITL budget") {
+    // An ITL budget of 1.0001 holds a long prompt to one row a pass beside decoding streams
+    // (four while the costs are unknown). Prompts of one chunk go in whole instead: eight of
+    // 16 tokens finish within a few passes, long before streams with 25 tokens to go, where
+    // 128 prompt rows at one (or four) a pass would outlast them.
+    const models::model m(test::data_path("stories260K.gguf").string());
+    const auto tok = models::tokenizer::from_gguf(m.file());
+    runtime::engine e({{"m", &m, &tok, 0, 12, 256}},
+                      {.threads = 2, .max_batch_tokens = 256, .prefill_chunk = 16, .itl_budget = 1.0001});
+    std::vector<std::shared_ptr<runtime::request_handle>> streams, burst;
+    for (int i = 0; i < 4; ++i) streams.push_back(e.submit({"m", {1, static_cast<int32_t>(40 + i), 70, 80}, greedy(30)}));
+    for (auto& h : streams) {
+      int32_t t = 0;
+      for (int k = 0; k < 5; ++k) REQUIRE(h->next(&t, 60s));  // every stream is decoding
+    }
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < 8; ++i) {
+      std::vector<int32_t> p{1};
+      for (int k = 1; k < 16; ++k) p.push_back(static_cast<int32_t>(100 + (i * 29 + k * 7) % 400));
+      prompts.push_back(p);
+      burst.push_back(e.submit({"m", p, greedy(1)}));
+    }
+    for (size_t i = 0; i < burst.size(); ++i) CHECK(collect(*burst[i]) == alone(m, tok, prompts[i], 1));
+    for (auto& h : streams) h->wait();
+    for (auto& b : burst)
+      for (auto& h : streams) CHECK(b->finished_at() < h->finished_at());
+    e.drain();
+    CHECK(e.kv_blocks_in_use("m") == 0);
+  }
+
   TEST_CASE("a KV pool too small for every sequence: preemption, and still what each gives alone") {
     const models::model m(test::data_path("stories260K.gguf").string());
     const auto tok = models::tokenizer::from_gguf(m.file());
