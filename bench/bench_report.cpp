@@ -31,7 +31,7 @@ std::string line(const char* label, const std::string& what, const summary& s, c
 double bench_report::batched_vs_single() const { return ratio(result.batched_decode.median, result.decode.median); }
 double bench_report::decode_vs_ceiling() const { return ratio(result.decode_gb.median, ceiling.gb_s_summary.median); }
 double bench_report::compute_ceiling_tok_s() const {
-  return ratio(dots.gmac_s_summary.median * 1e9, static_cast<double>(result.int8_macs_per_token));
+  return rows_per_second(dots.gmac_s_summary.median, result.int8_macs_per_token);
 }
 double bench_report::batched_vs_compute_ceiling() const { return ratio(result.batched_decode.median, compute_ceiling_tok_s()); }
 

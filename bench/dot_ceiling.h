@@ -26,6 +26,12 @@ int64_t dot_chain_macs_per_iteration(kernels::cpu::isa path = kernels::cpu::isa:
 // (kernels::cpu::isa_supported) or iterations is outside [0, 2^28] (the lanes are int32).
 int64_t dot_chain(int64_t iterations, kernels::cpu::isa path = kernels::cpu::isa::best);
 
+// Rows per second `gmac_s` (1e9 multiply-adds per second) allows at `macs_per_row`
+// multiply-adds a row; 0 when macs_per_row is 0 (no quantized matrices).
+inline double rows_per_second(double gmac_s, uint64_t macs_per_row) {
+  return macs_per_row > 0 ? gmac_s * 1e9 / static_cast<double>(macs_per_row) : 0.0;
+}
+
 struct dot_ceiling_result {
   std::vector<double> gmac_s;  // one per repetition, in measurement order (1 GMAC = 1e9)
   summary gmac_s_summary;

@@ -41,6 +41,15 @@ void check_params(const model_bench_params& p) {
   if (p.reps < 1) throw std::invalid_argument("bench: reps must be at least 1, got " + std::to_string(p.reps));
 }
 
+// The matrices a decode step multiplies by: the output head and every layer's projections.
+template <class F>
+void for_each_matrix(const models::model& m, F&& f) {
+  const auto& w = m.weights();
+  f(w.output);
+  for (const auto& L : w.layers)
+    for (const models::weight_view* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) f(*v);
+}
+
 }  // namespace
 
 std::vector<int32_t> bench_tokens(int64_t n_vocab, int64_t n, uint64_t seed) {
@@ -65,10 +74,8 @@ uint64_t decode_weight_bytes(const models::model& m) {
     if (v.layout != kernels::cpu::weight_layout::packed) return 0;
     return static_cast<int64_t>(kernels::cpu::packed_bytes(v.type, v.rows, v.cols)) - v.rows * kernels::row_bytes(v.type, v.cols);
   };
-  const auto& w = m.weights();
-  int64_t extra = packed_extra(w.output);
-  for (const auto& L : w.layers)
-    for (const models::weight_view* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) extra += packed_extra(*v);
+  int64_t extra = 0;
+  for_each_matrix(m, [&](const models::weight_view& v) { extra += packed_extra(v); });
   return bytes + static_cast<uint64_t>(extra);
 }
 
@@ -78,10 +85,8 @@ uint64_t decode_int8_macs(const models::model& m) {
     const bool dots = act == kernels::weight_type::q8_0 || act == kernels::weight_type::q8_1 || act == kernels::weight_type::q8_k;
     return dots ? static_cast<uint64_t>(v.rows) * static_cast<uint64_t>(v.cols) : 0;
   };
-  const auto& w = m.weights();
-  uint64_t macs = int8(w.output);
-  for (const auto& L : w.layers)
-    for (const models::weight_view* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) macs += int8(*v);
+  uint64_t macs = 0;
+  for_each_matrix(m, [&](const models::weight_view& v) { macs += int8(v); });
   return macs;
 }
 

@@ -12,6 +12,7 @@
 #include <map>
 #include <string>
 
+#include "bench/dot_ceiling.h"
 #include "bench/interleave_bench.h"
 
 namespace tandem::bench {
@@ -43,9 +44,7 @@ struct serve_bench_result {
   // rows per second it allows the model (0 without quantized matrices).
   double dot_ceiling_gmac_s = 0;
   uint64_t int8_macs_per_token = 0;
-  double compute_ceiling_tok_s() const {
-    return int8_macs_per_token > 0 ? dot_ceiling_gmac_s * 1e9 / static_cast<double>(int8_macs_per_token) : 0;
-  }
+  double compute_ceiling_tok_s() const { return rows_per_second(dot_ceiling_gmac_s, int8_macs_per_token); }
 };
 
 serve_bench_result run_serve_bench(const serve_bench_options& o);
