@@ -65,6 +65,7 @@ nlohmann::json to_json(const bench_report& r) {
   j["gen"] = r.params.gen;
   j["batch"] = r.params.batch;
   j["prompt_attention"] = r.params.fast_prompt_attention ? "fast" : "exact";
+  j["batched_attention"] = r.params.fast_batched_attention ? "fast" : "exact";
   j["reps"] = r.params.reps;
   put(j, "prefill_tok_s", r.result.prefill, r.result.prefill_tok_s);
   put(j, "decode_tok_s", r.result.decode, r.result.decode_tok_s);

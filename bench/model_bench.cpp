@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <stdexcept>
@@ -149,8 +150,12 @@ model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_
     std::vector<int64_t> seqs(static_cast<size_t>(p.batch));
     std::iota(seqs.begin(), seqs.end(), int64_t{0});
     auto reset_all = [&] {
-      for (int64_t s = 0; s < p.batch; ++s) ctx.reset(s);
+      for (int64_t s = 0; s < p.batch; ++s) {
+        ctx.reset(s);  // also clears the prompt end
+        ctx.set_prompt_end(s, p.fast_batched_attention ? std::numeric_limits<int64_t>::max() : 0);
+      }
     };
+    reset_all();
     ctx.decode({batch_ids, seqs.size()}, seqs);  // warm-up
     reset_all();
     for (int rep = 0; rep < p.reps; ++rep) {

@@ -22,6 +22,10 @@ struct model_bench_params {
   // Prefill attention by the prompt kernel (forward_context::set_prompt_end), as the server
   // computes prompts; off: llama.cpp's f16 arithmetic, as `tandem run` does.
   bool fast_prompt_attention = false;
+  // Batched decode's attention by the same tiled kernel, as the engine computes every row
+  // (runtime::engine_config::fast_attention, on by default): batches of sequences exist only
+  // in the server. Off: llama.cpp's f16 arithmetic, as the single-sequence decode.
+  bool fast_batched_attention = true;
 };
 
 struct model_bench_result {

@@ -34,6 +34,9 @@ TEST_SUITE("bench") {
     CHECK(j["type"] == "F32");
     CHECK(j["decode_tok_s_samples"].size() == 2);
     CHECK(j["read_buffer_bytes"] == 16 << 20);
+    // Prefill as `tandem run` computes it; batched decode as the server does.
+    CHECK(j["prompt_attention"] == "exact");
+    CHECK(j["batched_attention"] == "fast");
     // F32 weights: no int8 products, so no compute ceiling in rows per second.
     CHECK(j["int8_macs_per_token"] == 0);
     CHECK(j["compute_ceiling_tok_s"] == 0);
@@ -46,6 +49,15 @@ TEST_SUITE("bench") {
     }
     CHECK(j["decode_vs_ceiling"].get<double>() ==
           doctest::Approx(j["decode_gb_s"].get<double>() / j["read_ceiling_gb_s"].get<double>()));
+  }
+
+  TEST_CASE("--fast-prompt and --exact-batched switch the attention arithmetic of their phases") {
+    const auto r = test::run_tandem(bench_cmd("--prompt 8 --gen 2 --batch 2 --reps 1 --fast-prompt --exact-batched --json"));
+    REQUIRE(r.exit_code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    CHECK(j["prompt_attention"] == "fast");
+    CHECK(j["batched_attention"] == "exact");
+    CHECK(j["batched_decode_tok_s"].get<double>() > 0);
   }
 
   TEST_CASE("the table names every figure") {
