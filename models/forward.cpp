@@ -541,7 +541,18 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
     // Feed-forward block (SwiGLU).
     for (int64_t r = 0; r < n; ++r) kernels::cpu::rms_norm(x_ + r * D, L.ffn_norm, xb_ + r * D, D, c.rms_eps);
     project2(L.w_gate, ff_gate_, L.w_up, ff_up_, xb_, n, pool_);
-    kernels::cpu::swiglu(ff_gate_, ff_up_, n * F, pool_);
+    // Rows the server computes (set_prompt_end) take the vector e^x, the rest expf as
+    // llama.cpp does; runs of consecutive rows of one kind go to the pool together.
+    auto fast = [&](int64_t r) { return positions[r] < prompt_end_[static_cast<size_t>(seqs[r])]; };
+    for (int64_t r0 = 0; r0 < n;) {
+      int64_t r1 = r0 + 1;
+      while (r1 < n && fast(r1) == fast(r0)) ++r1;
+      if (fast(r0))
+        kernels::cpu::swiglu_fast(ff_gate_ + r0 * F, ff_up_ + r0 * F, (r1 - r0) * F, pool_);
+      else
+        kernels::cpu::swiglu(ff_gate_ + r0 * F, ff_up_ + r0 * F, (r1 - r0) * F, pool_);
+      r0 = r1;
+    }
     project(L.w_down, ff_gate_, n, xb_, pool_);
     for (int64_t i = 0; i < n * D; ++i) x_[i] += xb_[i];
     if (l + 1 < c.n_layer) {

@@ -18,6 +18,9 @@ void rms_norm_avx2(const float* x, const float* w, float* out, int64_t n, float 
 // As softmax, with the vector e^x of simd_math_avx2.h instead of expf.
 void softmax_avx2(float* x, int64_t n);
 
+// As swiglu, with the vector e^x of simd_math_avx2.h instead of expf (swiglu_fast in ops.h).
+void swiglu_avx2(float* gate, const float* up, int64_t n);
+
 // out[i] = e^x[i] through the vector exponential softmax_avx2 uses (simd_math_avx2.h); here so
 // that tests can measure its error. out may equal x.
 void exp_avx2(const float* x, float* out, int64_t n);
