@@ -19,10 +19,11 @@ struct model_bench_params {
   int64_t batch = 8;     // batched decode: sequences per pass (1 .. models::k_max_sequences)
   int reps = 3;          // timed repetitions of each phase (after one untimed warm-up)
   uint64_t seed = 1;     // token ids
-  // Prefill attention by the prompt kernel (forward_context::set_prompt_end), as the server
+  // Prefill by the server's arithmetic (forward_context::set_prompt_end: the tiled attention
+  // kernel, SwiGLU's vector e^x), as the server
   // computes prompts; off: llama.cpp's f16 arithmetic, as `tandem run` does.
   bool fast_prompt_attention = false;
-  // Batched decode's attention by the same tiled kernel, as the engine computes every row
+  // Batched decode by the same arithmetic, as the engine computes every row
   // (runtime::engine_config::fast_attention, on by default): batches of sequences exist only
   // in the server. Off: llama.cpp's f16 arithmetic, as the single-sequence decode.
   bool fast_batched_attention = true;

@@ -26,8 +26,9 @@ class forward_pass {
   // An empty sequence whose first `pos` positions are already in its KV blocks (a prefix
   // cache hit) continues from there.
   virtual void assume(int64_t pos, int64_t seq) = 0;
-  // Which attention kernel the rows before `end` take, where the device has a choice (the
-  // CPU: tiled f32 or llama.cpp's f16 arithmetic); a no-op elsewhere.
+  // Which arithmetic the rows before `end` take, where the device has a choice (the CPU: the
+  // tiled f32 attention and SwiGLU's vector e^x, or llama.cpp's f16 attention and expf); a
+  // no-op elsewhere.
   virtual void set_prompt_end(int64_t seq, int64_t end) = 0;
 
   // Called on the caller's thread between two layers of each later step() (not after the

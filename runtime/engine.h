@@ -127,10 +127,11 @@ struct engine_config {
   // as the model's KV pool has blocks. Host copies give way whenever the host tier is needed
   // for a sequence's swap-out or a model's weights.
   int32_t prefix_host_blocks = -1;
-  // Attention by the tiled f32 kernel (forward_context::set_prompt_end) for every row, prompt
-  // and generated: each key read once per tile of rows, several times faster than llama.cpp's
-  // f16 arithmetic at long contexts, and within float noise of it. Off: prompts and tokens
-  // are computed as llama.cpp computes them (and as `tandem run` does).
+  // Attention by the tiled f32 kernel and SwiGLU by a vector e^x (forward_context::
+  // set_prompt_end) for every row, prompt and generated: each key read once per tile of rows,
+  // several times faster than llama.cpp's f16 arithmetic at long contexts, and within float
+  // noise of it. Off: prompts and tokens are computed as llama.cpp computes them (and as
+  // `tandem run` does).
   bool fast_attention = true;
   // The policy and the models' priorities, keep-alive and pins: with it, the planner places
   // the models (each needs a placement in one arbiter and a roster entry of its name). The

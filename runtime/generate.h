@@ -25,9 +25,9 @@ struct generate_options {
   int64_t max_tokens = 128;       // < 0: until end of generation or the context is full
   sampling_params sampling;
   bool stop_at_eog = true;        // stop on EOS / EOT / end-of-turn tokens (not emitted)
-  // Attention of every row by the tiled f32 kernel (forward_context::set_prompt_end), as the
-  // engine computes it: much faster at long contexts, within float noise of llama.cpp instead
-  // of equal to it. Off by default for `tandem run`, whose output is llama.cpp's to the token.
+  // Attention of every row by the tiled f32 kernel and SwiGLU by a vector e^x
+  // (forward_context::set_prompt_end), as the engine computes them: much faster at long
+  // contexts, within float noise of llama.cpp instead of equal to it. Off by default for `tandem run`, whose output is llama.cpp's to the token.
   bool fast_attention = false;
 };
 

@@ -13,7 +13,8 @@ void swiglu(float* gate, const float* up, int64_t n) {
   // e^-g overflows to inf and the result is a clean -0 instead of inf * 0 = NaN.
   // Scalar on purpose, with expf: an AVX2 version with the vector e^x of simd_math_avx2.h
   // (within 2 ulp) flips greedy tokens of the SmolLM2 llama.cpp fixtures (tests/models).
-  // Large calls (batched decode, prefill) are split over the pool instead.
+  // Large calls (batched decode, prefill) are split over the pool instead, and the rows the
+  // server computes take swiglu_fast.
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
     gate[i] = g / (1.0f + std::exp(-g)) * up[i];

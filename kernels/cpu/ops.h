@@ -51,7 +51,7 @@ void rope(float* x, int n_heads, int head_dim, int64_t pos, const rope_params& p
 void swiglu(float* gate, const float* up, int64_t n);
 // The same, split over the pool when n is large enough to pay for it (same results).
 void swiglu(float* gate, const float* up, int64_t n, thread_pool* pool);
-// The same with a vector e^x (within 2 ulp of expf's) where the CPU has AVX2, for rows the
+// The same with a vector e^x (within 2 ulp of e^x) where the CPU has AVX2, for rows the
 // server computes (forward_context::set_prompt_end): about 5x fewer cycles than expf, which
 // was ~6% of a batched decode step. Each element's result depends on its own inputs only, not
 // on n, the split over the pool or where the element lies.

@@ -151,7 +151,14 @@ TEST_SUITE("act_quant") {
         for (int64_t j = 512 % n; j < 512 % n + 32; ++j) x[static_cast<size_t>(j)] = 0.0f;  // an all-zero block
         std::vector<float> halves(static_cast<size_t>(n));
         for (int64_t j = 0; j < n; ++j) halves[static_cast<size_t>(j)] = 0.5f * static_cast<float>(j % 255 - 127);
-        for (const auto& data : {x, halves}) {
+        // Scales an f16 cannot hold as normals: subnormal (amax / 127 below 2^-14), rounded
+        // to zero, and overflowing to infinity (amax / 127 from 65520 up).
+        auto scaled = [&](float k) {
+          auto y = x;
+          for (auto& v : y) v *= k;
+          return y;
+        };
+        for (const auto& data : {x, halves, scaled(1e-4f), scaled(1e-7f), scaled(1e-9f), scaled(1e7f)}) {
           const size_t bytes = static_cast<size_t>(row_bytes(act, n));
           std::vector<uint8_t> a(bytes, 0xEE), b(bytes, 0x11);
           set_isa(isa::scalar);
