@@ -50,24 +50,42 @@ class segment_hold {
 
 
 using kernels::cpu::matmul;
+using kernels::cpu::sum_order;
 
-void project(const weight_view& w, const float* x, int64_t n, float* y, kernels::cpu::thread_pool* pool) {
-  matmul(w.type, w.data, w.rows, w.cols, x, n, y, pool, w.layout);
+void project(const weight_view& w, const float* x, int64_t n, float* y, kernels::cpu::thread_pool* pool,
+             sum_order order = sum_order::ggml) {
+  matmul(w.type, w.data, w.rows, w.cols, x, n, y, pool, w.layout, order);
 }
 
 // Projections of one input through two or three matrices (gate/up, Q/K/V) in one pass over the
 // pool; the matrices share their column count (the input width).
 void project2(const weight_view& a, float* ya, const weight_view& b, float* yb, const float* x, int64_t n,
-              kernels::cpu::thread_pool* pool) {
-  const kernels::cpu::matmul_job jobs[2] = {{a.type, a.data, a.rows, ya, a.layout}, {b.type, b.data, b.rows, yb, b.layout}};
+              kernels::cpu::thread_pool* pool, sum_order order) {
+  const kernels::cpu::matmul_job jobs[2] = {{a.type, a.data, a.rows, ya, a.layout, order},
+                                            {b.type, b.data, b.rows, yb, b.layout, order}};
   kernels::cpu::matmul_many(jobs, 2, a.cols, x, n, pool);
 }
 void project3(const weight_view& a, float* ya, const weight_view& b, float* yb, const weight_view& c, float* yc,
-              const float* x, int64_t n, kernels::cpu::thread_pool* pool) {
-  const kernels::cpu::matmul_job jobs[3] = {
-      {a.type, a.data, a.rows, ya, a.layout}, {b.type, b.data, b.rows, yb, b.layout}, {c.type, c.data, c.rows, yc, c.layout}};
+              const float* x, int64_t n, kernels::cpu::thread_pool* pool, sum_order order) {
+  const kernels::cpu::matmul_job jobs[3] = {{a.type, a.data, a.rows, ya, a.layout, order},
+                                            {b.type, b.data, b.rows, yb, b.layout, order},
+                                            {c.type, c.data, c.rows, yc, c.layout, order}};
   kernels::cpu::matmul_many(jobs, 3, a.cols, x, n, pool);
 }
+
+// Calls fn(r0, r1, fast) for each run [r0, r1) of consecutive rows with the same fast(r): the
+// rows of the server's arithmetic (set_prompt_end) and the others go through separate calls,
+// so no row's arithmetic depends on what shares its pass. One run, one call, in the usual case.
+template <class Fast, class Fn>
+void by_arithmetic(int64_t n, Fast&& fast, Fn&& fn) {
+  for (int64_t r0 = 0; r0 < n;) {
+    int64_t r1 = r0 + 1;
+    while (r1 < n && fast(r1) == fast(r0)) ++r1;
+    fn(r0, r1, fast(r0));
+    r0 = r1;
+  }
+}
+sum_order order_for(bool fast) { return fast ? sum_order::tile : sum_order::ggml; }
 
 void add_bias(float* y, const float* b, int64_t n_rows, int64_t dim) {
   if (!b) return;
@@ -484,6 +502,9 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
   }
 
   const float attn_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // Rows of the server's arithmetic (set_prompt_end): tiled attention, SwiGLU's vector e^x,
+  // packed Q4_1 in the tile's order.
+  auto fast = [&](int64_t r) { return positions[r] < prompt_end_[static_cast<size_t>(seqs[r])]; };
   layer_weights leased;
   const std::byte* last_layer = nullptr;  // held past the loop: the output norm is in it
   segment_hold layer_held;
@@ -499,7 +520,9 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
     const auto& L = residency_ ? leased : w.layers[l];
     // Attention block.
     for (int64_t r = 0; r < n; ++r) kernels::cpu::rms_norm(x_ + r * D, L.attn_norm, xb_ + r * D, D, c.rms_eps);
-    project3(L.wq, q_, L.wk, k_, L.wv, v_, xb_, n, pool_);
+    by_arithmetic(n, fast, [&](int64_t r0, int64_t r1, bool f) {
+      project3(L.wq, q_ + r0 * Q, L.wk, k_ + r0 * KV, L.wv, v_ + r0 * KV, xb_ + r0 * D, r1 - r0, pool_, order_for(f));
+    });
     add_bias(q_, L.bq, n, Q);
     add_bias(k_, L.bk, n, KV);
     add_bias(v_, L.bv, n, KV);
@@ -535,25 +558,22 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
     }
     kernels::cpu::attention_many(runs_.data(), static_cast<int64_t>(runs_.size()), kv_type_, static_cast<int>(c.n_head),
                                  static_cast<int>(c.n_head_kv), static_cast<int>(hd), attn_scale, pool_);
-    project(L.wo, attn_, n, xb_, pool_);
+    by_arithmetic(n, fast, [&](int64_t r0, int64_t r1, bool f) {
+      project(L.wo, attn_ + r0 * Q, r1 - r0, xb_ + r0 * D, pool_, order_for(f));
+    });
     for (int64_t i = 0; i < n * D; ++i) x_[i] += xb_[i];
 
     // Feed-forward block (SwiGLU).
     for (int64_t r = 0; r < n; ++r) kernels::cpu::rms_norm(x_ + r * D, L.ffn_norm, xb_ + r * D, D, c.rms_eps);
-    project2(L.w_gate, ff_gate_, L.w_up, ff_up_, xb_, n, pool_);
-    // Rows the server computes (set_prompt_end) take the vector e^x, the rest expf as
-    // llama.cpp does; runs of consecutive rows of one kind go to the pool together.
-    auto fast = [&](int64_t r) { return positions[r] < prompt_end_[static_cast<size_t>(seqs[r])]; };
-    for (int64_t r0 = 0; r0 < n;) {
-      int64_t r1 = r0 + 1;
-      while (r1 < n && fast(r1) == fast(r0)) ++r1;
-      if (fast(r0))
+    by_arithmetic(n, fast, [&](int64_t r0, int64_t r1, bool f) {
+      project2(L.w_gate, ff_gate_ + r0 * F, L.w_up, ff_up_ + r0 * F, xb_ + r0 * D, r1 - r0, pool_, order_for(f));
+      // The server's rows take the vector e^x, the rest expf as llama.cpp does.
+      if (f)
         kernels::cpu::swiglu_fast(ff_gate_ + r0 * F, ff_up_ + r0 * F, (r1 - r0) * F, pool_);
       else
         kernels::cpu::swiglu(ff_gate_ + r0 * F, ff_up_ + r0 * F, (r1 - r0) * F, pool_);
-      r0 = r1;
-    }
-    project(L.w_down, ff_gate_, n, xb_, pool_);
+      project(L.w_down, ff_gate_ + r0 * F, r1 - r0, xb_ + r0 * D, pool_, order_for(f));
+    });
     for (int64_t i = 0; i < n * D; ++i) x_[i] += xb_[i];
     if (l + 1 < c.n_layer) {
       layer_held.reset();
@@ -566,10 +586,13 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
   // consecutive rows of xb_.
   const int64_t rows = out_rows ? n_out : n;
   auto row_of = [&](int64_t k) { return out_rows ? out_rows[k] : k; };
+  auto fast_out = [&](int64_t k) { return fast(row_of(k)); };
   if (!residency_) {
     if (!logits) return;
     for (int64_t k = 0; k < rows; ++k) kernels::cpu::rms_norm(x_ + row_of(k) * D, w.output_norm, xb_ + k * D, D, c.rms_eps);
-    project(w.output, xb_, rows, logits, pool_);
+    by_arithmetic(rows, fast_out, [&](int64_t k0, int64_t k1, bool f) {
+      project(w.output, xb_ + k0 * D, k1 - k0, logits + k0 * n_vocab_, pool_, order_for(f));
+    });
     return;
   }
   if (logits) {
@@ -586,11 +609,15 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
     for (int d = 1; d <= depth && i + static_cast<size_t>(d) < plan.output.size(); ++d)
       residency_->prefetch(plan.output[i + static_cast<size_t>(d)].segment);
     if (plan.output.size() == 1) {
-      project(head, xb_, rows, logits, pool_);
+      by_arithmetic(rows, fast_out, [&](int64_t k0, int64_t k1, bool f) {
+        project(head, xb_ + k0 * D, k1 - k0, logits + k0 * n_vocab_, pool_, order_for(f));
+      });
     } else {
       const int64_t pr = head.rows;
       head_scratch_.resize(static_cast<size_t>(rows * pr));
-      project(head, xb_, rows, head_scratch_.data(), pool_);
+      by_arithmetic(rows, fast_out, [&](int64_t k0, int64_t k1, bool f) {
+        project(head, xb_ + k0 * D, k1 - k0, head_scratch_.data() + k0 * pr, pool_, order_for(f));
+      });
       for (int64_t r = 0; r < rows; ++r)
         std::copy_n(head_scratch_.data() + r * pr, pr, logits + r * n_vocab_ + piece.row0);
     }

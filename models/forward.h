@@ -141,10 +141,12 @@ class forward_context final : public forward_pass {
   void assume(int64_t pos, int64_t seq) override;
   // Positions before `end` of `seq` (a prompt's, or all of them with a large `end`, as the
   // engine asks) take the tiled attention kernel (kernels/cpu/ops.h,
-  // attention_run::prompt_rows): f32 throughout, each key read once for a tile of rows; and
-  // SwiGLU with a vector e^x (swiglu_fast). The same result however the sequence is chunked
-  // or batched, within float noise of llama.cpp's arithmetic rather than equal to it. 0 (the
-  // default, and after reset): every row is computed as llama.cpp computes it.
+  // attention_run::prompt_rows): f32 throughout, each key read once for a tile of rows; SwiGLU
+  // with a vector e^x (swiglu_fast); packed Q4_1 products in the tile kernel's float order
+  // (kernels::cpu::sum_order::tile). The same result however the sequence is chunked or
+  // batched and whatever shares its pass, within float noise of llama.cpp's arithmetic rather
+  // than equal to it. 0 (the default, and after reset): every row is computed as llama.cpp
+  // computes it.
   void set_prompt_end(int64_t seq, int64_t end) override;
 
  private:

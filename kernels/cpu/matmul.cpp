@@ -45,8 +45,8 @@ uint8_t* aligned_scratch(std::vector<uint8_t>& buf, size_t bytes) {
 }  // namespace
 
 void matmul(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
-            thread_pool* pool, weight_layout layout) {
-  const matmul_job job{wt, w, rows, y, layout};
+            thread_pool* pool, weight_layout layout, sum_order order) {
+  const matmul_job job{wt, w, rows, y, layout, order};
   matmul_many(&job, 1, cols, x, n_x, pool);
 }
 
@@ -202,7 +202,10 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
             packed_dot_ref(job.wt, panel, cols, codes, aux, static_cast<int>(n_x), job.y + o, job.rows, n_w);
             continue;
           }
-          if (n_x >= k_expand_min_act_rows) {
+          // Q4_1 in the tile's order stays on the packed tile for every row count: the
+          // expanded panel kernel keeps ggml's, and a row must not change order with n_x.
+          const bool tile_q4_1 = job.wt == weight_type::q4_1 && job.order == sum_order::tile;
+          if (n_x >= k_expand_min_act_rows && !tile_q4_1) {
             uint8_t* wide = aligned_scratch(panel_scratch, panel_bytes(job.wt, cols));
             expand_packed_avx512(job.wt, panel, cols, wide);
             for (int64_t r0 = 0; r0 < n_x; r0 += k_panel_max_act_rows) {
@@ -215,7 +218,7 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
           for (int64_t r0 = 0; r0 < n_x; r0 += k_panel_max_act_rows) {
             const int nr = static_cast<int>(std::min<int64_t>(k_panel_max_act_rows, n_x - r0));
             packed_dot_avx512(job.wt, panel, cols, codes + r0 * cols, aux + r0 * aux_per_row, nr,
-                              job.y + r0 * job.rows + o, job.rows, n_w);
+                              job.y + r0 * job.rows + o, job.rows, n_w, true, job.order);
           }
         }
         continue;

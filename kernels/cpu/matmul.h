@@ -26,7 +26,7 @@ namespace tandem::kernels::cpu {
 // layout: weight_layout::packed when w holds pack_weights' panels instead of GGUF rows
 // (packed.h; results as the packed kernels round them, on every ISA path).
 void matmul(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
-            thread_pool* pool, weight_layout layout = weight_layout::rows);
+            thread_pool* pool, weight_layout layout = weight_layout::rows, sum_order order = sum_order::ggml);
 
 // One weight matrix of a matmul_many call: `rows` rows of type wt at w; output y as in matmul.
 struct matmul_job {
@@ -35,6 +35,7 @@ struct matmul_job {
   int64_t rows;
   float* y;
   weight_layout layout = weight_layout::rows;
+  sum_order order = sum_order::ggml;  // packed Q4_1 on the AVX-512 path (packed.h)
 };
 inline constexpr int k_max_matmul_jobs = 4;
 

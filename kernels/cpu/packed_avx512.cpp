@@ -85,7 +85,7 @@ void expand_packed_avx512(weight_type wt, const uint8_t* packed, int64_t cols, u
 }
 
 void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
-                       int n_act, float* out, int64_t out_stride, int n_w, bool allow_gfni) {
+                       int n_act, float* out, int64_t out_stride, int n_w, bool allow_gfni, sum_order order) {
   const __mmask16 lanes = avx512::first16(n_w);
   if (wt == weight_type::q6_k && allow_gfni && cpu_has_gfni()) {
     packed_dot_q6k_gfni_avx512(panel, cols, codes, aux, n_act, out, out_stride, n_w);
@@ -100,6 +100,7 @@ void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const
     case weight_type::q4_k: return rows.template operator()<weight_type::q4_k>();
     case weight_type::q6_k: return rows.template operator()<weight_type::q6_k>();
     case weight_type::q4_1: {
+      if (order == sum_order::tile) return rows.template operator()<weight_type::q4_1>();
       constexpr size_t ub = unit_bytes<weight_type::q4_1>();
       const __m512i low4 = _mm512_set1_epi8(0x0F);
       avx512::ggml_order_rows(

@@ -57,7 +57,6 @@ constexpr size_t unit_bytes() {
                                  : 8 * 4 * 64 + 8 * 2 * 64 + 18 * R16;
 }
 
-// R activation rows against one packed panel (every type but Q4_1 / Q5_1's ggml order).
 // Q6_K's high bit pair of group q (bits 2q, 2q+1 of h) in bits 4-5, everything else zero, in
 // one GFNI affine transform: output bit 4 takes input bit 2q, bit 5 input bit 2q+1.
 template <bool GFNI>
@@ -70,7 +69,8 @@ static inline __m512i q6_pair_gfni(__m512i h, int q) {
   }
 }
 
-// R activation rows against one packed panel (every type but Q4_1 / Q5_1's ggml order). GFNI:
+// R activation rows against one packed panel (Q4_1 here in the tile's order, with its min term
+// as one more FMA per sub-block; packed_avx512.cpp has ggml's). GFNI:
 // Q6_K's codes are assembled with gf2p8affine + one bit select instead of shifts, masks and ors.
 template <weight_type WT, int R, bool GFNI = false>
 void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, float* out,
@@ -158,6 +158,8 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
       const __m512 no_min = _mm512_setzero_ps();
       if constexpr (WT == weight_type::q4_0) {
         update(acc0, f16x16(unit + 256), no_min, col0 / 32);
+      } else if constexpr (WT == weight_type::q4_1) {
+        update(acc0, f16x16(unit + 256), f16x16(unit + 256 + 2 * R16), col0 / 32);
       } else if constexpr (WT == weight_type::q8_0) {
         update(acc0, f16x16(unit + 512), no_min, col0 / 32);
       } else if constexpr (WT == weight_type::q4_k) {

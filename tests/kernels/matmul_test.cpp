@@ -330,6 +330,36 @@ TEST_SUITE("matmul") {
                          doctest::Contains("Q5_0"), std::invalid_argument);
   }
 
+  TEST_CASE("packed Q4_1 in the tile's order: a row's products do not depend on how many rows share the call") {
+    // No expansion into ggml-order panels from k_expand_min_act_rows on: a prompt chunk and a
+    // decode row of the server's arithmetic must round alike.
+    if (!isa_supported(isa::avx512)) return;
+    tandem::test::isa_guard guard;
+    set_isa(isa::avx512);
+    thread_pool pool(2);
+    const weight_type t = weight_type::q4_1;
+    const int64_t rows = 37, cols = 96, n_x = k_expand_min_act_rows + 4;
+    const auto p = make_problem(t, rows, cols, 2100);
+    std::vector<uint8_t> packed(packed_bytes(t, rows, cols));
+    pack_weights(t, p.w.data(), rows, cols, packed.data());
+    std::vector<float> all(static_cast<size_t>(rows * n_x));
+    matmul(t, packed.data(), rows, cols, p.x.data(), n_x, all.data(), &pool, weight_layout::packed, sum_order::tile);
+    const auto ggml = run(p, n_x, &pool);
+    for (int64_t r = 0; r < n_x; ++r) {
+      CAPTURE(r);
+      std::vector<float> one(static_cast<size_t>(rows));
+      matmul(t, packed.data(), rows, cols, p.x.data() + r * cols, 1, one.data(), &pool, weight_layout::packed, sum_order::tile);
+      for (int64_t o = 0; o < rows; ++o) {
+        const size_t k = static_cast<size_t>(r * rows + o);
+        REQUIRE(all[k] == one[static_cast<size_t>(o)]);
+        double mag = 0;
+        for (int64_t i = 0; i < cols; ++i)
+          mag += std::fabs(static_cast<double>(p.wd[static_cast<size_t>(o * cols + i)]) * p.x[static_cast<size_t>(r * cols + i)]);
+        REQUIRE(std::fabs(all[k] - ggml[k]) <= 1.1e-5 * mag + 1e-6);
+      }
+    }
+  }
+
   TEST_CASE("matmul_many equals separate matmuls bit for bit") {
     // Q, K, V as in a quantized file (attn_v often has another type) and gate/up: one
     // pass over the pool must give exactly the per-matrix results, for decode and prefill,

@@ -176,6 +176,42 @@ TEST_CASE("packed Q4_1 equals the row tiles bit for bit (ggml's float order)") {
   }
 }
 
+TEST_CASE("packed Q4_1 in the tile's order: the exact dot to rounding, each row the same bits in any call") {
+  if (!isa_supported(isa::avx512)) return;
+  const weight_type wt = weight_type::q4_1;
+  for (const int64_t cols : col_counts(wt)) {
+    CAPTURE(cols);
+    const matrix m = make_matrix(wt, 16, cols, static_cast<uint32_t>(cols + 91));
+    const int n_act = k_panel_max_act_rows;
+    const acts a = make_acts(wt, cols, n_act, 17);
+    const int n_w = 13;  // a partial panel: lanes past it are left alone
+    std::vector<float> all(static_cast<size_t>(16 * n_act), -7.0f);
+    packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n_act, all.data(), 16, n_w, true,
+                      sum_order::tile);
+    const auto per_row = static_cast<int64_t>(panel_act_aux_floats(wt, cols, 1));
+    bool differs_from_ggml = false;
+    for (int r = 0; r < n_act; ++r) {
+      CAPTURE(r);
+      std::vector<float> one(16, -7.0f), ggml(16, -7.0f);
+      packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data() + r * cols, a.aux.data() + r * per_row, 1, one.data(), 16,
+                        n_w, true, sum_order::tile);
+      packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data() + r * cols, a.aux.data() + r * per_row, 1, ggml.data(), 16,
+                        n_w);
+      for (int o = 0; o < 16; ++o) {
+        const float got = all[static_cast<size_t>(r * 16 + o)];
+        if (o >= n_w) {
+          CHECK(got == -7.0f);
+          continue;
+        }
+        CHECK(std::memcmp(&got, &one[static_cast<size_t>(o)], sizeof got) == 0);
+        check_dot(m, a, o, r, got);
+        differs_from_ggml = differs_from_ggml || got != ggml[static_cast<size_t>(o)];
+      }
+    }
+    if (cols > 32) CHECK(differs_from_ggml);  // the order flag reached the kernel
+  }
+}
+
 TEST_CASE("expand_packed_avx512 writes the panel that pack_panel_ref builds from the GGUF rows") {
   if (!isa_supported(isa::avx512)) return;
   for (const weight_type wt : packed_types()) {
