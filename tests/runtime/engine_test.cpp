@@ -236,10 +236,13 @@ TEST_SUITE("engine") {
     auto busy = e.submit({"m", long_prompt, greedy(20)});
     auto a = e.submit({"m", unrelated, greedy(4)});
     auto b = e.submit({"m", with_tail(1), greedy(4)});
+    // Both waited behind it only if it is still running now (a slow test thread may see it end
+    // first; then A took the slot alone and the order says nothing).
+    const bool both_waited = busy->finished() == runtime::finish_reason::none;
     CHECK(collect(*b) == alone(m, tok, with_tail(1), 4));
     CHECK(collect(*a) == alone(m, tok, unrelated, 4));
     busy->wait();
-    CHECK(b->finished_at() < a->finished_at());
+    if (both_waited) CHECK(b->finished_at() < a->finished_at());
     CHECK(e.prefix_tokens_reused() >= 32);
     e.drain();
     CHECK(e.kv_blocks_in_use("m") == 0);
