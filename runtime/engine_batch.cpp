@@ -152,9 +152,9 @@ void engine::step(served& s) {
   if (in_pass.empty()) return;
   s.ctx->step(toks, seqs);
   const auto logits = s.ctx->all_logits_rows();
-  const int64_t vocab = s.cfg.model->config().n_vocab;
-  auto& row = s.sample_row;  // the sampler edits its logits (penalties): a copy per row
-  row.resize(static_cast<size_t>(vocab));
+  const auto vocab = static_cast<size_t>(s.cfg.model->config().n_vocab);
+  auto& picks = s.picks;
+  picks.clear();
   for (size_t k = 0; k < in_pass.size(); ++k) {
     active& a = *in_pass[k];
     if (a.prefilled < static_cast<int64_t>(a.prompt.size())) {
@@ -165,8 +165,22 @@ void engine::step(served& s) {
       a.ending = finish_reason::length;
       continue;
     }
-    std::copy_n(logits.data() + static_cast<int64_t>(k) * vocab, vocab, row.begin());
-    const int32_t id = a.smp.sample(row, a.history);
+    picks.push_back({k, -1});
+  }
+  // Each sequence samples from its own copy of its row (the sampler edits it: penalties), on
+  // the pool: sampling without top-k walks the whole vocabulary, and 16 streams of that one
+  // after another would leave the other cores idle for milliseconds a pass.
+  if (s.sample_rows.size() < picks.size() * vocab) s.sample_rows.resize(picks.size() * vocab);
+  pool_.parallel_for(static_cast<int64_t>(picks.size()), 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      auto& [k, id] = picks[static_cast<size_t>(i)];
+      const std::span<float> row(s.sample_rows.data() + static_cast<size_t>(i) * vocab, vocab);
+      std::copy_n(logits.data() + k * vocab, vocab, row.begin());
+      id = in_pass[k]->smp.sample(row, in_pass[k]->history);
+    }
+  });
+  for (const auto& [k, id] : picks) {
+    active& a = *in_pass[k];
     if (a.params.stop_at_eog && s.cfg.tokenizer->is_eog(id)) {
       a.ending = finish_reason::eog;
       continue;
