@@ -144,8 +144,8 @@ class forward_context final : public forward_pass {
   // attention_run::prompt_rows): f32 throughout, each key read once for a tile of rows; SwiGLU
   // with a vector e^x (swiglu_fast); packed Q4_1 products in the tile kernel's float order
   // (kernels::cpu::sum_order::tile). The same result however the sequence is chunked or
-  // batched and whatever shares its pass, within float noise of llama.cpp's arithmetic rather
-  // than equal to it. 0 (the default, and after reset): every row is computed as llama.cpp
+  // batched (where the matmuls give a row the same bits at any row count: packed and F32
+  // weights), within float noise of llama.cpp's arithmetic rather than equal to it. 0 (the default, and after reset): every row is computed as llama.cpp
   // computes it.
   void set_prompt_end(int64_t seq, int64_t end) override;
 

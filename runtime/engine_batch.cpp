@@ -167,14 +167,14 @@ void engine::step(served& s) {
     }
     picks.push_back({k, -1});
   }
-  // Each sequence samples from its own copy of its row (the sampler edits it: penalties), on
-  // the pool: sampling without top-k walks the whole vocabulary, and 16 streams of that one
-  // after another would leave the other cores idle for milliseconds a pass.
-  if (s.sample_rows.size() < picks.size() * vocab) s.sample_rows.resize(picks.size() * vocab);
+  // Each sequence samples from a copy of its row (the sampler edits it: penalties), on the
+  // pool: sampling without top-k walks the whole vocabulary, and 16 streams of that one after
+  // another would leave the other cores idle for milliseconds a pass. One copy per thread.
   pool_.parallel_for(static_cast<int64_t>(picks.size()), 1, [&](int64_t b, int64_t e) {
+    thread_local std::vector<float> row;
+    row.resize(vocab);
     for (int64_t i = b; i < e; ++i) {
       auto& [k, id] = picks[static_cast<size_t>(i)];
-      const std::span<float> row(s.sample_rows.data() + static_cast<size_t>(i) * vocab, vocab);
       std::copy_n(logits.data() + k * vocab, vocab, row.begin());
       id = in_pass[k]->smp.sample(row, in_pass[k]->history);
     }

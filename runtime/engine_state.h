@@ -58,7 +58,6 @@ struct engine::served {
   std::vector<int32_t> row_tokens;
   std::vector<int64_t> row_seqs;
   std::vector<active*> in_pass;    // sequences of the pass being formed (kept: no allocation per pass)
-  std::vector<float> sample_rows;  // the rows of logits being sampled: the sampler edits them
   std::vector<std::pair<size_t, int32_t>> picks;  // per sampled row: its place in the pass, the token
   std::atomic<int32_t> kv_in_use{0};  // published after each iteration: the pool itself is the engine thread's
   std::atomic<int32_t> kv_cached{0};

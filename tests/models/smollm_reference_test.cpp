@@ -141,6 +141,20 @@ TEST_SUITE("smollm_reference") {
       }
       alone.push_back(std::move(trace));
     }
+    // A prompt of 40 rows in one pass (past k_expand_min_act_rows, where ggml's order would
+    // expand the panels) and in passes of 8: the same logits bit for bit.
+    {
+      std::vector<int32_t> long_prompt;
+      while (long_prompt.size() < 40)
+        for (const auto& p : prompts) long_prompt.insert(long_prompt.end(), p.begin(), p.end());
+      long_prompt.resize(40);
+      models::forward_context whole(m, {.n_ctx = 64, .max_batch = 64}, &pool), chunked(m, {.n_ctx = 64, .max_batch = 8}, &pool);
+      whole.set_prompt_end(0, all);
+      chunked.set_prompt_end(0, all);
+      whole.eval(long_prompt);
+      chunked.eval(long_prompt);
+      CHECK(std::equal(whole.logits().begin(), whole.logits().end(), chunked.logits().begin()));
+    }
     // All prompts in one pass, then every sequence's next token in one pass: bit for bit.
     models::forward_context ctx(m, {.n_ctx = 256, .max_batch = 256, .n_seq = n_seq}, &pool);
     std::vector<int32_t> toks;
