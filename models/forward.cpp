@@ -53,7 +53,7 @@ using kernels::cpu::matmul;
 using kernels::cpu::sum_order;
 
 void project(const weight_view& w, const float* x, int64_t n, float* y, kernels::cpu::thread_pool* pool,
-             sum_order order = sum_order::ggml) {
+             sum_order order) {
   matmul(w.type, w.data, w.rows, w.cols, x, n, y, pool, w.layout, order);
 }
 
