@@ -147,7 +147,10 @@ void panel_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const f
   for (int64_t s = 0; s < nsub; ++s) {
     const uint8_t* p = panel + s * sub_bytes;
     const int8_t* q = codes + s * S;
-    __m512i acc[R];
+    // Two integer sums per row, even and odd groups, added before the conversion: one chain
+    // of all the groups is 8 vpdpbusd latencies long per sub-block, longer than the pass
+    // over all rows takes at two per cycle, so the core would wait on it (see packed_tile).
+    __m512i acc[R], acc_odd[R];
     TANDEM_UNROLL for (int r = 0; r < R; ++r) {
       if constexpr (Offset) {
         int32_t term;
@@ -156,19 +159,21 @@ void panel_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const f
       } else {
         acc[r] = _mm512_setzero_si512();
       }
+      acc_odd[r] = _mm512_setzero_si512();
     }
     TANDEM_UNROLL for (int g = 0; g < groups; ++g) {
       const __m512i c = _mm512_load_si512(p + 64 * g);
       TANDEM_UNROLL for (int r = 0; r < R; ++r) {
         int32_t a;
         std::memcpy(&a, q + r * cols + 4 * g, 4);
-        acc[r] = _mm512_dpbusd_epi32(acc[r], c, _mm512_set1_epi32(a));
+        __m512i& sum = g % 2 == 0 ? acc[r] : acc_odd[r];
+        sum = _mm512_dpbusd_epi32(sum, c, _mm512_set1_epi32(a));
       }
     }
     const __m512 sc = _mm512_load_ps(p + groups * 64), mn = _mm512_load_ps(p + groups * 64 + 64);
     TANDEM_UNROLL for (int r = 0; r < R; ++r) {
       const float* x = aux + (r * nsub + s) * k_panel_aux_per_sub;
-      const __m512 t = _mm512_maskz_cvtepi32_ps(k_all16, acc[r]);
+      const __m512 t = _mm512_maskz_cvtepi32_ps(k_all16, _mm512_add_epi32(acc[r], acc_odd[r]));
       f[r] = _mm512_fmadd_ps(t, _mm512_mul_ps(sc, _mm512_set1_ps(x[0])), f[r]);
       if constexpr (!Offset) f[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(x[1]), f[r]);
     }
