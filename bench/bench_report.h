@@ -32,9 +32,11 @@ struct bench_report {
   read_ceiling_result ceiling;  // measured with the same pool, after the model phases
   dot_ceiling_result dots;      // likewise, after the read ceiling
 
-  // Medians divided: batched aggregate over single-sequence decode, and decode GB/s over the
-  // read ceiling (0 when the divisor is 0).
+  // Medians divided (0 when the divisor is 0): batched aggregate over one sequence decoded in
+  // the same context and arithmetic (like for like), batched aggregate over decode_tok_s
+  // (llama.cpp's arithmetic on a one-sequence context), and decode GB/s over the read ceiling.
   double batched_vs_single() const;
+  double batched_vs_decode() const;
   double decode_vs_ceiling() const;
   // Rows per second the int8 dot ceiling allows: dots median / int8 MACs per row (0 for a
   // model without quantized matrices), and batched decode's aggregate over it.
@@ -48,9 +50,11 @@ struct bench_report {
 bench_report run_bench(const bench_options& o);
 
 // One flat object: medians under the names (prefill_tok_s, decode_tok_s,
-// batched_decode_tok_s, decode_gb_s, read_ceiling_gb_s, dot_ceiling_gmac_s),
+// batched_decode_tok_s, decode_gb_s, read_ceiling_gb_s, dot_ceiling_gmac_s) and
+// decode_as_batched_tok_s,
 // "<name>_min" / "<name>_max" and "<name>_samples" beside each, the ratios
-// (batched_vs_single, decode_vs_ceiling, compute_ceiling_tok_s, batched_vs_compute_ceiling),
+// (batched_vs_single, batched_vs_decode, decode_vs_ceiling, compute_ceiling_tok_s,
+// batched_vs_compute_ceiling),
 // and the run's settings (model, arch, type, threads, isa, prompt, gen, batch, reps,
 // decode_bytes_per_token, int8_macs_per_token, read_buffer_bytes, weight_bytes).
 nlohmann::json to_json(const bench_report& r);

@@ -34,8 +34,12 @@ struct model_bench_result {
   std::vector<double> prefill_tok_s;          // prompt / seconds of one eval of the whole prompt
   std::vector<double> decode_tok_s;           // gen / seconds of gen one-token evals
   std::vector<double> batched_decode_tok_s;   // batch * gen / seconds of gen decode passes
+  // gen / seconds of gen one-token passes of one sequence in the batched decode's context and
+  // arithmetic: the baseline batched decode is compared with (decode_tok_s is llama.cpp's
+  // arithmetic, which batches never use unless fast_batched_attention is off).
+  std::vector<double> decode_as_batched_tok_s;
   std::vector<double> decode_gb_s;            // decode_bytes_per_token * decode_tok_s / 1e9
-  summary prefill, decode, batched_decode, decode_gb;
+  summary prefill, decode, batched_decode, decode_as_batched, decode_gb;
   uint64_t decode_bytes_per_token = 0;        // decode_weight_bytes(model)
   uint64_t int8_macs_per_token = 0;           // decode_int8_macs(model)
 };
@@ -60,8 +64,9 @@ uint64_t decode_int8_macs(const models::model& m);
 // by: "Q4_K" for a Q4_K_M file whose output head is Q6_K).
 kernels::weight_type main_weight_type(const models::model& m);
 
-// Runs the three phases: prefill and decode on a one-sequence context (f16 KV cache, as
-// llama.cpp's default), then batched decode on a context of `batch` sequences. Decode feeds
+// Runs the phases: prefill and decode on a one-sequence context (f16 KV cache, as
+// llama.cpp's default), then, on a context of `batch` sequences, batched decode and one
+// sequence decoded alone in the same arithmetic. Decode feeds
 // ids from bench_tokens and never samples, so only the forward pass is timed. Throws
 // std::invalid_argument for prompt, gen, reps or batch out of range (a message naming the
 // parameter), and what forward_context throws (e.g. not enough memory).

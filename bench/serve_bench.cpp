@@ -86,7 +86,8 @@ serve_bench_result run_serve_bench(const serve_bench_options& o) {
   e.submit({"high", prompt(0, 16), greedy(4)})->wait();
 
   // Decode at 1, 4, 16 streams: tokens after every stream's first token, over that window.
-  for (const int c : {1, 4, 16}) {
+  // Rounds interleave the concurrencies, so each ratio compares runs seconds apart.
+  auto decode_run = [&](int c) {
     std::vector<timed> rs;
     const auto t0 = clock_type::now();
     for (int i = 0; i < c; ++i) rs.push_back({e.submit({"low", prompt(100 + i * 17, 16), greedy(o.gen)}), t0, {}});
@@ -98,9 +99,20 @@ serve_bench_result run_serve_bench(const serve_bench_options& o) {
       end = std::max(end, x.at_ms.empty() ? 0 : x.at_ms.back());
       for (const double t : x.at_ms) tokens += t > start ? 1 : 0;
     }
-    r.decode_tok_s[c] = end > start ? static_cast<double>(tokens) / ((end - start) / 1e3) : 0;
+    return end > start ? static_cast<double>(tokens) / ((end - start) / 1e3) : 0.0;
+  };
+  std::map<int, std::vector<double>> rounds;
+  std::vector<double> ratios;
+  for (int rep = 0; rep < std::max(1, o.reps); ++rep) {
+    for (const int c : {1, 4, 16}) rounds[c].push_back(decode_run(c));
+    if (rounds[1].back() > 0) ratios.push_back(rounds[16].back() / rounds[1].back());
+  }
+  for (const auto& [c, v] : rounds) {
+    r.decode_rounds[c] = summarize(v);
+    r.decode_tok_s[c] = r.decode_rounds[c].median;
     r.per_stream_tok_s[c] = r.decode_tok_s[c] / c;
   }
+  r.decode_16_vs_1 = summarize(ratios);
 
   // Inter-token latency of 4 streams while a long prompt is prefilled, then of the same 4
   // streams on their own over the same token positions: the streams' contexts grow as they
@@ -219,7 +231,12 @@ nlohmann::json to_json(const serve_bench_result& r, const serve_bench_options& o
   for (const auto& [c, v] : r.per_stream_tok_s) ps[std::to_string(c)] = v;
   j["decode_tok_s"] = d;
   j["per_stream_tok_s"] = ps;
-  j["decode_16_vs_1"] = r.decode_tok_s.count(1) && r.decode_tok_s.at(1) > 0 ? r.decode_tok_s.at(16) / r.decode_tok_s.at(1) : 0;
+  nlohmann::json spread = nlohmann::json::object();
+  for (const auto& [c, v] : r.decode_rounds) spread[std::to_string(c)] = {v.min, v.max};
+  j["decode_tok_s_min_max"] = spread;
+  j["decode_rounds"] = r.decode_16_vs_1.count;
+  j["decode_16_vs_1"] = r.decode_16_vs_1.median;
+  j["decode_16_vs_1_min_max"] = {r.decode_16_vs_1.min, r.decode_16_vs_1.max};
   j["itl_p50_ms_idle"] = r.itl_p50_ms_idle;
   j["itl_p99_ms_idle"] = r.itl_p99_ms_idle;
   j["itl_p50_ms_during_prefill"] = r.itl_p50_ms_during_prefill;
@@ -253,9 +270,14 @@ std::string format_table(const serve_bench_result& r, const serve_bench_options&
                 static_cast<long long>(o.prefill_chunk), static_cast<long long>(o.max_batch_tokens));
   out += line;
   for (const auto& [c, v] : r.decode_tok_s) {
-    std::snprintf(line, sizeof line, "decode, %2d streams      %9.1f tok/s aggregate, %7.1f per stream\n", c, v, r.per_stream_tok_s.at(c));
+    const summary& s = r.decode_rounds.at(c);
+    std::snprintf(line, sizeof line, "decode, %2d streams      %9.1f tok/s aggregate (%.1f..%.1f), %7.1f per stream\n", c, v, s.min, s.max,
+                  r.per_stream_tok_s.at(c));
     out += line;
   }
+  std::snprintf(line, sizeof line, "16 streams / 1 stream    %9.2fx (median of %lld rounds' ratios, %.2f..%.2f)\n", r.decode_16_vs_1.median,
+                static_cast<long long>(r.decode_16_vs_1.count), r.decode_16_vs_1.min, r.decode_16_vs_1.max);
+  out += line;
   if (r.compute_ceiling_tok_s() > 0) {
     std::snprintf(line, sizeof line, "int8 compute ceiling      %9.1f tok/s (%.0f GMAC/s over %.1fM MACs per token)\n", r.compute_ceiling_tok_s(),
                   r.dot_ceiling_gmac_s, static_cast<double>(r.int8_macs_per_token) / 1e6);

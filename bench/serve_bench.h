@@ -14,6 +14,7 @@
 
 #include "bench/dot_ceiling.h"
 #include "bench/interleave_bench.h"
+#include "bench/stats.h"
 
 namespace tandem::bench {
 
@@ -22,6 +23,7 @@ struct serve_bench_options {
   std::string high_path;        // the high-priority model of the burst test; empty: a second entry of the model
   int threads = 0;
   int64_t gen = 64;             // tokens per stream in the decode runs
+  int reps = 5;                 // rounds of the decode runs; each round runs 1, 4 and 16 streams
   int64_t long_prompt = 3000;   // the prompt prefilled during the ITL test
   int64_t prefill_chunk = 16;   // prompt tokens of one sequence per pass
   int64_t max_batch_tokens = 64;
@@ -29,8 +31,12 @@ struct serve_bench_options {
 };
 
 struct serve_bench_result {
-  std::map<int, double> decode_tok_s;             // aggregate, by concurrency
+  std::map<int, double> decode_tok_s;             // aggregate, by concurrency: median over the rounds
   std::map<int, double> per_stream_tok_s;
+  std::map<int, summary> decode_rounds;           // aggregate, by concurrency: every round
+  // 16 streams over 1, median of the rounds' own ratios: each round runs both within seconds,
+  // so a shared machine's slow minute moves both sides of a ratio alike.
+  summary decode_16_vs_1;
   double itl_p50_ms_idle = 0, itl_p99_ms_idle = 0;
   double itl_p50_ms_during_prefill = 0, itl_p99_ms_during_prefill = 0;
   double long_prompt_ttft_ms = 0;

@@ -76,6 +76,9 @@ void add_serve_command(CLI::App& bench_cmd) {
       ->check(CLI::ExistingFile);
   cmd->add_option("-t,--threads", a->opt.threads, "threads (0: all cores)")->check(CLI::Range(0, 1024))->capture_default_str();
   cmd->add_option("-n,--gen", a->opt.gen, "tokens per stream in the decode runs")->check(CLI::Range(int64_t{2}, int64_t{4096}))->capture_default_str();
+  cmd->add_option("-r,--reps", a->opt.reps, "rounds of the decode runs (1, 4 and 16 streams each round; medians reported)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
   cmd->add_option("--long-prompt", a->opt.long_prompt, "prompt tokens prefilled during the ITL test")
       ->check(CLI::Range(int64_t{16}, int64_t{16384}))
       ->capture_default_str();

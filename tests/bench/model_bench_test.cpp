@@ -99,7 +99,7 @@ TEST_SUITE("bench_model") {
     p.batch = 3;
     p.reps = 2;
     const auto r = bench::run_model_bench(m, pool, p);
-    for (const auto* v : {&r.prefill_tok_s, &r.decode_tok_s, &r.batched_decode_tok_s, &r.decode_gb_s}) {
+    for (const auto* v : {&r.prefill_tok_s, &r.decode_tok_s, &r.batched_decode_tok_s, &r.decode_as_batched_tok_s, &r.decode_gb_s}) {
       REQUIRE(v->size() == 2);
       for (double x : *v) CHECK(x > 0);
     }
@@ -110,6 +110,8 @@ TEST_SUITE("bench_model") {
       CHECK(r.decode_gb_s[i] == doctest::Approx(static_cast<double>(r.decode_bytes_per_token) * r.decode_tok_s[i] / 1e9));
     CHECK(r.prefill.median >= r.prefill.min);
     CHECK(r.batched_decode.max >= r.batched_decode.median);
+    CHECK(r.decode_as_batched.count == 2);
+    CHECK(r.decode_as_batched.median == doctest::Approx(bench::summarize(r.decode_as_batched_tok_s).median));
   }
 
   TEST_CASE("run_model_bench refuses out-of-range parameters, naming them") {

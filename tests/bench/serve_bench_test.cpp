@@ -15,8 +15,16 @@ TEST_SUITE("bench_serve") {
     o.threads = 2;
     o.gen = 8;
     o.long_prompt = 300;
+    o.reps = 2;
     const auto r = bench::run_serve_bench(o);
-    for (const int c : {1, 4, 16}) CHECK(r.decode_tok_s.at(c) > 0);
+    for (const int c : {1, 4, 16}) {
+      CHECK(r.decode_tok_s.at(c) > 0);
+      CHECK(r.decode_rounds.at(c).count == 2);
+      CHECK(r.decode_rounds.at(c).min <= r.decode_tok_s.at(c));
+      CHECK(r.decode_tok_s.at(c) <= r.decode_rounds.at(c).max);
+    }
+    CHECK(r.decode_16_vs_1.count == 2);
+    CHECK(r.decode_16_vs_1.median > 0);
     CHECK(r.itl_p99_ms_idle > 0);
     CHECK(r.long_prompt_ttft_ms > 0);
     CHECK(r.burst_ttft_ms_idle > 0);
@@ -32,7 +40,8 @@ TEST_SUITE("bench_serve") {
     const auto j = bench::to_json(r, o);
     for (const char* k : {"decode_tok_s", "itl_p99_ms_idle", "itl_p99_ms_during_prefill", "burst_ttft_ms_idle", "burst_ttft_ms_contended",
                           "prefix_hit_ttft_ms", "prefix_miss_ttft_ms", "interleave_high_ttft_ms", "no_interleave_high_ttft_ms",
-                          "dot_ceiling_gmac_s", "compute_ceiling_tok_s", "decode_16_vs_compute_ceiling"}) {
+                          "dot_ceiling_gmac_s", "compute_ceiling_tok_s", "decode_16_vs_compute_ceiling", "decode_16_vs_1",
+                          "decode_tok_s_min_max"}) {
       CAPTURE(k);
       CHECK(j.contains(k));
     }

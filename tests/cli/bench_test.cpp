@@ -20,7 +20,8 @@ TEST_SUITE("bench") {
     const auto j = nlohmann::json::parse(r.out);  // throws on anything but one JSON value
     REQUIRE(j.is_object());
     for (const char* key : {"prefill_tok_s", "decode_tok_s", "batched_decode_tok_s", "decode_gb_s", "read_ceiling_gb_s",
-                            "dot_ceiling_gmac_s", "decode_bytes_per_token", "batched_vs_single", "decode_vs_ceiling"}) {
+                            "dot_ceiling_gmac_s", "decode_bytes_per_token", "batched_vs_single", "decode_vs_ceiling",
+                            "decode_as_batched_tok_s", "batched_vs_decode"}) {
       CAPTURE(key);
       REQUIRE(j.contains(key));
       CHECK(j[key].is_number());
@@ -49,6 +50,12 @@ TEST_SUITE("bench") {
     }
     CHECK(j["decode_vs_ceiling"].get<double>() ==
           doctest::Approx(j["decode_gb_s"].get<double>() / j["read_ceiling_gb_s"].get<double>()));
+    // Batches against one sequence computed alike, and against decode_tok_s.
+    CHECK(j["batched_vs_single"].get<double>() ==
+          doctest::Approx(j["batched_decode_tok_s"].get<double>() / j["decode_as_batched_tok_s"].get<double>()));
+    CHECK(j["batched_vs_decode"].get<double>() ==
+          doctest::Approx(j["batched_decode_tok_s"].get<double>() / j["decode_tok_s"].get<double>()));
+    CHECK(j["decode_as_batched_tok_s_samples"].size() == 2);
   }
 
   TEST_CASE("--fast-prompt and --exact-batched switch the attention arithmetic of their phases") {
@@ -63,7 +70,8 @@ TEST_SUITE("bench") {
   TEST_CASE("the table names every figure") {
     const auto r = test::run_tandem(bench_cmd("--prompt 8 --gen 2 --batch 2 --reps 1"));
     REQUIRE(r.exit_code == 0);
-    for (const char* s : {"prefill", "decode", "batched", "tok/s", "GB/s", "read ceiling", "threads 2", "x single decode"}) {
+    for (const char* s : {"prefill", "decode", "batched", "tok/s", "GB/s", "read ceiling", "threads 2", "x one sequence alike",
+                          "1 seq, as batched"}) {
       CAPTURE(s);
       CHECK(r.out.find(s) != std::string::npos);
     }
