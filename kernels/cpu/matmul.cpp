@@ -180,7 +180,8 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
   // stay in cache while every group of k_max_act_rows activation rows passes over the tile,
   // each kernel call decoding a group of weight rows once for the whole activation group.
   // Panel jobs: each group is a panel of k_panel_rows weight rows, packed once and then run
-  // against every activation row, k_panel_max_act_rows at a time.
+  // against every activation row, k_panel_max_act_rows at a time (packed panels:
+  // k_packed_max_act_rows).
   auto body = [&](int64_t b, int64_t e) {
     thread_local std::vector<uint8_t> panel_scratch;
     for (int j = 0; j < n_jobs; ++j) {
@@ -215,8 +216,8 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
             }
             continue;
           }
-          for (int64_t r0 = 0; r0 < n_x; r0 += k_panel_max_act_rows) {
-            const int nr = static_cast<int>(std::min<int64_t>(k_panel_max_act_rows, n_x - r0));
+          for (int64_t r0 = 0; r0 < n_x; r0 += k_packed_max_act_rows) {
+            const int nr = static_cast<int>(std::min<int64_t>(k_packed_max_act_rows, n_x - r0));
             packed_dot_avx512(job.wt, panel, cols, codes + r0 * cols, aux + r0 * aux_per_row, nr,
                               job.y + r0 * job.rows + o, job.rows, n_w, true, job.order);
           }

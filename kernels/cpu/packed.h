@@ -54,10 +54,16 @@ void dequantize_packed_row(weight_type wt, const void* packed, int64_t cols, int
 // Either way a row's result does not depend on the other rows of the call.
 enum class sum_order { ggml, tile };
 
+// Activation rows one AVX-512 call over a packed panel takes. Exactly this many pass over the
+// weights once for Q4_0, Q8_0, Q4_K and tile-order Q4_1 (one integer sum per row: at 16 rows
+// the pass outlasts its latency, and the nibbles are widened once for all 16); other counts
+// and types go in passes of up to k_panel_max_act_rows.
+inline constexpr int k_packed_max_act_rows = 16;
+
 // Products over packed panels: out[r * out_stride + o] = dot(row o of the panel at `panel`,
 // activation row r) for r < n_act, o < n_w (1..16). Activations in panel.h's form
 // (panel_acts: int8 codes, per sub-block {da, da * sum, offset term}). The AVX-512 kernel carries up to
-// k_panel_max_act_rows rows per call; the reference any number.
+// k_packed_max_act_rows rows per call; the reference any number.
 void packed_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
                     int n_act, float* out, int64_t out_stride, int n_w);
 // allow_gfni: Q6_K takes the GFNI kernel where the CPU has GFNI (the same results bit for

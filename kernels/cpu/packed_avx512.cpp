@@ -2,6 +2,7 @@
 // kernel and the widening for many-row products. The tile kernel is packed_tile_avx512.h.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/cpu/isa.h"
@@ -92,7 +93,18 @@ void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const
     return;
   }
   auto rows = [&]<weight_type WT>() {
-    avx512::with_act_rows(n_act, [&]<int R>() { packed_tile<WT, R>(panel, cols, codes, aux, out, out_stride, lanes); });
+    if constexpr (WT != weight_type::q6_k) {
+      if (n_act == k_packed_max_act_rows) {
+        packed_tile<WT, k_packed_max_act_rows>(panel, cols, codes, aux, out, out_stride, lanes);
+        return;
+      }
+    }
+    const auto aux_per_row = static_cast<int64_t>(panel_act_aux_floats(wt, cols, 1));
+    for (int r0 = 0; r0 < n_act; r0 += k_panel_max_act_rows) {
+      avx512::with_act_rows(std::min(k_panel_max_act_rows, n_act - r0), [&]<int R>() {
+        packed_tile<WT, R>(panel, cols, codes + r0 * cols, aux + r0 * aux_per_row, out + r0 * out_stride, out_stride, lanes);
+      });
+    }
   };
   switch (wt) {
     case weight_type::q4_0: return rows.template operator()<weight_type::q4_0>();

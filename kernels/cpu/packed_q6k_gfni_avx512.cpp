@@ -1,6 +1,8 @@
 // The packed Q6_K tile kernel with GFNI (vgf2p8affineqb moves each group's high bit pair into
 // place in one instruction). Built with -mgfni on top of the AVX-512 flags (kernels/
 // CMakeLists.txt); reached only when cpu_has_gfni().
+#include <algorithm>
+
 #include "kernels/cpu/packed.h"
 #include "kernels/cpu/packed_tile_avx512.h"
 
@@ -9,9 +11,13 @@ namespace tandem::kernels::cpu {
 void packed_dot_q6k_gfni_avx512(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act,
                                 float* out, int64_t out_stride, int n_w) {
   const __mmask16 lanes = avx512::first16(n_w);
-  avx512::with_act_rows(n_act, [&]<int R>() {
-    packed_tile<weight_type::q6_k, R, true>(panel, cols, codes, aux, out, out_stride, lanes);
-  });
+  const auto aux_per_row = static_cast<int64_t>(panel_act_aux_floats(weight_type::q6_k, cols, 1));
+  for (int r0 = 0; r0 < n_act; r0 += k_panel_max_act_rows) {
+    avx512::with_act_rows(std::min(k_panel_max_act_rows, n_act - r0), [&]<int R>() {
+      packed_tile<weight_type::q6_k, R, true>(panel, cols, codes + r0 * cols, aux + r0 * aux_per_row, out + r0 * out_stride,
+                                              out_stride, lanes);
+    });
+  }
 }
 
 }  // namespace tandem::kernels::cpu

@@ -72,9 +72,15 @@ static inline __m512i q6_pair_gfni(__m512i h, int q) {
 // R activation rows against one packed panel (Q4_1 here in the tile's order, with its min term
 // as one more FMA per sub-block; packed_avx512.cpp has ggml's). GFNI:
 // Q6_K's codes are assembled with gf2p8affine + one bit select instead of shifts, masks and ors.
+// R is 1..8, or k_packed_max_act_rows for every type but Q6_K (whose two sums per chunk would
+// not fit the registers).
 template <weight_type WT, int R, bool GFNI = false>
 void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, float* out,
                  int64_t out_stride, __mmask16 lanes) {
+  static_assert(R <= k_panel_max_act_rows || (R == k_packed_max_act_rows && WT != weight_type::q6_k));
+  // Two integer sums per row below 8 rows; one from 16 on, where a pass over all rows takes
+  // longer than one sum's chain of 8 latencies and the registers hold no second set.
+  constexpr bool k_split = R <= k_panel_max_act_rows && WT != weight_type::q6_k;
   constexpr bool k_quant = WT == weight_type::q4_k || WT == weight_type::q6_k;
   constexpr int64_t uc = k_quant ? 256 : 32;
   constexpr int sub = WT == weight_type::q6_k ? 16 : 32;
@@ -99,21 +105,23 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
       for (size_t b = 0; b < share; b += 64) avx512::prefetch(unit, ch * share + k_prefetch_ahead + b);
       const int64_t col0 = u * uc + ch * 32;
       // Integer sums: for Q6_K acc0 holds the chunk's first 16 columns and acc1 the rest; for
-      // the other types the two split the groups and are added before the conversion. One
-      // chain of 8 vpdpbusd per row is 8 latencies long, longer than the pass over 8 rows
-      // takes at two vpdpbusd per cycle, and the core waited on it (measured: 8 rows 52 -> 49
-      // cycles per chunk in L1, batched decode of 16 about 9% faster).
+      // the other types up to 8 rows the two split the groups and are added before the
+      // conversion. One chain of 8 vpdpbusd per row is 8 latencies long, longer than the pass
+      // over 8 rows takes at two vpdpbusd per cycle, and the core waited on it (measured: 8
+      // rows 52 -> 49 cycles per chunk in L1, batched decode of 16 about 9% faster). A pass
+      // over 16 rows outlasts the chain, and there acc0 takes everything.
       // Types whose codes carry an offset start from the activations' offset term, so the
       // sums are of the signed values (ggml's integer dot) and no float correction follows.
-      __m512i acc0[R], acc1[R];
+      __m512i acc0[R], acc1[k_split || WT == weight_type::q6_k ? R : 1];
       TANDEM_UNROLL for (int r = 0; r < R; ++r) {
         if constexpr (k_offset) {
           const float* x = aux + (r * nsub + col0 / sub) * k_panel_aux_per_sub;
           acc0[r] = _mm512_set1_epi32(offset_term(x));
           if constexpr (WT == weight_type::q6_k) acc1[r] = _mm512_set1_epi32(offset_term(x + k_panel_aux_per_sub));
-          else acc1[r] = _mm512_setzero_si512();
+          else if constexpr (k_split) acc1[r] = _mm512_setzero_si512();
         } else {
-          acc0[r] = acc1[r] = _mm512_setzero_si512();
+          acc0[r] = _mm512_setzero_si512();
+          if constexpr (k_split) acc1[r] = _mm512_setzero_si512();
         }
       }
       TANDEM_UNROLL for (int q = 0; q < (WT == weight_type::q8_0 ? 8 : 4); ++q) {
@@ -140,11 +148,18 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
         TANDEM_UNROLL for (int r = 0; r < R; ++r) {
           const int8_t* a = codes + r * cols + col0;
           if constexpr (WT == weight_type::q8_0) {
-            __m512i& acc = q % 2 == 0 ? acc0[r] : acc1[r];
-            acc = _mm512_dpbusd_epi32(acc, lo, _mm512_set1_epi32(act4(a + 4 * q)));
+            const __m512i b = _mm512_set1_epi32(act4(a + 4 * q));
+            if constexpr (k_split) {
+              if (q % 2 == 1) acc1[r] = _mm512_dpbusd_epi32(acc1[r], lo, b);
+              else acc0[r] = _mm512_dpbusd_epi32(acc0[r], lo, b);
+            } else {
+              acc0[r] = _mm512_dpbusd_epi32(acc0[r], lo, b);
+            }
           } else {
             acc0[r] = _mm512_dpbusd_epi32(acc0[r], lo, _mm512_set1_epi32(act4(a + 4 * q)));
-            acc1[r] = _mm512_dpbusd_epi32(acc1[r], hi, _mm512_set1_epi32(act4(a + 16 + 4 * q)));
+            const __m512i b = _mm512_set1_epi32(act4(a + 16 + 4 * q));
+            if constexpr (k_split || WT == weight_type::q6_k) acc1[r] = _mm512_dpbusd_epi32(acc1[r], hi, b);
+            else acc0[r] = _mm512_dpbusd_epi32(acc0[r], hi, b);
           }
         }
       }
@@ -158,7 +173,7 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
         }
       };
       const __m512 no_min = _mm512_setzero_ps();
-      if constexpr (WT != weight_type::q6_k) {
+      if constexpr (k_split) {
         TANDEM_UNROLL for (int r = 0; r < R; ++r) acc0[r] = _mm512_add_epi32(acc0[r], acc1[r]);
       }
       if constexpr (WT == weight_type::q4_0) {

@@ -127,12 +127,12 @@ TEST_CASE("packed products match the exact dot of the dequantized rows, on every
       CAPTURE(cols);
       const int64_t rows = 21;  // one full panel and one of 5 rows
       const matrix m = make_matrix(wt, rows, cols, static_cast<uint32_t>(3 * cols + 1));
-      const int n_act = k_panel_max_act_rows;
+      const int n_act = k_packed_max_act_rows;
       const acts a = make_acts(wt, cols, n_act, static_cast<uint32_t>(cols + 9));
       const size_t pb = packed_panel_bytes(wt, cols);
       for (int64_t p = 0; p < (rows + 15) / 16; ++p) {
         const int n_w = static_cast<int>(std::min<int64_t>(16, rows - 16 * p));
-        for (const int n : {1, 3, n_act}) {
+        for (const int n : {1, 3, k_panel_max_act_rows, 11, n_act}) {
           CAPTURE(n);
           const int64_t stride = 17;
           std::vector<float> ref(static_cast<size_t>(stride * n), -7.0f), fast(ref);
@@ -150,6 +150,41 @@ TEST_CASE("packed products match the exact dot of the dequantized rows, on every
               check_dot(m, a, 16 * p + o, r, ref[i]);
               if (isa_supported(isa::avx512)) check_dot(m, a, 16 * p + o, r, fast[i]);
             }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("a packed product's row has the same bits however many rows share the call") {
+  // 16 rows pass over the weights at once with one integer sum per row, fewer in passes of up
+  // to 8 with two; integer sums are exact and the float updates run in one order, so no row
+  // may tell the difference.
+  if (!isa_supported(isa::avx512)) return;
+  for (const weight_type wt : packed_types()) {
+    for (const sum_order order : {sum_order::ggml, sum_order::tile}) {
+      if (order == sum_order::tile && wt != weight_type::q4_1) continue;
+      for (const int64_t cols : col_counts(wt)) {
+        CAPTURE(display_name(wt));
+        CAPTURE(cols);
+        CAPTURE(order == sum_order::tile);
+        const matrix m = make_matrix(wt, 16, cols, static_cast<uint32_t>(cols + 31));
+        const int n_act = k_packed_max_act_rows;
+        const acts a = make_acts(wt, cols, n_act, static_cast<uint32_t>(cols + 41));
+        const auto per_row = static_cast<int64_t>(panel_act_aux_floats(wt, cols, 1));
+        const int n_w = 14;
+        std::vector<float> all(static_cast<size_t>(16 * n_act), -7.0f), eights(all);
+        packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n_act, all.data(), 16, n_w, true, order);
+        for (int r0 = 0; r0 < n_act; r0 += k_panel_max_act_rows)
+          packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data() + r0 * cols, a.aux.data() + r0 * per_row,
+                            k_panel_max_act_rows, eights.data() + r0 * 16, 16, n_w, true, order);
+        CHECK(std::memcmp(all.data(), eights.data(), all.size() * sizeof(float)) == 0);
+        for (const int r : {0, 5, n_act - 1}) {
+          CAPTURE(r);
+          std::vector<float> one(16, -7.0f);
+          packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data() + r * cols, a.aux.data() + r * per_row, 1, one.data(), 16,
+                            n_w, true, order);
+          CHECK(std::memcmp(one.data(), all.data() + r * 16, one.size() * sizeof(float)) == 0);
         }
       }
     }
@@ -276,7 +311,7 @@ TEST_CASE("packed Q6_K: the GFNI kernel equals the shift-and-mask kernel bit for
   for (const int64_t cols : col_counts(wt)) {
     CAPTURE(cols);
     const matrix m = make_matrix(wt, 16, cols, static_cast<uint32_t>(cols + 5));
-    const int n_act = k_panel_max_act_rows;
+    const int n_act = k_packed_max_act_rows;
     const acts a = make_acts(wt, cols, n_act, 3);
     for (int n = 1; n <= n_act; ++n) {
       std::vector<float> with(static_cast<size_t>(16 * n)), without(with);
