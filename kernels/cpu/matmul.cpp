@@ -146,20 +146,39 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
     });
   }
 
-  // Panel forms: int8 codes and per-sub-block {da, da * sum, offset term} of every converted row.
+  // Whether a packed job reads its activations in the tiled form (tile_packed_acts): the
+  // AVX-512 tile kernel with several rows and no expansion.
+  auto tiled_job = [&](const matmul_job& job) {
+    const bool tile_q4_1 = job.wt == weight_type::q4_1 && job.order == sum_order::tile;
+    return job.layout == weight_layout::packed && path == isa::avx512 && n_x > 1 &&
+           (job.wt != weight_type::q4_1 || tile_q4_1) && (n_x < k_expand_min_act_rows || tile_q4_1);
+  };
+  bool tiled_slot[k_max_matmul_jobs] = {};
+  for (int j = 0; j < n_jobs; ++j)
+    if (tiled_job(jobs[j])) tiled_slot[plans[j].panel_slot] = true;
+
+  // Panel forms: int8 codes and per-sub-block {da, da * sum, offset term} of every converted
+  // row, and where a packed job wants it the tiled form too, in groups of k_packed_max_act_rows.
   thread_local std::vector<uint8_t> panel_act_scratch;
   int8_t* panel_codes[k_max_matmul_jobs] = {};
   float* panel_aux[k_max_matmul_jobs] = {};
+  int8_t* tiled_codes[k_max_matmul_jobs] = {};
+  float* tiled_aux[k_max_matmul_jobs] = {};
   if (n_panel_slots > 0) {
     const size_t code_bytes = (panel_act_code_bytes(cols, n_x) + 63) / 64 * 64;
+    auto aux_bytes = [&](int k) { return (panel_act_aux_floats(panel_types[k], cols, n_x) * sizeof(float) + 63) / 64 * 64; };
     size_t total = 0;
-    for (int k = 0; k < n_panel_slots; ++k)
-      total += code_bytes + panel_act_aux_floats(panel_types[k], cols, n_x) * sizeof(float);
+    for (int k = 0; k < n_panel_slots; ++k) total += (code_bytes + aux_bytes(k)) * (tiled_slot[k] ? 2 : 1);
     uint8_t* base = aligned_scratch(panel_act_scratch, total);
     for (int k = 0; k < n_panel_slots; ++k) {
       panel_codes[k] = reinterpret_cast<int8_t*>(base);
       panel_aux[k] = reinterpret_cast<float*>(base + code_bytes);
-      base += code_bytes + panel_act_aux_floats(panel_types[k], cols, n_x) * sizeof(float);
+      base += code_bytes + aux_bytes(k);
+      if (tiled_slot[k]) {
+        tiled_codes[k] = reinterpret_cast<int8_t*>(base);
+        tiled_aux[k] = reinterpret_cast<float*>(base + code_bytes);
+        base += code_bytes + aux_bytes(k);
+      }
     }
     run(pool, n_x * n_panel_slots, std::max<int64_t>(1, k_min_chunk_convert / cols), [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
@@ -171,6 +190,13 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
         const size_t a_row = static_cast<size_t>(row_bytes(act_types[slot], cols));
         const int64_t aux_per_row = static_cast<int64_t>(panel_act_aux_floats(wt, cols, 1));
         panel_acts(wt, act[slot] + r * a_row, a_row, 1, cols, panel_codes[k] + r * cols, panel_aux[k] + r * aux_per_row);
+        if (tiled_slot[k]) {
+          // Group g starts after g full groups, as if its rows lay one after another.
+          const int64_t g0 = r / k_packed_max_act_rows * k_packed_max_act_rows;
+          const int n_group = static_cast<int>(std::min<int64_t>(k_packed_max_act_rows, n_x - g0));
+          tile_packed_act_row(wt, cols, panel_codes[k] + r * cols, panel_aux[k] + r * aux_per_row, static_cast<int>(r - g0),
+                              n_group, tiled_codes[k] + g0 * cols, tiled_aux[k] + g0 * aux_per_row);
+        }
       }
     });
   }
@@ -216,10 +242,19 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
             }
             continue;
           }
+          if (job.wt == weight_type::q4_1 && job.order == sum_order::ggml) {  // reads the rows
+            packed_dot_avx512(job.wt, panel, cols, codes, aux, static_cast<int>(n_x), job.y + o, job.rows, n_w, true, job.order);
+            continue;
+          }
+          if (n_x == 1) {  // one row's tiled form is its panel form
+            packed_dot_tiled_avx512(job.wt, panel, cols, codes, aux, 1, job.y + o, job.rows, n_w, true, job.order);
+            continue;
+          }
           for (int64_t r0 = 0; r0 < n_x; r0 += k_packed_max_act_rows) {
             const int nr = static_cast<int>(std::min<int64_t>(k_packed_max_act_rows, n_x - r0));
-            packed_dot_avx512(job.wt, panel, cols, codes + r0 * cols, aux + r0 * aux_per_row, nr,
-                              job.y + r0 * job.rows + o, job.rows, n_w, true, job.order);
+            packed_dot_tiled_avx512(job.wt, panel, cols, tiled_codes[p.panel_slot] + r0 * cols,
+                                    tiled_aux[p.panel_slot] + r0 * aux_per_row, nr, job.y + r0 * job.rows + o, job.rows,
+                                    n_w, true, job.order);
           }
         }
         continue;

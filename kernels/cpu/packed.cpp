@@ -254,4 +254,20 @@ void packed_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const in
   }
 }
 
+void tile_packed_act_row(weight_type wt, int64_t cols, const int8_t* codes, const float* aux, int r, int n_group,
+                         int8_t* tiled_codes, float* tiled_aux) {
+  for (int64_t c = 0; c < cols / 32; ++c) std::memcpy(tiled_codes + (c * n_group + r) * 32, codes + c * 32, 32);
+  const int64_t nsub = cols / panel_sub_elems(wt);
+  for (int64_t s = 0; s < nsub; ++s)
+    std::memcpy(tiled_aux + (s * n_group + r) * k_panel_aux_per_sub, aux + s * k_panel_aux_per_sub,
+                k_panel_aux_per_sub * sizeof(float));
+}
+
+void tile_packed_acts(weight_type wt, int64_t cols, const int8_t* codes, const float* aux, int n_group,
+                      int8_t* tiled_codes, float* tiled_aux) {
+  const auto aux_per_row = static_cast<int64_t>(panel_act_aux_floats(wt, cols, 1));
+  for (int r = 0; r < n_group; ++r)
+    tile_packed_act_row(wt, cols, codes + r * cols, aux + r * aux_per_row, r, n_group, tiled_codes, tiled_aux);
+}
+
 }  // namespace tandem::kernels::cpu

@@ -67,13 +67,33 @@ inline constexpr int k_packed_max_act_rows = 16;
 void packed_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
                     int n_act, float* out, int64_t out_stride, int n_w);
 // allow_gfni: Q6_K takes the GFNI kernel where the CPU has GFNI (the same results bit for
-// bit; tests turn it off to compare). order: see sum_order.
+// bit; tests turn it off to compare). order: see sum_order. Any n_act: groups of up to
+// k_packed_max_act_rows rows go through tile_packed_acts and packed_dot_tiled_avx512 (a copy
+// per call; matmul tiles each activation row once instead).
 void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
                        int n_act, float* out, int64_t out_stride, int n_w, bool allow_gfni = true,
                        sum_order order = sum_order::ggml);
-// The Q6_K kernel with GFNI (packed_q6k_gfni_avx512.cpp); only call when cpu_has_gfni().
-void packed_dot_q6k_gfni_avx512(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act,
-                                float* out, int64_t out_stride, int n_w);
+
+// The tiled form of a group of n_group (1..k_packed_max_act_rows) activation rows, what the
+// AVX-512 tile kernel reads: codes chunk by chunk, code (r, c) at ((c / 32) * n_group + r) *
+// 32 + c % 32, and the aux floats sub-block by sub-block, those of (r, sub-block s) at
+// (s * n_group + r) * k_panel_aux_per_sub. One row's tiled form is its panel_acts form.
+// tile_packed_act_row writes row r of the group from its panel_acts row (codes: cols bytes,
+// aux: panel_act_aux_floats(wt, cols, 1) floats); tile_packed_acts every row.
+void tile_packed_act_row(weight_type wt, int64_t cols, const int8_t* codes, const float* aux, int r, int n_group,
+                         int8_t* tiled_codes, float* tiled_aux);
+void tile_packed_acts(weight_type wt, int64_t cols, const int8_t* codes, const float* aux, int n_group,
+                      int8_t* tiled_codes, float* tiled_aux);
+// packed_dot_avx512 over the tiled form of a group of n_act (1..k_packed_max_act_rows) rows,
+// for every type and order except ggml-order Q4_1, whose kernel reads panel_acts rows (the
+// call then does nothing; matmul never makes it).
+void packed_dot_tiled_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* tiled_codes,
+                             const float* tiled_aux, int n_act, float* out, int64_t out_stride, int n_w,
+                             bool allow_gfni = true, sum_order order = sum_order::ggml);
+// The Q6_K kernel with GFNI over tiled activations (packed_q6k_gfni_avx512.cpp); only call
+// when cpu_has_gfni().
+void packed_dot_q6k_gfni_avx512(const uint8_t* panel, int64_t cols, const int8_t* tiled_codes, const float* tiled_aux,
+                                int n_act, float* out, int64_t out_stride, int n_w);
 // Widens one packed panel into panel.h's form (64-byte aligned panel, panel_bytes(wt, cols)):
 // the codes pack_panel_* writes from the GGUF rows and the same scale and min values (padded
 // rows: -0 where pack_panel_* writes +0), for products with many activation rows

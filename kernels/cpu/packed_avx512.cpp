@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/packed.h"
@@ -85,24 +86,25 @@ void expand_packed_avx512(weight_type wt, const uint8_t* packed, int64_t cols, u
   }
 }
 
-void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
-                       int n_act, float* out, int64_t out_stride, int n_w, bool allow_gfni, sum_order order) {
-  const __mmask16 lanes = avx512::first16(n_w);
+void packed_dot_tiled_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* tiled_codes,
+                             const float* tiled_aux, int n_act, float* out, int64_t out_stride, int n_w, bool allow_gfni,
+                             sum_order order) {
   if (wt == weight_type::q6_k && allow_gfni && cpu_has_gfni()) {
-    packed_dot_q6k_gfni_avx512(panel, cols, codes, aux, n_act, out, out_stride, n_w);
+    packed_dot_q6k_gfni_avx512(panel, cols, tiled_codes, tiled_aux, n_act, out, out_stride, n_w);
     return;
   }
+  const __mmask16 lanes = avx512::first16(n_w);
   auto rows = [&]<weight_type WT>() {
     if constexpr (WT != weight_type::q6_k) {
       if (n_act == k_packed_max_act_rows) {
-        packed_tile<WT, k_packed_max_act_rows>(panel, cols, codes, aux, out, out_stride, lanes);
+        packed_tile<WT, k_packed_max_act_rows>(panel, cols, tiled_codes, tiled_aux, n_act, out, out_stride, lanes);
         return;
       }
     }
-    const auto aux_per_row = static_cast<int64_t>(panel_act_aux_floats(wt, cols, 1));
     for (int r0 = 0; r0 < n_act; r0 += k_panel_max_act_rows) {
       avx512::with_act_rows(std::min(k_panel_max_act_rows, n_act - r0), [&]<int R>() {
-        packed_tile<WT, R>(panel, cols, codes + r0 * cols, aux + r0 * aux_per_row, out + r0 * out_stride, out_stride, lanes);
+        packed_tile<WT, R>(panel, cols, tiled_codes + r0 * 32, tiled_aux + r0 * k_panel_aux_per_sub, n_act,
+                           out + r0 * out_stride, out_stride, lanes);
       });
     }
   };
@@ -111,27 +113,48 @@ void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const
     case weight_type::q8_0: return rows.template operator()<weight_type::q8_0>();
     case weight_type::q4_k: return rows.template operator()<weight_type::q4_k>();
     case weight_type::q6_k: return rows.template operator()<weight_type::q6_k>();
-    case weight_type::q4_1: {
+    case weight_type::q4_1:
       if (order == sum_order::tile) return rows.template operator()<weight_type::q4_1>();
-      constexpr size_t ub = unit_bytes<weight_type::q4_1>();
-      const __m512i low4 = _mm512_set1_epi8(0x0F);
-      avx512::ggml_order_rows(
-          cols / 32, codes, cols, aux, n_act, out, out_stride, lanes,
-          [&](int64_t b, int g) {
-            const uint8_t* unit = panel + b * ub;
-            const __m512i z = avx512::load64(unit + 64 * (g % 4));
-            return g < 4 ? _mm512_and_si512(z, low4) : _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
-          },
-          [&](int64_t b, __m512& d, __m512& m) {
-            const uint8_t* unit = panel + b * ub;
-            for (size_t l = 0; l < ub; l += 64) avx512::prefetch(unit, k_prefetch_ahead + l);
-            d = f16x16(unit + 256);
-            m = f16x16(unit + 256 + 2 * R16);
-          });
       return;
-    }
     default:
       return;
+  }
+}
+
+void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
+                       int n_act, float* out, int64_t out_stride, int n_w, bool allow_gfni, sum_order order) {
+  if (wt == weight_type::q4_1 && order == sum_order::ggml) {
+    constexpr size_t ub = unit_bytes<weight_type::q4_1>();
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    avx512::ggml_order_rows(
+        cols / 32, codes, cols, aux, n_act, out, out_stride, avx512::first16(n_w),
+        [&](int64_t b, int g) {
+          const uint8_t* unit = panel + b * ub;
+          const __m512i z = avx512::load64(unit + 64 * (g % 4));
+          return g < 4 ? _mm512_and_si512(z, low4) : _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
+        },
+        [&](int64_t b, __m512& d, __m512& m) {
+          const uint8_t* unit = panel + b * ub;
+          for (size_t l = 0; l < ub; l += 64) avx512::prefetch(unit, k_prefetch_ahead + l);
+          d = f16x16(unit + 256);
+          m = f16x16(unit + 256 + 2 * R16);
+        });
+    return;
+  }
+  if (n_act == 1) {  // one row's tiled form is its panel_acts form
+    packed_dot_tiled_avx512(wt, panel, cols, codes, aux, 1, out, out_stride, n_w, allow_gfni, order);
+    return;
+  }
+  thread_local std::vector<int8_t> tiled_codes;
+  thread_local std::vector<float> tiled_aux;
+  const auto aux_per_row = static_cast<int64_t>(panel_act_aux_floats(wt, cols, 1));
+  for (int r0 = 0; r0 < n_act; r0 += k_packed_max_act_rows) {
+    const int n = std::min(k_packed_max_act_rows, n_act - r0);
+    tiled_codes.resize(static_cast<size_t>(n * cols));
+    tiled_aux.resize(static_cast<size_t>(n * aux_per_row));
+    tile_packed_acts(wt, cols, codes + r0 * cols, aux + r0 * aux_per_row, n, tiled_codes.data(), tiled_aux.data());
+    packed_dot_tiled_avx512(wt, panel, cols, tiled_codes.data(), tiled_aux.data(), n, out + r0 * out_stride, out_stride, n_w,
+                            allow_gfni, order);
   }
 }
 

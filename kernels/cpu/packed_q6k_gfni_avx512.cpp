@@ -8,14 +8,13 @@
 
 namespace tandem::kernels::cpu {
 
-void packed_dot_q6k_gfni_avx512(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act,
-                                float* out, int64_t out_stride, int n_w) {
+void packed_dot_q6k_gfni_avx512(const uint8_t* panel, int64_t cols, const int8_t* tiled_codes, const float* tiled_aux,
+                                int n_act, float* out, int64_t out_stride, int n_w) {
   const __mmask16 lanes = avx512::first16(n_w);
-  const auto aux_per_row = static_cast<int64_t>(panel_act_aux_floats(weight_type::q6_k, cols, 1));
   for (int r0 = 0; r0 < n_act; r0 += k_panel_max_act_rows) {
     avx512::with_act_rows(std::min(k_panel_max_act_rows, n_act - r0), [&]<int R>() {
-      packed_tile<weight_type::q6_k, R, true>(panel, cols, codes + r0 * cols, aux + r0 * aux_per_row, out + r0 * out_stride,
-                                              out_stride, lanes);
+      packed_tile<weight_type::q6_k, R, true>(panel, cols, tiled_codes + r0 * 32, tiled_aux + r0 * k_panel_aux_per_sub, n_act,
+                                              out + r0 * out_stride, out_stride, lanes);
     });
   }
 }

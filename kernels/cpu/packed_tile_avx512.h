@@ -73,9 +73,13 @@ static inline __m512i q6_pair_gfni(__m512i h, int q) {
 // as one more FMA per sub-block; packed_avx512.cpp has ggml's). GFNI:
 // Q6_K's codes are assembled with gf2p8affine + one bit select instead of shifts, masks and ors.
 // R is 1..8, or k_packed_max_act_rows for every type but Q6_K (whose two sums per chunk would
-// not fit the registers).
+// not fit the registers). The activations are in the tiled form of tile_packed_acts for a group
+// of `group` rows, codes and aux starting at this call's first row: every byte and scale the
+// pass reads lies at a fixed distance from one pointer per chunk (with one pointer per row, 16
+// rows ran out of general registers and the compiler parked pointers in vector registers,
+// whose moves took the vector ports: 95 cycles per chunk against 82 tiled).
 template <weight_type WT, int R, bool GFNI = false>
-void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, float* out,
+void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int group, float* out,
                  int64_t out_stride, __mmask16 lanes) {
   static_assert(R <= k_panel_max_act_rows || (R == k_packed_max_act_rows && WT != weight_type::q6_k));
   // Two integer sums per row below 8 rows; one from 16 on, where a pass over all rows takes
@@ -86,7 +90,6 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
   constexpr int sub = WT == weight_type::q6_k ? 16 : 32;
   constexpr size_t ub = unit_bytes<WT>();
   constexpr bool k_offset = WT == weight_type::q4_0 || WT == weight_type::q8_0 || WT == weight_type::q6_k;
-  const int64_t nsub = cols / sub;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   __m512 f[R];
   TANDEM_UNROLL for (int r = 0; r < R; ++r) f[r] = _mm512_setzero_ps();
@@ -115,9 +118,9 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
       __m512i acc0[R], acc1[k_split || WT == weight_type::q6_k ? R : 1];
       TANDEM_UNROLL for (int r = 0; r < R; ++r) {
         if constexpr (k_offset) {
-          const float* x = aux + (r * nsub + col0 / sub) * k_panel_aux_per_sub;
+          const float* x = aux + ((col0 / sub) * group + r) * k_panel_aux_per_sub;
           acc0[r] = _mm512_set1_epi32(offset_term(x));
-          if constexpr (WT == weight_type::q6_k) acc1[r] = _mm512_set1_epi32(offset_term(x + k_panel_aux_per_sub));
+          if constexpr (WT == weight_type::q6_k) acc1[r] = _mm512_set1_epi32(offset_term(x + group * k_panel_aux_per_sub));
           else if constexpr (k_split) acc1[r] = _mm512_setzero_si512();
         } else {
           acc0[r] = _mm512_setzero_si512();
@@ -146,7 +149,7 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
           }
         }
         TANDEM_UNROLL for (int r = 0; r < R; ++r) {
-          const int8_t* a = codes + r * cols + col0;
+          const int8_t* a = codes + (col0 / 32 * group + r) * 32;
           if constexpr (WT == weight_type::q8_0) {
             const __m512i b = _mm512_set1_epi32(act4(a + 4 * q));
             if constexpr (k_split) {
@@ -166,7 +169,7 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
       // Scales and mins of the chunk's sub-blocks, then the float update per row.
       auto update = [&](const __m512i (&acc)[R], __m512 scale, __m512 min, int64_t s) {
         TANDEM_UNROLL for (int r = 0; r < R; ++r) {
-          const float* x = aux + (r * nsub + s) * k_panel_aux_per_sub;
+          const float* x = aux + (s * group + r) * k_panel_aux_per_sub;
           const __m512 t = _mm512_maskz_cvtepi32_ps(k_all16, acc[r]);
           f[r] = _mm512_fmadd_ps(t, _mm512_mul_ps(scale, _mm512_set1_ps(x[0])), f[r]);
           if constexpr (!k_offset) f[r] = _mm512_fmadd_ps(min, _mm512_set1_ps(x[1]), f[r]);

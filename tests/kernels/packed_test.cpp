@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -188,6 +189,37 @@ TEST_CASE("a packed product's row has the same bits however many rows share the 
         }
       }
     }
+  }
+}
+
+TEST_CASE("tile_packed_acts lays codes chunk by chunk and aux sub-block by sub-block") {
+  for (const weight_type wt : {weight_type::q4_0, weight_type::q6_k}) {
+    CAPTURE(display_name(wt));
+    const int64_t cols = 512;
+    const int n = 5;
+    const int sub = panel_sub_elems(wt);
+    const auto per_row = static_cast<int64_t>(panel_act_aux_floats(wt, cols, 1));
+    std::vector<int8_t> codes(static_cast<size_t>(n * cols));
+    std::vector<float> aux(static_cast<size_t>(n * per_row));
+    for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<int8_t>(i * 7 + 3);
+    for (size_t i = 0; i < aux.size(); ++i) aux[i] = static_cast<float>(i) + 0.5f;
+    std::vector<int8_t> tc(codes.size());
+    std::vector<float> ta(aux.size());
+    tile_packed_acts(wt, cols, codes.data(), aux.data(), n, tc.data(), ta.data());
+    for (int r = 0; r < n; ++r) {
+      for (int64_t c = 0; c < cols; ++c)
+        REQUIRE(tc[static_cast<size_t>(((c / 32) * n + r) * 32 + c % 32)] == codes[static_cast<size_t>(r * cols + c)]);
+      for (int64_t s = 0; s < cols / sub; ++s)
+        for (int k = 0; k < k_panel_aux_per_sub; ++k)
+          REQUIRE(ta[static_cast<size_t>((s * n + r) * k_panel_aux_per_sub + k)] ==
+                  aux[static_cast<size_t>(r * per_row + s * k_panel_aux_per_sub + k)]);
+    }
+    // One row's tiled form is its panel form.
+    std::vector<int8_t> one(static_cast<size_t>(cols));
+    std::vector<float> one_aux(static_cast<size_t>(per_row));
+    tile_packed_acts(wt, cols, codes.data(), aux.data(), 1, one.data(), one_aux.data());
+    CHECK(std::equal(one.begin(), one.end(), codes.begin()));
+    CHECK(std::equal(one_aux.begin(), one_aux.end(), aux.begin()));
   }
 }
 
