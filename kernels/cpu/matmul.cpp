@@ -106,8 +106,11 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
     p.panel = p.packed || (panel_path && panel_supported(job.wt) && n_x >= panel_min_act_rows(job.wt));
     p.panel_slot = 0;
     if (p.panel) {
+      // The offset term panel_acts writes depends on the weight type (Q4_0 8, Q8_0 128, ...):
+      // a Q8_0 job reading a Q4_0 job's form would start every integer dot wrong.
       auto same_form = [&](weight_type o) {
-        return activation_type(o) == kernel.act && panel_sub_elems(o) == panel_sub_elems(job.wt);
+        return activation_type(o) == kernel.act && panel_sub_elems(o) == panel_sub_elems(job.wt) &&
+               panel_code_offset(o) == panel_code_offset(job.wt);
       };
       while (p.panel_slot < n_panel_slots && !same_form(panel_types[p.panel_slot])) ++p.panel_slot;
       if (p.panel_slot == n_panel_slots) panel_types[n_panel_slots++] = job.wt;

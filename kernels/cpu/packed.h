@@ -49,7 +49,7 @@ void dequantize_packed_row(weight_type wt, const void* packed, int64_t cols, int
 // The float order of a packed Q4_1 product on the AVX-512 path (the other types have one):
 //  - ggml: ggml's x86 order, bit for bit the row kernels and llama.cpp (8 float lanes per
 //    row, so a pass carries 2 activation rows): what `tandem run` computes;
-//  - tile: the tile kernel's, one accumulator per row and sub-block as for Q4_0, up to 8 rows
+//  - tile: the tile kernel's, one accumulator per row and sub-block as for Q4_0, up to 16 rows
 //    a pass; within float rounding of ggml's (the server's arithmetic, set_prompt_end).
 // Either way a row's result does not depend on the other rows of the call.
 enum class sum_order { ggml, tile };
@@ -62,8 +62,8 @@ inline constexpr int k_packed_max_act_rows = 16;
 
 // Products over packed panels: out[r * out_stride + o] = dot(row o of the panel at `panel`,
 // activation row r) for r < n_act, o < n_w (1..16). Activations in panel.h's form
-// (panel_acts: int8 codes, per sub-block {da, da * sum, offset term}). The AVX-512 kernel carries up to
-// k_packed_max_act_rows rows per call; the reference any number.
+// (panel_acts: int8 codes, per sub-block {da, da * sum, offset term}). Both take any number of
+// rows.
 void packed_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
                     int n_act, float* out, int64_t out_stride, int n_w);
 // allow_gfni: Q6_K takes the GFNI kernel where the CPU has GFNI (the same results bit for

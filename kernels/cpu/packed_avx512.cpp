@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cstring>
 #include <vector>
 
@@ -89,6 +90,7 @@ void expand_packed_avx512(weight_type wt, const uint8_t* packed, int64_t cols, u
 void packed_dot_tiled_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* tiled_codes,
                              const float* tiled_aux, int n_act, float* out, int64_t out_stride, int n_w, bool allow_gfni,
                              sum_order order) {
+  assert(!(wt == weight_type::q4_1 && order == sum_order::ggml) && "ggml-order Q4_1 reads panel_acts rows");
   if (wt == weight_type::q6_k && allow_gfni && cpu_has_gfni()) {
     packed_dot_q6k_gfni_avx512(panel, cols, tiled_codes, tiled_aux, n_act, out, out_stride, n_w);
     return;

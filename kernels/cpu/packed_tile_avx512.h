@@ -82,8 +82,8 @@ template <weight_type WT, int R, bool GFNI = false>
 void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int group, float* out,
                  int64_t out_stride, __mmask16 lanes) {
   static_assert(R <= k_panel_max_act_rows || (R == k_packed_max_act_rows && WT != weight_type::q6_k));
-  // Two integer sums per row below 8 rows; one from 16 on, where a pass over all rows takes
-  // longer than one sum's chain of 8 latencies and the registers hold no second set.
+  // Two integer sums per row up to 8 rows; one at 16, where a pass over all rows takes longer
+  // than one sum's chain of 8 latencies and the registers hold no second set.
   constexpr bool k_split = R <= k_panel_max_act_rows && WT != weight_type::q6_k;
   constexpr bool k_quant = WT == weight_type::q4_k || WT == weight_type::q6_k;
   constexpr int64_t uc = k_quant ? 256 : 32;

