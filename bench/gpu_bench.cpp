@@ -180,6 +180,7 @@ void measure_resident(const models::model& m, const gpu_bench_options& o, const 
     }
     decode.push_back(static_cast<double>(o.gen) / seconds_since(t0));
   }
+  f.decode_cuda_graphs = fwd.graphs_enabled();
   f.prefill_tok_s = median_of(prefill);
   f.decode_tok_s = median_of(decode);
   f.decode_gb_s = static_cast<double>(f.decode_bytes_per_token) * f.decode_tok_s / 1e9;
@@ -307,6 +308,7 @@ nlohmann::json to_json(const gpu_bench_figures& f) {
   j["decode_tok_s"] = f.decode_tok_s;
   j["decode_gb_s"] = f.decode_gb_s;
   j["d2d_gb_s"] = f.d2d_gb_s;
+  j["decode_cuda_graphs"] = f.decode_cuda_graphs;
   j["swap_in_vs_ceiling"] = f.swap_in_vs_ceiling();
   j["decode_vs_roofline"] = f.decode_vs_roofline();
   j["pipelined_vs_sequential"] = f.pipelined_vs_sequential();
@@ -334,6 +336,11 @@ gpu_bench_figures gpu_figures_from_json(const nlohmann::json& j) {
   read(j, "decode_tok_s", f.decode_tok_s);
   read(j, "decode_gb_s", f.decode_gb_s);
   read(j, "d2d_gb_s", f.d2d_gb_s);
+  // Absent from figures written before it was added.
+  if (const auto it = j.find("decode_cuda_graphs"); it != j.end()) {
+    if (!it->is_boolean()) throw std::invalid_argument("bench gpu: 'decode_cuda_graphs' must be true or false");
+    f.decode_cuda_graphs = it->get<bool>();
+  }
   return f;
 }
 
@@ -370,6 +377,7 @@ std::string format_gpu_table(std::span<const gpu_bench_figures> runs) {
   add("pipelined / sequential", "", [&](F f) { return num("%.2f", f.pipelined_vs_sequential()); });
   add("prefill", "tok/s", [&](F f) { return num("%.1f", f.prefill_tok_s); });
   add("decode", "tok/s", [&](F f) { return num("%.1f", f.decode_tok_s); });
+  add("decode from CUDA graphs", "", [](F f) { return std::string(f.decode_cuda_graphs ? "yes" : "no"); });
   add("decode weight reads", "GB/s", [&](F f) { return num("%.1f", f.decode_gb_s); });
   add("d2d copy roofline", "GB/s", [&](F f) { return num("%.1f", f.d2d_gb_s); });
   add(fmt("decode / roofline (Q4_K >= %.2f)", k_q4k_decode_target), "", [&](F f) { return num("%.2f", f.decode_vs_roofline()); });

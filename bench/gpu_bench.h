@@ -51,6 +51,7 @@ struct gpu_bench_figures {
   double decode_tok_s = 0;         // resident: gen / seconds of gen one-token evals, greedy on the CPU
   double decode_gb_s = 0;          // decode_bytes_per_token * decode_tok_s
   double d2d_gb_s = 0;             // device -> device copy: 2 * bytes / seconds (read and write)
+  bool decode_cuda_graphs = false;  // decode replayed CUDA graphs (not turned off, no capture refused)
 
   // Medians divided (0 when the divisor is 0).
   double swap_in_vs_ceiling() const;        // swap_in_gb_s / memcpy_ceiling_gb_s

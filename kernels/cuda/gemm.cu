@@ -56,6 +56,7 @@ gemm::~gemm() {
 }
 
 size_t gemm::scratch_bytes(int64_t rows, int64_t cols, int64_t n_x) {
+  if (n_x <= k_matvec_max_rows) return matvec_q8_scratch_bytes(cols, n_x);
   return round_up(static_cast<size_t>(rows) * static_cast<size_t>(cols) * 2) +
          round_up(static_cast<size_t>(n_x) * static_cast<size_t>(cols) * 2);
 }
@@ -63,7 +64,10 @@ size_t gemm::scratch_bytes(int64_t rows, int64_t cols, int64_t n_x) {
 void gemm::run(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
                void* scratch, size_t scratch_size) {
   if (n_x <= k_matvec_max_rows) {
-    matvec(wt, w, rows, cols, x, n_x, y, s_);
+    if (matvec_q8_supports(wt) && scratch && scratch_size >= matvec_q8_scratch_bytes(cols, n_x))
+      matvec_q8(wt, w, rows, cols, x, n_x, y, scratch, scratch_size, s_);
+    else
+      matvec(wt, w, rows, cols, x, n_x, y, s_);
     return;
   }
   require(device_kind::cuda, op::matmul, wt);

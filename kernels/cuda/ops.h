@@ -23,10 +23,27 @@ using stream_t = CUstream_st*;  // the same type as cudaStream_t; null is the le
 // Decode: y[r * rows + o] = sum_i W[o, i] * x[r * cols + i] for r < n_x <= k_matvec_max_rows,
 // reading each weight block once for all n_x rows and dequantizing it in registers (no
 // temporary copy of the weights). W is `rows` GGUF rows of `cols` elements of `wt` (file
-// layout); x is f32 (not quantized: the CUDA path keeps activations in f32).
+// layout); x is f32 and stays f32 (matvec_q8 below quantizes it).
 inline constexpr int64_t k_matvec_max_rows = 8;
 void matvec(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
             stream_t s);
+
+// The same product on integer dot products: x is first quantized to int8 per 32 values (scale
+// amax / 127, as the CPU's Q8_0 activations) into `scratch`, then each weight part is
+// multiplied four codes at a time (dp4a) and scaled once per sub-block, as llama.cpp's MMVQ.
+// About one instruction per weight instead of six, which is what decode is bound by on a
+// large GPU. Types: matvec_q8_supports (Q8_0, Q4_0, Q4_K, Q6_K); scratch is device memory of
+// at least matvec_q8_scratch_bytes(cols, n_x) bytes, 16-byte aligned.
+bool matvec_q8_supports(weight_type wt);
+size_t matvec_q8_scratch_bytes(int64_t cols, int64_t n_x);
+void matvec_q8(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
+               void* scratch, size_t scratch_size, stream_t s);
+// matvec_q8 in two steps, for several matrices over the same activations (Q, K and V; gate
+// and up): quantize_q8 fills scratch once, and each matvec_q8_quantized reads it. The int8
+// form does not depend on the weight type, so the matrices may differ in type.
+void quantize_q8(const float* x, int64_t n_x, int64_t cols, void* scratch, size_t scratch_size, stream_t s);
+void matvec_q8_quantized(weight_type wt, const void* w, int64_t rows, int64_t cols, const void* xq_scratch, int64_t n_x,
+                         float* y, stream_t s);
 
 // W (n_elems elements of wt, whole blocks) converted to f16 (IEEE half bits) into out.
 void dequantize_f16(weight_type wt, const void* w, int64_t n_elems, uint16_t* out, stream_t s);
@@ -41,8 +58,10 @@ class gemm {
   gemm(const gemm&) = delete;
   gemm& operator=(const gemm&) = delete;
 
+  // Up to k_matvec_max_rows rows: matvec_q8's int8 activations; more: the f16 copies of W and x.
   static size_t scratch_bytes(int64_t rows, int64_t cols, int64_t n_x);
-  // y as matvec gives it, for any n_x >= 1 (n_x <= k_matvec_max_rows takes matvec).
+  // y = W x for any n_x >= 1. Up to k_matvec_max_rows rows take matvec_q8 for the types it
+  // has, when scratch holds matvec_q8_scratch_bytes(cols, n_x), and matvec otherwise.
   void run(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
            void* scratch, size_t scratch_bytes);
   stream_t stream() const { return s_; }

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "kernels/op_table.h"
@@ -100,7 +103,8 @@ gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_res
   row_pos_.resize(static_cast<size_t>(max_rows));
   const int64_t out_rows = p.n_seq;  // eval outputs one row, decode one per sequence
   pos_.assign(static_cast<size_t>(p.n_seq), 0);
-  graphs_ = p.cuda_graphs;
+  const char* graphs_env = std::getenv("TANDEM_CUDA_GRAPHS");
+  graphs_ = p.cuda_graphs && !(graphs_env && std::string_view(graphs_env) == "0");
   rope_ = rope_params_of(c, m.weights());
 
   d_ = std::make_unique<device_state>(stream_.get());
@@ -182,6 +186,16 @@ gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_res
     for (const matrix_at* mat : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
       scratch = std::max(scratch, cu::gemm::scratch_bytes(mat->view.rows, mat->view.cols, max_rows));
   }
+  // Decode-sized passes: the integer matvec's int8 activations, for the widest input.
+  int64_t widest = 0;
+  for (const auto& piece : plan.output) widest = std::max(widest, piece.m.view.cols);
+  if (!plan.layers.empty()) {
+    const auto& l = plan.layers.front();
+    for (const matrix_at* mat : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+      widest = std::max(widest, mat->view.cols);
+  }
+  const int64_t decode_rows = std::min<int64_t>(std::max(max_rows, out_rows), cu::k_matvec_max_rows);
+  scratch = std::max(scratch, cu::matvec_q8_scratch_bytes(widest, decode_rows));
   d.gemm_scratch = cu::device_buffer(scratch);
   d.logits = cu::device_buffer(static_cast<size_t>(out_rows * n_vocab_) * sizeof(float));
   if (plan.output.size() > 1) d.head = cu::device_buffer(static_cast<size_t>(out_rows * largest_piece) * sizeof(float));
@@ -452,6 +466,21 @@ void gpu_forward::body(int64_t n, const int64_t* out_rows, int64_t n_out) {
   auto mat = [&](const weight_view& w, const float* x, int64_t n_x, float* y) {
     d.gemm.run(w.type, w.data, w.rows, w.cols, x, n_x, y, d.gemm_scratch.get(), d.gemm_scratch.size());
   };
+  // Products over the same activations (Q, K, V; gate and up). A decode-sized pass whose
+  // matrices all have the integer matvec quantizes the activations once for them (one launch
+  // instead of three); the results are those of separate products, bit for bit.
+  auto mats = [&](const float* x, int64_t n_x, std::initializer_list<std::pair<const weight_view*, float*>> products) {
+    bool shared = n_x <= cu::k_matvec_max_rows;
+    const int64_t cols = products.begin()->first->cols;
+    for (const auto& [w, y] : products) shared = shared && cu::matvec_q8_supports(w->type) && w->cols == cols;
+    if (shared && d.gemm_scratch.size() >= cu::matvec_q8_scratch_bytes(cols, n_x)) {
+      cu::quantize_q8(x, n_x, cols, d.gemm_scratch.get(), d.gemm_scratch.size(), s);
+      for (const auto& [w, y] : products)
+        cu::matvec_q8_quantized(w->type, w->data, w->rows, w->cols, d.gemm_scratch.get(), n_x, y, s);
+      return;
+    }
+    for (const auto& [w, y] : products) mat(*w, x, n_x, y);
+  };
 
   const float attn_scale = 1.0f / std::sqrt(static_cast<float>(hd));
   // Streaming with a prefetch depth of 1 or more (so at least two stream slots): layer l's
@@ -479,9 +508,7 @@ void gpu_forward::body(int64_t n, const int64_t* out_rows, int64_t n_out) {
     const layer_weights L = bind_layer(plan.layers[static_cast<size_t>(l)], last_base);
 
     cu::rms_norm(d.x, L.attn_norm, d.xb, n, D, c.rms_eps, s);
-    mat(L.wq, d.xb, n, d.q);
-    mat(L.wk, d.xb, n, d.k);
-    mat(L.wv, d.xb, n, d.v);
+    mats(d.xb, n, {{&L.wq, d.q}, {&L.wk, d.k}, {&L.wv, d.v}});
     if (L.bq) cu::add_rows(d.q, L.bq, n, Q, s);
     if (L.bk) cu::add_rows(d.k, L.bk, n, KV, s);
     if (L.bv) cu::add_rows(d.v, L.bv, n, KV, s);
@@ -508,8 +535,7 @@ void gpu_forward::body(int64_t n, const int64_t* out_rows, int64_t n_out) {
     cu::add(d.x, d.xb, n * D, s);
 
     cu::rms_norm(d.x, L.ffn_norm, d.xb, n, D, c.rms_eps, s);
-    mat(L.w_gate, d.xb, n, d.gate);
-    mat(L.w_up, d.xb, n, d.up);
+    mats(d.xb, n, {{&L.w_gate, d.gate}, {&L.w_up, d.up}});
     cu::swiglu(d.gate, d.up, n * F, s);
     mat(L.w_down, d.gate, n, d.xb);
     cu::add(d.x, d.xb, n * D, s);

@@ -37,6 +37,7 @@ struct gpu_context_params {
   memory::kv_pool* kv_pool = nullptr;
   // Replay decode-sized passes (up to kernels::cuda::k_matvec_max_rows rows, resident
   // weights) from CUDA graphs captured on first use: one launch instead of hundreds.
+  // TANDEM_CUDA_GRAPHS=0 in the environment turns them off too (to measure what they save).
   bool cuda_graphs = true;
 };
 
@@ -82,6 +83,9 @@ class gpu_forward final : public forward_pass {
   // Device bytes this object allocated: uploaded weights (resident), KV, activations, scratch.
   uint64_t device_bytes() const;
   kernels::cuda::stream_t stream() const { return stream_.get(); }
+  // Whether decode-sized passes replay CUDA graphs: false when turned off, or once the driver
+  // refused a capture (the passes then launch kernel by kernel).
+  bool graphs_enabled() const { return graphs_; }
 
  private:
   struct device_state;

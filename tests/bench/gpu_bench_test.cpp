@@ -36,13 +36,14 @@ bench::gpu_bench_figures fixed(const std::string& type) {
   f.decode_tok_s = 4800;
   f.decode_gb_s = 2400;
   f.d2d_gb_s = 4000;
+  f.decode_cuda_graphs = true;
   return f;
 }
 
 const char* const k_fields[] = {"device", "model", "type", "model_bytes", "decode_bytes_per_token", "segments", "prompt", "gen",
                                  "reps", "pinned_h2d_gb_s", "memcpy_ceiling_gb_s", "swap_in_s", "swap_in_gb_s",
                                  "first_token_ms_pipelined", "first_token_ms_sequential", "prefill_tok_s", "decode_tok_s",
-                                 "decode_gb_s", "d2d_gb_s"};
+                                 "decode_gb_s", "d2d_gb_s", "decode_cuda_graphs"};
 const char* const k_ratios[] = {"swap_in_vs_ceiling", "decode_vs_roofline", "pipelined_vs_sequential"};
 
 }  // namespace
@@ -80,6 +81,14 @@ TEST_SUITE("bench_gpu") {
       j["model_bytes"] = -1;
       CHECK_THROWS_WITH_AS(bench::gpu_figures_from_json(j), doctest::Contains("'model_bytes'"), std::invalid_argument);
     }
+    SUBCASE("figures written before decode_cuda_graphs read it as false") {
+      j.erase("decode_cuda_graphs");
+      CHECK_FALSE(bench::gpu_figures_from_json(j).decode_cuda_graphs);
+    }
+    SUBCASE("decode_cuda_graphs not a boolean") {
+      j["decode_cuda_graphs"] = 1;
+      CHECK_THROWS_WITH_AS(bench::gpu_figures_from_json(j), doctest::Contains("'decode_cuda_graphs'"), std::invalid_argument);
+    }
     SUBCASE("not an object") {
       CHECK_THROWS_AS(bench::gpu_figures_from_json(nlohmann::json::array()), std::invalid_argument);
     }
@@ -109,6 +118,7 @@ TEST_SUITE("bench_gpu") {
   TEST_CASE("one table of two runs: a column each, every figure, the targets") {
     auto q4 = fixed("q4_k"), q8 = fixed("q8_0");
     q8.decode_gb_s = 3000;
+    q8.decode_cuda_graphs = false;
     q8.swap_in_gb_s = 40;  // 0.80: misses the swap-in target
     const std::vector<bench::gpu_bench_figures> runs{q4, q8};
     const auto t = bench::format_gpu_table(runs);
@@ -124,6 +134,8 @@ TEST_SUITE("bench_gpu") {
       CAPTURE(s);
       CHECK(t.find(s) != std::string::npos);
     }
+    const auto graphs = t.substr(t.find("\ndecode from CUDA graphs") + 1);
+    CHECK(graphs.substr(0, graphs.find('\n')).find("yes") < graphs.substr(0, graphs.find('\n')).find("no"));
     // The targets row: the Q4_K run meets both, the Q8_0 run misses swap-in.
     const auto targets = t.substr(t.find("\ntargets") + 1);
     CHECK(targets.find("met") < targets.find("missed: swap-in"));

@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <cstring>
 
 #if defined(TANDEM_HAVE_CUDA)
 
@@ -130,6 +131,30 @@ std::vector<double> cpu_conversion_bound(const weights& w, const std::vector<flo
 }
 
 
+// matvec_q8 rounds each activation to a step of amax/127 of its 32 (amax over those 32): per
+// output, sum_i |W[o, i]| * half a step, with a hair for the f32 scale's own rounding.
+constexpr double k_q8_x_rel = 0.5 / 127 * 1.0001;
+std::vector<double> q8_conversion_bound(const weights& w, const std::vector<float>& x, int64_t n_x) {
+  std::vector<double> e(size_t(n_x * w.cols));
+  for (size_t i = 0; i < e.size(); i += 32) {
+    double amax = 0;
+    for (size_t j = i; j < i + 32; ++j) amax = std::max(amax, std::fabs(double(x[j])));
+    for (size_t j = i; j < i + 32; ++j) e[j] = k_q8_x_rel * amax;
+  }
+  std::vector<double> out(size_t(n_x * w.rows), 0.0);
+  for (int64_t r = 0; r < n_x; ++r)
+    for (int64_t o = 0; o < w.rows; ++o) {
+      double s = 0;
+      for (int64_t i = 0; i < w.cols; ++i) s += std::fabs(double(w.wd[size_t(o * w.cols + i)])) * e[size_t(r * w.cols + i)];
+      out[size_t(r * w.rows + o)] = s;
+    }
+  return out;
+}
+
+// matvec_q8's own float error beyond the activation rounding, as a fraction of sum_i |W x|:
+// per-part integer sums are exact; the scale products and some hundreds of f32 adds remain.
+constexpr double k_q8_accumulation = 1e-5;
+
 }  // namespace
 
 TEST_SUITE("gpu_matmul") {
@@ -181,6 +206,108 @@ TEST_SUITE("gpu_matmul") {
     }
   }
 
+  TEST_CASE("matvec_q8 (int8 activations, dp4a) is within its activation rounding of the exact product and the CPU's") {
+    if (!device_or_skip()) return;
+    cu::stream s;
+    uint32_t seed = 700;
+    int types = 0;
+    for (const weight_type t : cuda_types(tandem::kernels::op::matvec)) {
+      if (!cu::matvec_q8_supports(t)) continue;
+      ++types;
+      const auto& b = bounds_of(t);
+      double margin_exact = 0, margin_cpu = 0;
+      const auto cols_list = cols_for(t);
+      std::vector<std::pair<int64_t, int64_t>> shapes;  // (rows, cols)
+      for (const int64_t c : cols_list)
+        for (const int64_t r : {1, 7, 67}) shapes.push_back({r, c});
+      shapes.push_back({1031, cols_list[1]});
+      shapes.push_back({259, cols_list.back()});
+      for (const auto& [rows, cols] : shapes) {
+        const weights w = make_weights(t, rows, cols, ++seed);
+        const auto x = gaussian(size_t(cu::k_matvec_max_rows * cols), seed + 5000);
+        dev_array<uint8_t> dw(w.q, s);
+        dev_array<float> dx(x, s);
+        for (const int64_t n_x : {1, 3, 8}) {
+          CAPTURE(display_name(t));
+          CAPTURE(rows);
+          CAPTURE(cols);
+          CAPTURE(n_x);
+          const size_t need = cu::matvec_q8_scratch_bytes(cols, n_x);
+          cu::device_buffer scratch(need);
+          dev_array<float> dy(size_t(n_x * rows), s);
+          cu::matvec_q8(t, dw.get(), rows, cols, dx.get(), n_x, dy.get(), scratch.get(), need, s.get());
+          const auto y = dy.read();
+          std::vector<double> ref, mag;
+          reference_product(w, x, n_x, ref, mag);
+          const auto conv = q8_conversion_bound(w, x, n_x);
+          double worst = 0;
+          for (size_t i = 0; i < y.size(); ++i)
+            worst = std::max(worst, std::fabs(y[i] - ref[i]) / (conv[i] + k_q8_accumulation * mag[i] + 1e-30));
+          CHECK(worst <= 1.0);
+          margin_exact = std::max(margin_exact, worst);
+          // The CPU twin rounds x its own way (act_quant.h): both roundings may add up.
+          std::vector<float> yc(y.size());
+          cpu::matmul(t, w.q.data(), rows, cols, x.data(), n_x, yc.data(), nullptr);
+          const auto conv_cpu = cpu_conversion_bound(w, x, n_x, b);
+          double worst_cpu = 0;
+          for (size_t i = 0; i < y.size(); ++i)
+            worst_cpu = std::max(worst_cpu, std::fabs(double(y[i]) - yc[i]) /
+                                                (conv[i] + conv_cpu[i] + (k_q8_accumulation + k_cpu_accumulation) * mag[i] +
+                                                 1e-30));
+          CHECK(worst_cpu <= 1.0);
+          margin_cpu = std::max(margin_cpu, worst_cpu);
+          // Each activation row's result does not depend on the others sharing the call.
+          if (n_x == 3) {
+            dev_array<float> dx1(std::vector<float>(x.begin() + cols, x.begin() + 2 * cols), s);
+            dev_array<float> dy1(size_t(rows), s);
+            cu::matvec_q8(t, dw.get(), rows, cols, dx1.get(), 1, dy1.get(), scratch.get(), need, s.get());
+            const auto y1 = dy1.read();
+            CHECK(std::equal(y1.begin(), y1.end(), y.begin() + rows));
+          }
+        }
+      }
+      MESSAGE("matvec_q8 " << display_name(t) << ": " << margin_exact << " of its bound, " << margin_cpu
+                           << " of the bound against the CPU");
+    }
+    CHECK(types == 4);
+
+    // One quantize_q8 shared by matrices of different types gives each the bits of its own
+    // matvec_q8.
+    {
+      const int64_t cols = 512, n_x = 5;
+      const auto x = gaussian(size_t(n_x * cols), 77);
+      dev_array<float> dx(x, s);
+      const size_t need = cu::matvec_q8_scratch_bytes(cols, n_x);
+      cu::device_buffer shared(need), own(need);
+      cu::quantize_q8(dx.get(), n_x, cols, shared.get(), need, s.get());
+      uint32_t wseed = 900;
+      for (const weight_type t : {weight_type::q4_k, weight_type::q6_k, weight_type::q8_0, weight_type::q4_0}) {
+        CAPTURE(display_name(t));
+        const weights w = make_weights(t, 33, cols, ++wseed);
+        dev_array<uint8_t> dw(w.q, s);
+        dev_array<float> y_shared(size_t(n_x * 33), s), y_own(size_t(n_x * 33), s);
+        cu::matvec_q8_quantized(t, dw.get(), 33, cols, shared.get(), n_x, y_shared.get(), s.get());
+        cu::matvec_q8(t, dw.get(), 33, cols, dx.get(), n_x, y_own.get(), own.get(), need, s.get());
+        const auto a = y_shared.read(), b2 = y_own.read();
+        CHECK(std::memcmp(a.data(), b2.data(), a.size() * sizeof(float)) == 0);
+      }
+    }
+
+    // Refusals name what is wrong before any work.
+    const weights w = make_weights(weight_type::q4_k, 4, 256, 1);
+    dev_array<uint8_t> dw(w.q, s);
+    dev_array<float> dx(std::vector<float>(256, 1.0f), s);
+    dev_array<float> dy(4, s);
+    const size_t need = cu::matvec_q8_scratch_bytes(256, 1);
+    cu::device_buffer scratch(need);
+    CHECK_THROWS_WITH_AS(cu::matvec_q8(weight_type::q4_k, dw.get(), 4, 256, dx.get(), 1, dy.get(), scratch.get(), need - 1, s.get()),
+                         doctest::Contains("scratch"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(cu::matvec_q8(weight_type::q5_k, dw.get(), 4, 256, dx.get(), 1, dy.get(), scratch.get(), need, s.get()),
+                         doctest::Contains("supported: Q8_0, Q4_0, Q4_K, Q6_K"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(cu::matvec_q8(weight_type::q4_k, dw.get(), 4, 256, dx.get(), 9, dy.get(), scratch.get(), need, s.get()),
+                         doctest::Contains("n_x"), std::invalid_argument);
+  }
+
   TEST_CASE("gemm (cuBLAS on f16) matches a double-precision product, every CUDA type") {
     if (!device_or_skip()) return;
     cu::stream s;
@@ -195,7 +322,8 @@ TEST_SUITE("gpu_matmul") {
         const auto x = gaussian(size_t(k_max_x * cols), seed + 5000);
         dev_array<uint8_t> dw(w.q, s);
         dev_array<float> dx(x, s);
-        // 3 goes through matvec; 9 and 64 through the f16 scratch and cuBLAS.
+        // 3 goes through matvec_q8 (its types) or matvec; 9 and 64 through the f16 scratch
+        // and cuBLAS.
         for (const int64_t n_x : {3, 9, 64}) {
           CAPTURE(display_name(t));
           CAPTURE(rows);
@@ -208,9 +336,12 @@ TEST_SUITE("gpu_matmul") {
           const auto y = dy.read();
           std::vector<double> ref, mag;
           reference_product(w, x, n_x, ref, mag);
+          const bool q8 = n_x <= cu::k_matvec_max_rows && cu::matvec_q8_supports(t);
+          const auto conv_q8 = q8 ? q8_conversion_bound(w, x, n_x) : std::vector<double>(y.size(), 0.0);
           double worst = 0;
           for (size_t i = 0; i < y.size(); ++i)
-            worst = std::max(worst, std::fabs(y[i] - ref[i]) / (k_gemm_rel * mag[i] + k_gemm_abs_per_col * double(cols)));
+            worst = std::max(worst, std::fabs(y[i] - ref[i]) / (q8 ? conv_q8[i] + k_q8_accumulation * mag[i] + 1e-30
+                                                                   : k_gemm_rel * mag[i] + k_gemm_abs_per_col * double(cols)));
           CHECK(worst <= 1.0);
           std::vector<float> yc(y.size());
           cpu::matmul(t, w.q.data(), rows, cols, x.data(), n_x, yc.data(), nullptr);
@@ -218,7 +349,7 @@ TEST_SUITE("gpu_matmul") {
           double worst_cpu = 0;
           for (size_t i = 0; i < y.size(); ++i)
             worst_cpu = std::max(worst_cpu, std::fabs(double(y[i]) - yc[i]) /
-                                                (conv[i] + (k_gemm_rel + k_cpu_accumulation) * mag[i] +
+                                                (conv[i] + conv_q8[i] + (k_gemm_rel + k_cpu_accumulation) * mag[i] +
                                                  k_gemm_abs_per_col * double(cols)));
           CHECK(worst_cpu <= 1.0);
         }

@@ -88,9 +88,10 @@ double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return scale > 0 ? d / scale : d;
 }
 
-// Greedy tokens must agree; logits within `tol` of the CPU's. The CPU quantizes activations
-// to Q8 blocks for quantized weights (as llama.cpp does) while the GPU keeps them in f32 (and
-// f16 in cuBLAS GEMMs), so the tolerance depends on the weight type.
+// Greedy tokens must agree; logits within `tol` of the CPU's. For quantized weights both
+// devices quantize activations to 8 bits in blocks of 32, each its own way (the CPU's Q8_0
+// keeps an f16 scale, the GPU's matvec_q8 an f32 one; cuBLAS prefill takes f16), so two
+// independent roundings separate them, and the tolerance depends on the weight type.
 void check_close(const run_result& gpu, const run_result& cpu, double tol) {
   CHECK(gpu.tokens == cpu.tokens);
   REQUIRE(gpu.logits.size() == cpu.logits.size());
@@ -147,7 +148,7 @@ TEST_SUITE("gpu_forward") {
       const auto path = test::data_path(file).string();
       const models::model cpu_model(path);
       const models::model gpu_model(path, {.pack_weights = false});
-      check_close(gpu_greedy(gpu_model, 24), cpu_greedy(cpu_model, 24), std::string(file).find("q8") != std::string::npos ? 2e-2 : 1e-4);
+      check_close(gpu_greedy(gpu_model, 24), cpu_greedy(cpu_model, 24), std::string(file).find("q8") != std::string::npos ? 3e-2 : 1e-4);
     }
   }
 
