@@ -7,6 +7,13 @@ if(NOT TANDEM_CUDA STREQUAL "OFF")
   endif()
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
+    # The decode matvec multiplies int8 codes with dp4a, which compute capability 6.1 added.
+    foreach(arch IN LISTS TANDEM_CUDA_ARCHS)
+      string(REGEX MATCH "^[0-9]+" arch_number "${arch}")
+      if(arch_number AND arch_number LESS 61)
+        message(FATAL_ERROR "TANDEM_CUDA_ARCHS: ${arch} is older than 61 (Pascal); the CUDA kernels need dp4a")
+      endif()
+    endforeach()
     set(CMAKE_CUDA_ARCHITECTURES ${TANDEM_CUDA_ARCHS})
     # CMake 3.25 does not know nvcc's C++20 flag; CUDA sources need only C++17.
     set(CMAKE_CUDA_STANDARD 17)

@@ -64,7 +64,8 @@ size_t gemm::scratch_bytes(int64_t rows, int64_t cols, int64_t n_x) {
 void gemm::run(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
                void* scratch, size_t scratch_size) {
   if (n_x <= k_matvec_max_rows) {
-    if (matvec_q8_supports(wt) && scratch && scratch_size >= matvec_q8_scratch_bytes(cols, n_x))
+    if (matvec_q8_supports(wt) && scratch && reinterpret_cast<uintptr_t>(scratch) % 16 == 0 &&
+        scratch_size >= matvec_q8_scratch_bytes(cols, n_x))
       matvec_q8(wt, w, rows, cols, x, n_x, y, scratch, scratch_size, s_);
     else
       matvec(wt, w, rows, cols, x, n_x, y, s_);

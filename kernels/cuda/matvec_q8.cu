@@ -1,5 +1,6 @@
 // Decode matvec on integer dot products: the activations are quantized to int8 per 32 values
-// (scale amax / 127, as the CPU's Q8_0 activations and llama.cpp's MMVQ), then every weight
+// (scale amax / 127, codes x * 127 / amax rounded to nearest even: the CPU's Q8_0 activation
+// codes (act_quant.cpp), with the scale kept in f32 rather than f16), then every weight
 // part is multiplied with `dp4a`, four codes per instruction, and scaled once per sub-block.
 //
 // Why: the f32 matvec (matvec.cu) spends about six instructions per weight (extract, convert,
@@ -171,7 +172,10 @@ struct q6_k_dot {
   }
 };
 
-// One warp per 32 activations: scale amax / 127, codes rounded to nearest.
+// One warp per 32 activations: scale amax / 127, codes x * (127 / amax) rounded to nearest
+// even, as act_quant.cpp (1 / (amax / 127) would move codes at rounding boundaries). A NaN
+// among the 32 makes the scale NaN, so it reaches the outputs as the f32 matvec's would,
+// instead of vanishing into fmaxf and a zero code.
 __global__ void quantize_kernel(const float* __restrict__ x, int64_t n_blocks, int8_t* __restrict__ xq,
                                 float* __restrict__ xd) {
   const int64_t blk = static_cast<int64_t>(blockIdx.x) * k_warps + threadIdx.x / k_warp;
@@ -181,10 +185,10 @@ __global__ void quantize_kernel(const float* __restrict__ x, int64_t n_blocks, i
   float amax = fabsf(v);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  const float d = amax / 127.0f;
-  const float id = d > 0.0f ? 1.0f / d : 0.0f;
+  const bool nan = __any_sync(0xffffffffu, isnan(v));
+  const float id = amax != 0.0f && !nan ? 127.0f / amax : 0.0f;
   xq[blk * k_qx + lane] = static_cast<int8_t>(__float2int_rn(v * id));
-  if (lane == 0) xd[blk] = d;
+  if (lane == 0) xd[blk] = nan ? __int_as_float(0x7fc00000) : amax / 127.0f;
 }
 
 template <class B, int NX>
@@ -255,6 +259,7 @@ bool matvec_q8_supports(weight_type wt) {
 }
 
 size_t matvec_q8_scratch_bytes(int64_t cols, int64_t n_x) {
+  if (cols < 0 || n_x < 0) throw std::invalid_argument("cuda matvec_q8: negative shape");
   const size_t values = static_cast<size_t>(n_x) * static_cast<size_t>(cols);
   return round_up(values) + round_up(values / k_qx * sizeof(float));
 }
@@ -279,8 +284,8 @@ void quantize_q8(const float* x, int64_t n_x, int64_t cols, void* scratch, size_
   check_last("quantize_q8");
 }
 
-void matvec_q8_quantized(weight_type wt, const void* w, int64_t rows, int64_t cols, const void* xq_scratch, int64_t n_x,
-                         float* y, stream_t s) {
+void matvec_q8_quantized(weight_type wt, const void* w, int64_t rows, int64_t cols, const void* xq_scratch,
+                         size_t scratch_size, int64_t n_x, float* y, stream_t s) {
   require(device_kind::cuda, op::matvec, wt);
   if (!matvec_q8_supports(wt))
     throw std::invalid_argument("cuda matvec_q8: no integer kernel for " + display_name(wt) +
@@ -293,6 +298,10 @@ void matvec_q8_quantized(weight_type wt, const void* w, int64_t rows, int64_t co
                                 " is out of range");
   detail::check_blocks("matvec_q8", wt, "cols", cols);
   detail::check_aligned("matvec_q8", w);
+  if (scratch_size < matvec_q8_scratch_bytes(cols, n_x))
+    throw std::invalid_argument("cuda matvec_q8: scratch of " + std::to_string(scratch_size) + " bytes, needs " +
+                                std::to_string(matvec_q8_scratch_bytes(cols, n_x)));
+  if (reinterpret_cast<uintptr_t>(xq_scratch) % 16 != 0) throw std::invalid_argument("cuda matvec_q8: unaligned scratch");
   if (n_x == 0 || rows == 0) return;
   const auto* xq = static_cast<const int8_t*>(xq_scratch);
   const auto* xd =
@@ -316,7 +325,7 @@ void matvec_q8(weight_type wt, const void* w, int64_t rows, int64_t cols, const 
                                 " (supported: Q8_0, Q4_0, Q4_K, Q6_K)");
   detail::check_blocks("matvec_q8", wt, "cols", cols);
   quantize_q8(x, n_x, cols, scratch, scratch_size, s);
-  matvec_q8_quantized(wt, w, rows, cols, scratch, n_x, y, s);
+  matvec_q8_quantized(wt, w, rows, cols, scratch, scratch_size, n_x, y, s);
 }
 
 }  // namespace tandem::kernels::cuda

@@ -28,8 +28,9 @@ inline constexpr int64_t k_matvec_max_rows = 8;
 void matvec(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
             stream_t s);
 
-// The same product on integer dot products: x is first quantized to int8 per 32 values (scale
-// amax / 127, as the CPU's Q8_0 activations) into `scratch`, then each weight part is
+// The same product on integer dot products: x is first quantized to int8 per 32 values (the
+// CPU's Q8_0 activation codes, the scale amax / 127 kept in f32) into `scratch`, then each
+// weight part is
 // multiplied four codes at a time (dp4a) and scaled once per sub-block, as llama.cpp's MMVQ.
 // About one instruction per weight instead of six, which is what decode is bound by on a
 // large GPU. Types: matvec_q8_supports (Q8_0, Q4_0, Q4_K, Q6_K); scratch is device memory of
@@ -42,8 +43,8 @@ void matvec_q8(weight_type wt, const void* w, int64_t rows, int64_t cols, const 
 // and up): quantize_q8 fills scratch once, and each matvec_q8_quantized reads it. The int8
 // form does not depend on the weight type, so the matrices may differ in type.
 void quantize_q8(const float* x, int64_t n_x, int64_t cols, void* scratch, size_t scratch_size, stream_t s);
-void matvec_q8_quantized(weight_type wt, const void* w, int64_t rows, int64_t cols, const void* xq_scratch, int64_t n_x,
-                         float* y, stream_t s);
+void matvec_q8_quantized(weight_type wt, const void* w, int64_t rows, int64_t cols, const void* xq_scratch,
+                         size_t scratch_size, int64_t n_x, float* y, stream_t s);
 
 // W (n_elems elements of wt, whole blocks) converted to f16 (IEEE half bits) into out.
 void dequantize_f16(weight_type wt, const void* w, int64_t n_elems, uint16_t* out, stream_t s);
@@ -61,7 +62,8 @@ class gemm {
   // Up to k_matvec_max_rows rows: matvec_q8's int8 activations; more: the f16 copies of W and x.
   static size_t scratch_bytes(int64_t rows, int64_t cols, int64_t n_x);
   // y = W x for any n_x >= 1. Up to k_matvec_max_rows rows take matvec_q8 for the types it
-  // has, when scratch holds matvec_q8_scratch_bytes(cols, n_x), and matvec otherwise.
+  // has, when scratch holds matvec_q8_scratch_bytes(cols, n_x) at a 16-byte boundary, and
+  // matvec otherwise.
   void run(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
            void* scratch, size_t scratch_bytes);
   stream_t stream() const { return s_; }

@@ -1,6 +1,7 @@
 #include "models/cuda/gpu_forward.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <initializer_list>
@@ -19,6 +20,15 @@ namespace cu = kernels::cuda;
 using kernels::cpu::kv_type;
 
 namespace {
+
+// TANDEM_CUDA_GRAPHS=0 (or off, false, no) turns graph replay off, to measure what it saves.
+bool graphs_off_by_env() {
+  const char* v = std::getenv("TANDEM_CUDA_GRAPHS");
+  if (!v) return false;
+  std::string s(v);
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s == "0" || s == "off" || s == "false" || s == "no";
+}
 
 constexpr size_t k_align = 256;  // cudaMalloc's alignment, kept for every carved piece
 
@@ -103,8 +113,7 @@ gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_res
   row_pos_.resize(static_cast<size_t>(max_rows));
   const int64_t out_rows = p.n_seq;  // eval outputs one row, decode one per sequence
   pos_.assign(static_cast<size_t>(p.n_seq), 0);
-  const char* graphs_env = std::getenv("TANDEM_CUDA_GRAPHS");
-  graphs_ = p.cuda_graphs && !(graphs_env && std::string_view(graphs_env) == "0");
+  graphs_ = p.cuda_graphs && !graphs_off_by_env();
   rope_ = rope_params_of(c, m.weights());
 
   d_ = std::make_unique<device_state>(stream_.get());
@@ -172,8 +181,8 @@ gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_res
   d.gate = carve(F);
   d.up = carve(F);
 
-  // GEMM scratch only for the products that can take the cuBLAS path (more rows than the
-  // matvec takes): decode-sized heads never do, and their f16 copy would be the largest.
+  // The f16 copies of the cuBLAS path only for the products that can take it (more rows than
+  // the matvec takes): decode-sized heads never do, and their f16 copy would be the largest.
   int64_t largest_piece = 0;
   size_t scratch = 0;
   for (const auto& piece : plan.output) {
@@ -476,7 +485,7 @@ void gpu_forward::body(int64_t n, const int64_t* out_rows, int64_t n_out) {
     if (shared && d.gemm_scratch.size() >= cu::matvec_q8_scratch_bytes(cols, n_x)) {
       cu::quantize_q8(x, n_x, cols, d.gemm_scratch.get(), d.gemm_scratch.size(), s);
       for (const auto& [w, y] : products)
-        cu::matvec_q8_quantized(w->type, w->data, w->rows, w->cols, d.gemm_scratch.get(), n_x, y, s);
+        cu::matvec_q8_quantized(w->type, w->data, w->rows, w->cols, d.gemm_scratch.get(), d.gemm_scratch.size(), n_x, y, s);
       return;
     }
     for (const auto& [w, y] : products) mat(*w, x, n_x, y);

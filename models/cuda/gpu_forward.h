@@ -37,7 +37,7 @@ struct gpu_context_params {
   memory::kv_pool* kv_pool = nullptr;
   // Replay decode-sized passes (up to kernels::cuda::k_matvec_max_rows rows, resident
   // weights) from CUDA graphs captured on first use: one launch instead of hundreds.
-  // TANDEM_CUDA_GRAPHS=0 in the environment turns them off too (to measure what they save).
+  // TANDEM_CUDA_GRAPHS=0 (or off) in the environment turns them off too (to measure what they save).
   bool cuda_graphs = true;
 };
 

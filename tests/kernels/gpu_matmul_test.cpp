@@ -8,6 +8,7 @@
 // which reports "skipped" (exit 77) where no device answers or the build has no CUDA.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -286,10 +287,29 @@ TEST_SUITE("gpu_matmul") {
         const weights w = make_weights(t, 33, cols, ++wseed);
         dev_array<uint8_t> dw(w.q, s);
         dev_array<float> y_shared(size_t(n_x * 33), s), y_own(size_t(n_x * 33), s);
-        cu::matvec_q8_quantized(t, dw.get(), 33, cols, shared.get(), n_x, y_shared.get(), s.get());
+        cu::matvec_q8_quantized(t, dw.get(), 33, cols, shared.get(), need, n_x, y_shared.get(), s.get());
         cu::matvec_q8(t, dw.get(), 33, cols, dx.get(), n_x, y_own.get(), own.get(), need, s.get());
         const auto a = y_shared.read(), b2 = y_own.read();
         CHECK(std::memcmp(a.data(), b2.data(), a.size() * sizeof(float)) == 0);
+      }
+    }
+
+    // A NaN activation reaches its row's outputs (as through the f32 matvec), not the others.
+    {
+      const weights w = make_weights(weight_type::q4_k, 9, 512, 3);
+      auto x = gaussian(size_t(2 * 512), 4);
+      x[300] = std::nanf("");
+      dev_array<uint8_t> dw(w.q, s);
+      dev_array<float> dx(x, s);
+      dev_array<float> dy(size_t(2 * 9), s);
+      const size_t need = cu::matvec_q8_scratch_bytes(512, 2);
+      cu::device_buffer scratch(need);
+      cu::matvec_q8(weight_type::q4_k, dw.get(), 9, 512, dx.get(), 2, dy.get(), scratch.get(), need, s.get());
+      const auto y = dy.read(/*all_written=*/false);  // NaNs expected: check here that each was written
+      for (int o = 0; o < 9; ++o) {
+        CHECK(std::isnan(y[size_t(o)]));
+        CHECK_FALSE(all_ff(y[size_t(o)]));  // the kernel's NaN, not the 0xFF poison
+        CHECK(std::isfinite(y[size_t(9 + o)]));
       }
     }
 
@@ -306,6 +326,8 @@ TEST_SUITE("gpu_matmul") {
                          doctest::Contains("supported: Q8_0, Q4_0, Q4_K, Q6_K"), std::invalid_argument);
     CHECK_THROWS_WITH_AS(cu::matvec_q8(weight_type::q4_k, dw.get(), 4, 256, dx.get(), 9, dy.get(), scratch.get(), need, s.get()),
                          doctest::Contains("n_x"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(cu::matvec_q8_quantized(weight_type::q4_k, dw.get(), 4, 256, scratch.get(), need, 2, dy.get(), s.get()),
+                         doctest::Contains("scratch"), std::invalid_argument);
   }
 
   TEST_CASE("gemm (cuBLAS on f16) matches a double-precision product, every CUDA type") {

@@ -82,9 +82,9 @@ TEST_SUITE("gpu_served_roster") {
   TEST_CASE("a roster on the CUDA backend generates the CPU backend's greedy tokens, resident or streamed") {
     if (!device_or_skip()) return;
     // The F32 model computes in f32 on both devices: its greedy tokens must agree exactly. The
-    // Q8_0 one differs in activation precision (the CPU quantizes them to Q8 blocks, as
-    // llama.cpp does; the GPU keeps f32, f16 in cuBLAS GEMMs), so only its first token, after
-    // the prompt, is held to the CPU's.
+    // Q8_0 one differs in activation precision (both quantize them to 8 bits per 32, the CPU
+    // with an f16 scale and the GPU with an f32 one; cuBLAS prompts take f16), so only its
+    // first token, after the prompt, is held to the CPU's.
     auto same = [](const std::vector<std::vector<int32_t>>& got, const std::vector<std::vector<int32_t>>& want) {
       REQUIRE(got.size() == want.size());
       for (size_t i = 0; i < got.size(); ++i) {
