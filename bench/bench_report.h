@@ -29,14 +29,21 @@ struct bench_report {
   std::string isa;              // kernel path taken: scalar, avx2, avx512
   model_bench_params params;
   model_bench_result result;
-  read_ceiling_result ceiling;  // measured with the same pool, after the model phases
+  // Measured with the same pool: one pass after each decode repetition, then more after the
+  // model phases up to at least 3.
+  read_ceiling_result ceiling;
+  // decode_gb_s[i] / the ceiling pass right after decode repetition i: on a shared machine the
+  // bandwidth available moves within seconds, so only figures taken side by side compare.
+  std::vector<double> decode_vs_ceiling_samples;
   dot_ceiling_result dots;      // likewise, after the read ceiling
 
   // Medians divided (0 when the divisor is 0): batched aggregate over one sequence decoded in
   // the same context and arithmetic (like for like), batched aggregate over decode_tok_s
-  // (llama.cpp's arithmetic on a one-sequence context), and decode GB/s over the read ceiling.
+  // (llama.cpp's arithmetic on a one-sequence context).
   double batched_vs_single() const;
   double batched_vs_decode() const;
+  // Decode GB/s over the read ceiling: the median of decode_vs_ceiling_samples (medians
+  // divided when there are none).
   double decode_vs_ceiling() const;
   // Rows per second the int8 dot ceiling allows: dots median / int8 MACs per row (0 for a
   // model without quantized matrices), and batched decode's aggregate over it.
@@ -53,8 +60,8 @@ bench_report run_bench(const bench_options& o);
 // batched_decode_tok_s, decode_gb_s, read_ceiling_gb_s, dot_ceiling_gmac_s) and
 // decode_as_batched_tok_s,
 // "<name>_min" / "<name>_max" and "<name>_samples" beside each, the ratios
-// (batched_vs_single, batched_vs_decode, decode_vs_ceiling, compute_ceiling_tok_s,
-// batched_vs_compute_ceiling),
+// (batched_vs_single, batched_vs_decode, decode_vs_ceiling with decode_vs_ceiling_samples,
+// compute_ceiling_tok_s, batched_vs_compute_ceiling),
 // and the run's settings (model, arch, type, threads, isa, prompt, gen, batch, reps,
 // decode_bytes_per_token, int8_macs_per_token, read_buffer_bytes, weight_bytes).
 nlohmann::json to_json(const bench_report& r);

@@ -99,7 +99,8 @@ kernels::weight_type main_weight_type(const models::model& m) {
       ->first;
 }
 
-model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_pool& pool, const model_bench_params& p) {
+model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_pool& pool, const model_bench_params& p,
+                                   const std::function<void()>& after_decode_rep) {
   check_params(p);
   const auto& cfg = m.config();
   // One id stream: prompt, then the decode tokens, then one token per sequence per batched pass.
@@ -139,6 +140,7 @@ model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_
       r.decode_tok_s.push_back(tok_s);
       r.decode_gb_s.push_back(static_cast<double>(r.decode_bytes_per_token) * tok_s / 1e9);
       ctx.reset();
+      if (after_decode_rep) after_decode_rep();
     }
   }  // the one-sequence context is freed before the batched one is made
   {

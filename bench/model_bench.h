@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "bench/stats.h"
@@ -70,6 +71,10 @@ kernels::weight_type main_weight_type(const models::model& m);
 // ids from bench_tokens and never samples, so only the forward pass is timed. Throws
 // std::invalid_argument for prompt, gen, reps or batch out of range (a message naming the
 // parameter), and what forward_context throws (e.g. not enough memory).
-model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_pool& pool, const model_bench_params& p);
+// after_decode_rep, when given, runs after each timed decode repetition (outside its timing):
+// run_bench times a pass of the read ceiling there, so each decode figure has a ceiling taken
+// beside it.
+model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_pool& pool, const model_bench_params& p,
+                                   const std::function<void()>& after_decode_rep = {});
 
 }  // namespace tandem::bench

@@ -66,44 +66,60 @@ uint64_t default_read_buffer_bytes() {
   return std::max(k_huge_page, b / k_huge_page * k_huge_page);
 }
 
-read_ceiling_result measure_read_ceiling(kernels::cpu::thread_pool& pool, uint64_t buffer_bytes, int reps) {
-  if (reps < 1) throw std::invalid_argument("measure_read_ceiling: reps must be at least 1");
-  const uint64_t bytes = std::max<uint64_t>(64 << 10, buffer_bytes / 64 * 64);
+struct read_ceiling_probe::impl {
+  kernels::cpu::thread_pool& pool;
+  uint64_t bytes;
   // Huge pages: streaming through 4 KiB pages would add TLB misses that a true ceiling (and
   // the packed weights decode streams, which live in the same kind of buffer) does not pay.
-  memory::huge_buffer buf(bytes);
-
-  // Work is split in 64-byte lines: each thread gets one contiguous run of them.
-  const int64_t lines = static_cast<int64_t>(bytes / 64);
-  std::byte* base = buf.data();
-  // Filled by the threads that will read it (first touch places pages near them), with a
-  // non-zero pattern so no page can be the shared zero page.
-  pool.parallel_for(lines, 1, [&](int64_t b, int64_t e) {
-    for (int64_t l = b; l < e; ++l) std::memset(base + l * 64, static_cast<int>(l & 0x7f) | 1, 64);
-  });
-
-  const auto path = kernels::cpu::active_isa();
+  memory::huge_buffer buf;
+  kernels::cpu::isa path = kernels::cpu::active_isa();
   // One atomic add per chunk per pass (negligible next to megabytes of reads); the total is
   // kept so the reads have a use.
   std::atomic<uint64_t> total{0};
-  auto pass = [&] {
-    pool.parallel_for(lines, 1, [&](int64_t b, int64_t e) {
+
+  impl(kernels::cpu::thread_pool& p, uint64_t b) : pool(p), bytes(b), buf(b) {}
+
+  int64_t lines() const { return static_cast<int64_t>(bytes / 64); }  // work is split in 64-byte lines
+  void pass() {
+    std::byte* base = buf.data();
+    pool.parallel_for(lines(), 1, [&](int64_t b, int64_t e) {
       total.fetch_add(read_sum(base + b * 64, static_cast<size_t>(e - b) * 64, path), std::memory_order_relaxed);
     });
-  };
-
-  read_ceiling_result r;
-  r.buffer_bytes = bytes;
-  pass();  // untimed: faults in the huge pages, wakes the workers
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    pass();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    r.gb_s.push_back(static_cast<double>(bytes) / s / 1e9);
   }
+};
+
+read_ceiling_probe::read_ceiling_probe(kernels::cpu::thread_pool& pool, uint64_t buffer_bytes)
+    : impl_(std::make_unique<impl>(pool, std::max<uint64_t>(64 << 10, buffer_bytes / 64 * 64))) {
+  std::byte* base = impl_->buf.data();
+  // Filled by the threads that will read it (first touch places pages near them), with a
+  // non-zero pattern so no page can be the shared zero page.
+  pool.parallel_for(impl_->lines(), 1, [&](int64_t b, int64_t e) {
+    for (int64_t l = b; l < e; ++l) std::memset(base + l * 64, static_cast<int>(l & 0x7f) | 1, 64);
+  });
+  impl_->pass();  // untimed: faults in the huge pages, wakes the workers
+}
+
+read_ceiling_probe::~read_ceiling_probe() {
   // An opaque use of the sums: the compiler cannot drop the reads.
-  const uint64_t sink = total.load();
+  const uint64_t sink = impl_->total.load();
   asm volatile("" : : "r"(sink) : "memory");
+}
+
+uint64_t read_ceiling_probe::bytes() const { return impl_->bytes; }
+
+double read_ceiling_probe::measure() {
+  const auto t0 = std::chrono::steady_clock::now();
+  impl_->pass();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return static_cast<double>(impl_->bytes) / s / 1e9;
+}
+
+read_ceiling_result measure_read_ceiling(kernels::cpu::thread_pool& pool, uint64_t buffer_bytes, int reps) {
+  if (reps < 1) throw std::invalid_argument("measure_read_ceiling: reps must be at least 1");
+  read_ceiling_probe probe(pool, buffer_bytes);
+  read_ceiling_result r;
+  r.buffer_bytes = probe.bytes();
+  for (int i = 0; i < reps; ++i) r.gb_s.push_back(probe.measure());
   r.gb_s_summary = summarize(r.gb_s);
   return r;
 }

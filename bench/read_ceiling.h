@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "bench/stats.h"
@@ -32,11 +33,31 @@ struct read_ceiling_result {
   summary gb_s_summary;
 };
 
-// Allocates and fills a buffer of buffer_bytes (rounded down to a multiple of 64, at least
-// 64 KiB), reads it once untimed, then `reps` times timed, each time split across the pool
-// in contiguous chunks (one per thread) with read_sum on the active ISA path. The buffer is
-// freed before returning. Throws std::invalid_argument for reps < 1, std::bad_alloc when
-// the buffer cannot be had.
+// The buffer of the ceiling, kept so that single passes can be timed between other
+// measurements (decode repetitions, say: on a shared machine the bandwidth available moves
+// within seconds, so a ratio is only meaningful between figures taken side by side).
+class read_ceiling_probe {
+ public:
+  // Allocates buffer_bytes (rounded down to a multiple of 64, at least 64 KiB) in huge pages,
+  // filled by the pool's threads and read once untimed. Throws std::bad_alloc when the buffer
+  // cannot be had.
+  read_ceiling_probe(kernels::cpu::thread_pool& pool, uint64_t buffer_bytes);
+  ~read_ceiling_probe();
+  read_ceiling_probe(const read_ceiling_probe&) = delete;
+  read_ceiling_probe& operator=(const read_ceiling_probe&) = delete;
+
+  uint64_t bytes() const;
+  // One timed pass over the whole buffer, split across the pool in contiguous chunks (one per
+  // thread) with read_sum on the active ISA path: GB/s (1 GB = 1e9 bytes).
+  double measure();
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+// A probe of buffer_bytes timed `reps` times, then freed. Throws std::invalid_argument for
+// reps < 1, std::bad_alloc when the buffer cannot be had.
 read_ceiling_result measure_read_ceiling(kernels::cpu::thread_pool& pool, uint64_t buffer_bytes, int reps);
 
 }  // namespace tandem::bench

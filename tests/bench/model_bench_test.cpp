@@ -98,7 +98,9 @@ TEST_SUITE("bench_model") {
     p.gen = 6;
     p.batch = 3;
     p.reps = 2;
-    const auto r = bench::run_model_bench(m, pool, p);
+    int hooked = 0;  // the hook runs once after each decode repetition
+    const auto r = bench::run_model_bench(m, pool, p, [&] { ++hooked; });
+    CHECK(hooked == 2);
     for (const auto* v : {&r.prefill_tok_s, &r.decode_tok_s, &r.batched_decode_tok_s, &r.decode_as_batched_tok_s, &r.decode_gb_s}) {
       REQUIRE(v->size() == 2);
       for (double x : *v) CHECK(x > 0);

@@ -64,4 +64,14 @@ TEST_SUITE("bench_read_ceiling") {
     CHECK(r.gb_s_summary.median <= r.gb_s_summary.max);
     CHECK_THROWS_AS(bench::measure_read_ceiling(pool, uint64_t{4} << 20, 0), std::invalid_argument);
   }
+
+  TEST_CASE("read_ceiling_probe: a kept buffer, each pass timed when asked") {
+    kernels::cpu::thread_pool pool(2);
+    bench::read_ceiling_probe probe(pool, (uint64_t{1} << 20) + 100);  // rounded down to whole lines
+    CHECK(probe.bytes() == (uint64_t{1} << 20) + 64);
+    for (int i = 0; i < 3; ++i) CHECK(probe.measure() > 0);
+    bench::read_ceiling_probe tiny(pool, 1000);  // at least 64 KiB
+    CHECK(tiny.bytes() == (uint64_t{64} << 10));
+    CHECK(tiny.measure() > 0);
+  }
 }
