@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cuda/matvec_cta.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/quant_blocks.cuh"
 #include "kernels/cuda/runtime.h"
@@ -30,8 +31,8 @@ using detail::ld8;
 using detail::ld_f16;
 
 constexpr int k_warp = 32;
-constexpr int k_threads = 128;
-constexpr int k_warps = k_threads / k_warp;
+constexpr int k_threads = detail::k_matvec_threads;
+constexpr int k_warps = detail::k_matvec_warps;
 constexpr int k_qx = 32;  // activation values per int8 scale
 constexpr size_t k_align = 256;
 
@@ -209,22 +210,7 @@ __global__ void __launch_bounds__(k_threads)
     B::template dot<NX>(row + blk * B::bytes, part, xq, xd, blk, cols, acc);
   }
 
-  __shared__ float partial[k_warps][NX];
-  const int warp = threadIdx.x / k_warp, lane = threadIdx.x % k_warp;
-#pragma unroll
-  for (int r = 0; r < NX; ++r) {
-    float s = acc[r];
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-    if (lane == 0) partial[warp][r] = s;
-  }
-  __syncthreads();
-  if (threadIdx.x < NX) {
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < k_warps; ++i) s += partial[i][threadIdx.x];
-    y[static_cast<int64_t>(threadIdx.x) * rows + o] = s;
-  }
+  detail::cta_sum_store(acc, y, rows, o);
 }
 
 template <class B, int NX>
@@ -238,19 +224,8 @@ void launch(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const f
 template <class B>
 void launch_nx(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float* xd, int64_t n_x, float* y,
                stream_t s) {
-  switch (n_x) {
-    case 1: launch<B, 1>(w, rows, cols, xq, xd, y, s); break;
-    case 2: launch<B, 2>(w, rows, cols, xq, xd, y, s); break;
-    case 3: launch<B, 3>(w, rows, cols, xq, xd, y, s); break;
-    case 4: launch<B, 4>(w, rows, cols, xq, xd, y, s); break;
-    case 5: launch<B, 5>(w, rows, cols, xq, xd, y, s); break;
-    case 6: launch<B, 6>(w, rows, cols, xq, xd, y, s); break;
-    case 7: launch<B, 7>(w, rows, cols, xq, xd, y, s); break;
-    case 8: launch<B, 8>(w, rows, cols, xq, xd, y, s); break;
-    default: break;  // ruled out by matvec_q8's checks
-  }
+  detail::dispatch_rows(n_x, [&](auto nx) { launch<B, decltype(nx)::value>(w, rows, cols, xq, xd, y, s); });
 }
-static_assert(k_matvec_max_rows == 8, "launch_nx instantiates one kernel per n_x");
 
 }  // namespace
 
