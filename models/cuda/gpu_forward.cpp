@@ -7,7 +7,6 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
-#include <string_view>
 #include <utility>
 
 #include "kernels/op_table.h"
