@@ -52,7 +52,7 @@ float dot_f16(const float* a, const uint16_t* b, int n, const float* tbl) {
 // The scalar reference: one head at a time, key by key, exactly as the contract reads. Uses
 // s.q (head_dim floats) and s.scores (n_keys floats). This file is built for baseline x86-64,
 // which has no FMA instruction, so no multiply-add here is fused.
-void attend_scalar(const attention_task& t, const attention_scratch& s) {
+void attend_scalar_row(const attention_task& t, const attention_scratch& s) {
   const int d = t.head_dim;
   const int64_t n = t.n_keys;
   for (int g = 0; g < t.n_group; ++g) {
@@ -107,6 +107,10 @@ void attend_scalar(const attention_task& t, const attention_scratch& s) {
   }
 }
 
+void attend_scalar(const attention_task& t, const attention_scratch& s) {
+  for (int r = 0; r < t.n_rows; ++r) attend_scalar_row(task_row(t, r), s);
+}
+
 using attend_fn = void (*)(const attention_task&, const attention_scratch&);
 
 attend_fn select_attend(isa path) {
@@ -145,7 +149,7 @@ void attention_many(const attention_run* runs, int64_t n_runs, kv_type kt, int n
   if (total_rows == 0) return;
   const int group = n_heads / n_kv_heads;
   const int threads = pool ? pool->size() : 1;
-  // A task is (run, row, KV head, part of its query heads). Heads sharing a KV head stay in
+  // A task is (run, rows, KV head, part of its query heads). Heads sharing a KV head stay in
   // one task unless that leaves threads idle (decode of one sequence: one row); then the group
   // is split into `parts` equal parts.
   int parts = 1;
@@ -193,13 +197,25 @@ void attention_many(const attention_run* runs, int64_t n_runs, kv_type kt, int n
     if (grouped(r)) return kv_tiles;
     return (prompt_rows(r) + p_rows_per_tile - 1) / p_rows_per_tile * n_kv_heads * p_parts;
   };
-  // Units of run i: [first[i], first[i + 1]): its prompt tiles, then (row, KV head, part) for
+  // The other rows go k_attention_task_rows consecutive rows to a task on an f16 cache, each
+  // key block then widened once for all of them (a 512-row prompt widened every block again
+  // for every row), unless that would leave fewer than k_attention_min_units_per_thread
+  // units per thread.
+  auto other_rows = [&](const attention_run& r) { return std::max<int64_t>(r.n_q, 0) - prompt_rows(r); };
+  int task_rows = 1;
+  if (kt == kv_type::f16) {
+    int64_t tiles = 0;
+    for (int64_t i = 0; i < n_runs; ++i) tiles += (other_rows(runs[i]) + k_attention_task_rows - 1) / k_attention_task_rows;
+    if (tiles * per_row >= int64_t{k_attention_min_units_per_thread} * threads) task_rows = k_attention_task_rows;
+  }
+  auto other_tiles = [&](const attention_run& r) { return (other_rows(r) + task_rows - 1) / task_rows; };
+  // Units of run i: [first[i], first[i + 1]): its prompt tiles, then (rows, KV head, part) for
   // the other rows (a per-thread buffer: no allocation once warm).
   thread_local std::vector<int64_t> first;
   first.assign(static_cast<size_t>(n_runs + 1), 0);
   for (int64_t i = 0; i < n_runs; ++i)
-    first[static_cast<size_t>(i + 1)] = first[static_cast<size_t>(i)] + prompt_units(runs[i]) +
-                                        (std::max<int64_t>(runs[i].n_q, 0) - prompt_rows(runs[i])) * per_row;
+    first[static_cast<size_t>(i + 1)] =
+        first[static_cast<size_t>(i)] + prompt_units(runs[i]) + other_tiles(runs[i]) * per_row;
   const int64_t units = first[static_cast<size_t>(n_runs)];
   const int64_t* firsts = first.data();
 
@@ -207,10 +223,12 @@ void attention_many(const attention_run* runs, int64_t n_runs, kv_type kt, int n
   const int dp = (head_dim + k_attention_pad - 1) / k_attention_pad * k_attention_pad;
   const int64_t kv_stride = static_cast<int64_t>(n_kv_heads) * head_dim;
   const size_t elem = kt == kv_type::f32 ? sizeof(float) : sizeof(uint16_t);
-  // Scores of a whole row for an f32 cache (two-pass softmax), one key block for f16.
+  // Scores of a whole row for an f32 cache (two-pass softmax, rows one at a time), one key
+  // block for f16 (every head of every row of the task: attention_scratch's H).
   const int64_t score_len = kt == kv_type::f32 ? max_keys : k_attention_key_block;
-  const size_t scratch_floats = static_cast<size_t>(2 * per_task * dp + 2 * k_attention_key_block * dp +
-                                                    per_task * (score_len + 2 * k_attention_key_block) + 2 * per_task);
+  const int64_t heads = kt == kv_type::f16 ? int64_t{per_task} * task_rows : per_task;
+  const size_t scratch_floats = static_cast<size_t>(2 * heads * dp + 2 * k_attention_key_block * dp +
+                                                    heads * (score_len + 2 * k_attention_key_block) + 2 * heads);
 
   auto body = [&](int64_t begin, int64_t end) {
     // Grown to the largest need seen and reused: no allocation per call once warm.
@@ -218,14 +236,14 @@ void attention_many(const attention_run* runs, int64_t n_runs, kv_type kt, int n
     if (scratch.size() < scratch_floats) scratch.resize(scratch_floats);
     attention_scratch s;
     s.q = scratch.data();
-    s.acc = s.q + per_task * dp;
-    s.k = s.acc + per_task * dp;
+    s.acc = s.q + heads * dp;
+    s.k = s.acc + heads * dp;
     s.v = s.k + k_attention_key_block * dp;
     s.scores = s.v + k_attention_key_block * dp;
-    s.ms = s.scores + per_task * score_len;
-    s.w = s.ms + per_task * k_attention_key_block;
-    s.m = s.w + per_task * k_attention_key_block;
-    s.sum = s.m + per_task;
+    s.ms = s.scores + heads * score_len;
+    s.w = s.ms + heads * k_attention_key_block;
+    s.m = s.w + heads * k_attention_key_block;
+    s.sum = s.m + heads;
     // The run of `begin` by binary search, then forward as the units advance.
     int64_t i = std::upper_bound(firsts, firsts + n_runs + 1, begin) - firsts - 1;
     for (int64_t u = begin; u < end; ++u) {
@@ -274,7 +292,7 @@ void attention_many(const attention_run* runs, int64_t n_runs, kv_type kt, int n
         continue;
       }
       local -= p_units;
-      const int64_t row = p_rows + zigzag_row(local / per_row, run.n_q - p_rows);
+      const int64_t row = p_rows + zigzag_row(local / per_row, other_tiles(run)) * task_rows;
       const int kv_head = static_cast<int>(local % per_row) / parts;
       const int part = static_cast<int>(local % parts);
       const int64_t head = static_cast<int64_t>(kv_head) * group + part * per_task;
@@ -287,6 +305,8 @@ void attention_many(const attention_run* runs, int64_t n_runs, kv_type kt, int n
       t.kv_stride = kv_stride;
       t.pages = run.pages;
       t.n_keys = run.pos0 + row + 1;  // causal: this row sees itself and everything before it
+      t.n_rows = static_cast<int>(std::min<int64_t>(task_rows, run.n_q - row));
+      t.row_stride = static_cast<int64_t>(n_heads) * head_dim;
       t.n_group = per_task;
       t.head_dim = head_dim;
       t.padded_dim = dp;

@@ -27,23 +27,29 @@ namespace tandem::kernels::cpu {
 
 inline constexpr int k_attention_pad = 16;        // rows are padded to a multiple of this
 inline constexpr int k_attention_key_block = 16;  // keys widened and scored per step
+inline constexpr int k_attention_task_rows = 4;   // query rows per task on an f16 cache
+inline constexpr int k_attention_min_units_per_thread = 4;  // else tasks keep one row
 
-// Query heads of one query row that share one KV head. They are attended together so that each
-// key and value row is read (and widened from f16) once for all of them.
 // Elements from the task's k (or v) to the row of position p.
 inline int64_t kv_row_offset(const kv_pages& pg, int64_t kv_stride, int64_t p) {
   if (!pg.table) return p * kv_stride;
   return pg.table[p / pg.block_tokens] * pg.block_stride + (p % pg.block_tokens) * kv_stride;
 }
 
+// Query heads of one query row that share one KV head, attended together so that each key and
+// value row is read (and widened from f16) once for all of them; on an f16 cache n_rows
+// consecutive rows of one sequence go together too, each key block widened once for all their
+// heads. A row's arithmetic is the same whatever rows share its task.
 struct attention_task {
-  const float* q;     // [n_group][head_dim]: consecutive heads of one query row
+  const float* q;     // [n_group][head_dim]: consecutive heads of the first query row
   float* out;         // [n_group][head_dim]
   const void* k;      // this KV head's key at position 0 (f32 or f16 elements, per kt)
   const void* v;      // this KV head's value at position 0
   int64_t kv_stride;  // elements from one position to the next (within a block when paged)
   kv_pages pages;     // paged cache: k and v are block 0's rows (ops.h)
-  int64_t n_keys;     // positions 0 .. n_keys-1 are attended
+  int64_t n_keys;     // the first row attends positions 0 .. n_keys-1, row r n_keys + r of them
+  int n_rows = 1;     // query rows, each row_stride floats after the last in q and out
+  int64_t row_stride = 0;
   int n_group;        // heads in q / out
   int head_dim;
   int padded_dim;     // head_dim rounded up to a multiple of k_attention_pad
@@ -52,18 +58,29 @@ struct attention_task {
 };
 
 // One thread's working memory for a task, carved from one block it owns and reuses. Rows are
-// padded_dim floats; padding lanes hold zeros.
+// padded_dim floats; padding lanes hold zeros. H is n_rows * n_group (every head of every row)
+// for an f16 cache, n_group for f32 (whose rows go one at a time).
 struct attention_scratch {
-  float* q;       // [n_group][padded_dim]: the queries (f16-rounded for an f16 cache)
-  float* acc;     // [n_group][padded_dim]: value accumulators
+  float* q;       // [H][padded_dim]: the queries (f16-rounded for an f16 cache)
+  float* acc;     // [H][padded_dim]: value accumulators
   float* k;       // [k_attention_key_block][padded_dim]: widened key rows
   float* v;       // [k_attention_key_block][padded_dim]: widened value rows
-  float* scores;  // [n_group][n_keys] for an f32 cache, [n_group][k_attention_key_block] for f16
-  float* ms;      // [n_group][k_attention_key_block]: f16 cache, rescale factor per key
-  float* w;       // [n_group][k_attention_key_block]: f16 cache, value weight per key
-  float* m;       // [n_group]: running max of the online softmax
-  float* sum;     // [n_group]: running sum of the online softmax
+  float* scores;  // [n_group][n_keys of the last row] for an f32 cache, [H][k_attention_key_block] for f16
+  float* ms;      // [H][k_attention_key_block]: f16 cache, rescale factor per key
+  float* w;       // [H][k_attention_key_block]: f16 cache, value weight per key
+  float* m;       // [H]: running max of the online softmax
+  float* sum;     // [H]: running sum of the online softmax
 };
+
+// Task t's row r alone (n_rows 1): what the paths that take rows one at a time run.
+inline attention_task task_row(const attention_task& t, int r) {
+  attention_task one = t;
+  one.q = t.q + r * t.row_stride;
+  one.out = t.out + r * t.row_stride;
+  one.n_keys = t.n_keys + r;
+  one.n_rows = 1;
+  return one;
+}
 
 // Only call these when the CPU supports the path (isa_supported).
 void attend_avx2(const attention_task& t, const attention_scratch& s);

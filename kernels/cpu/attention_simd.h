@@ -135,80 +135,89 @@ struct simd_attention {
     for (int j = 0; j < N; ++j) L::store(acc[j], a[j]);
   }
 
+  // Every row of the task against each key block, widened once for all of them. Head h of the
+  // scratch is row h / G's head h % G; a row stops at its own last key (row r attends
+  // n_keys + r), so each row's arithmetic is that of a task of its own.
   static void run_f16(const attention_task& t, const attention_scratch& s) {
-    const int d = t.head_dim, dp = t.padded_dim, G = t.n_group;
+    const int d = t.head_dim, dp = t.padded_dim, G = t.n_group, H = t.n_rows * t.n_group;
     const auto* k = static_cast<const uint16_t*>(t.k);
     const auto* v = static_cast<const uint16_t*>(t.v);
-    for (int g = 0; g < G; ++g) {
-      float* q = s.q + g * dp;
-      copy_row(t.q + g * d, q, d, dp);
+    for (int h = 0; h < H; ++h) {
+      float* q = s.q + h * dp;
+      copy_row(t.q + (h / G) * t.row_stride + (h % G) * d, q, d, dp);
       for (int i = 0; i < dp; i += W) {
         L::store(q + i, L::round_f16(L::load(q + i)));
-        L::store(s.acc + g * dp + i, L::zero());
+        L::store(s.acc + h * dp + i, L::zero());
       }
-      s.m[g] = -__builtin_inff();
-      s.sum[g] = 0.0f;
+      s.m[h] = -__builtin_inff();
+      s.sum[h] = 0.0f;
     }
 
-    for (int64_t t0 = 0; t0 < t.n_keys; t0 += B) {
-      const int nb = t.n_keys - t0 < B ? static_cast<int>(t.n_keys - t0) : B;
-      for (int b = 0; b < nb; ++b) {
+    const int64_t last_keys = t.n_keys + t.n_rows - 1;
+    for (int64_t t0 = 0; t0 < last_keys; t0 += B) {
+      const int nb_all = last_keys - t0 < B ? static_cast<int>(last_keys - t0) : B;
+      for (int b = 0; b < nb_all; ++b) {
         widen_row(k + kv_row_offset(t.pages, t.kv_stride, t0 + b), s.k + b * dp, d, dp);
         widen_row(v + kv_row_offset(t.pages, t.kv_stride, t0 + b), s.v + b * dp, d, dp);
       }
-      for (int g = 0; g < G; ++g) {
-        float* sc = s.scores + g * B;
-        dots(s.q + g * dp, s.k, dp, nb, d, t.scale, sc);
-        // Online softmax, key by key: ms rescales what is accumulated (1: untouched), w weighs
-        // the new value row.
-        float* ms = s.ms + g * B;
-        float* w = s.w + g * B;
-        float m = s.m[g], sum = s.sum[g];
-        for (int b = 0; b < nb; ++b) {
-          ms[b] = 1.0f;
-          w[b] = 1.0f;
-          if (sc[b] > m) {
-            ms[b] = expf(m - sc[b]);  // 0 on the first key (m = -inf)
-            m = sc[b];
-          } else {
-            w[b] = expf(sc[b] - m);
+      for (int r = 0; r < t.n_rows; ++r) {
+        const int64_t keys = t.n_keys + r;
+        if (keys <= t0) continue;
+        const int nb = keys - t0 < B ? static_cast<int>(keys - t0) : B;
+        for (int h = r * G; h < (r + 1) * G; ++h) {
+          float* sc = s.scores + h * B;
+          dots(s.q + h * dp, s.k, dp, nb, d, t.scale, sc);
+          // Online softmax, key by key: ms rescales what is accumulated (1: untouched), w weighs
+          // the new value row.
+          float* ms = s.ms + h * B;
+          float* w = s.w + h * B;
+          float m = s.m[h], sum = s.sum[h];
+          for (int b = 0; b < nb; ++b) {
+            ms[b] = 1.0f;
+            w[b] = 1.0f;
+            if (sc[b] > m) {
+              ms[b] = expf(m - sc[b]);  // 0 on the first key (m = -inf)
+              m = sc[b];
+            } else {
+              w[b] = expf(sc[b] - m);
+            }
+            const __m128 scaled = unfused(_mm_mul_ss(_mm_set_ss(sum), _mm_set_ss(ms[b])));
+            sum = _mm_cvtss_f32(_mm_add_ss(scaled, _mm_set_ss(w[b])));
           }
-          const __m128 scaled = unfused(_mm_mul_ss(_mm_set_ss(sum), _mm_set_ss(ms[b])));
-          sum = _mm_cvtss_f32(_mm_add_ss(scaled, _mm_set_ss(w[b])));
+          s.m[h] = m;
+          s.sum[h] = sum;
         }
-        s.m[g] = m;
-        s.sum[g] = sum;
-      }
 
-      // Every (head, slice) accumulator of the group, k_fold at a time.
-      float* acc[k_fold];
-      const float* vals[k_fold];
-      const float* ms[k_fold];
-      const float* w[k_fold];
-      int n = 0;
-      for (int g = 0; g < G; ++g)
-        for (int i = 0; i < dp; i += W) {
-          acc[n] = s.acc + g * dp + i;
-          vals[n] = s.v + i;
-          ms[n] = s.ms + g * B;
-          w[n] = s.w + g * B;
-          if (++n == k_fold) {
-            fold<k_fold>(acc, vals, ms, w, nb, dp);
-            n = 0;
+        // Every (head, slice) accumulator of the row, k_fold at a time.
+        float* acc[k_fold];
+        const float* vals[k_fold];
+        const float* ms[k_fold];
+        const float* w[k_fold];
+        int n = 0;
+        for (int h = r * G; h < (r + 1) * G; ++h)
+          for (int i = 0; i < dp; i += W) {
+            acc[n] = s.acc + h * dp + i;
+            vals[n] = s.v + i;
+            ms[n] = s.ms + h * B;
+            w[n] = s.w + h * B;
+            if (++n == k_fold) {
+              fold<k_fold>(acc, vals, ms, w, nb, dp);
+              n = 0;
+            }
           }
+        switch (n) {
+          case 1: fold<1>(acc, vals, ms, w, nb, dp); break;
+          case 2: fold<2>(acc, vals, ms, w, nb, dp); break;
+          case 3: fold<3>(acc, vals, ms, w, nb, dp); break;
+          case 4: fold<4>(acc, vals, ms, w, nb, dp); break;
+          case 5: fold<5>(acc, vals, ms, w, nb, dp); break;
+          case 6: fold<6>(acc, vals, ms, w, nb, dp); break;
+          case 7: fold<7>(acc, vals, ms, w, nb, dp); break;
+          default: break;
         }
-      switch (n) {
-        case 1: fold<1>(acc, vals, ms, w, nb, dp); break;
-        case 2: fold<2>(acc, vals, ms, w, nb, dp); break;
-        case 3: fold<3>(acc, vals, ms, w, nb, dp); break;
-        case 4: fold<4>(acc, vals, ms, w, nb, dp); break;
-        case 5: fold<5>(acc, vals, ms, w, nb, dp); break;
-        case 6: fold<6>(acc, vals, ms, w, nb, dp); break;
-        case 7: fold<7>(acc, vals, ms, w, nb, dp); break;
-        default: break;
       }
     }
-    for (int g = 0; g < G; ++g) finish(s.acc + g * dp, s.sum[g], t.out + g * d, d);
+    for (int h = 0; h < H; ++h) finish(s.acc + h * dp, s.sum[h], t.out + (h / G) * t.row_stride + (h % G) * d, d);
   }
 
   static void run_f32(const attention_task& t, const attention_scratch& s) {
@@ -259,8 +268,11 @@ struct simd_attention {
   }
 
   static void run(const attention_task& t, const attention_scratch& s) {
-    if (t.kt == kv_type::f16) run_f16(t, s);
-    else run_f32(t, s);
+    if (t.kt == kv_type::f16) {
+      run_f16(t, s);
+    } else {
+      for (int r = 0; r < t.n_rows; ++r) run_f32(task_row(t, r), s);
+    }
   }
 };
 

@@ -237,6 +237,32 @@ TEST_SUITE("attention") {
       }
   }
 
+  TEST_CASE("f16 prompt rows attended several to a task equal each row attended alone, bit for bit") {
+    // On an f16 cache a long prompt's rows go k_attention_task_rows to a task (one widening of
+    // each key block for all of them); tails of 1-3 rows and every thread count must leave
+    // each row's result as a one-row call gives it, on every path.
+    tandem::test::isa_guard guard;
+    std::mt19937 rng(515);
+    thread_pool pool2(2), pool3(3);
+    for (const shape sh : {shape{16, 4, 64, 37, 13}, shape{8, 2, 64, 42, 0}, shape{6, 3, 24, 19, 5}}) {
+      CAPTURE(sh.n_q);
+      auto p = make_problem(rng, sh, kv_type::f16);
+      const int64_t row_floats = int64_t(sh.n_heads) * sh.head_dim;
+      for (const isa path : tandem::test::supported_isas()) {
+        CAPTURE(isa_name(path));
+        set_isa(path);
+        std::vector<float> alone(p.q.size(), -1.0f);
+        for (int64_t r = 0; r < sh.n_q; ++r)
+          attention(p.q.data() + r * row_floats, 1, sh.pos0 + r, p.k.data(), p.v.data(), kv_type::f16, sh.n_heads,
+                    sh.n_kv_heads, sh.head_dim, p.scale, alone.data() + r * row_floats, nullptr);
+        for (thread_pool* pool : {static_cast<thread_pool*>(nullptr), &pool2, &pool3}) {
+          CAPTURE(pool != nullptr);
+          CHECK(run(p, sh, kv_type::f16, pool) == alone);
+        }
+      }
+    }
+  }
+
   TEST_CASE("attention_many equals one attention call per run, bit for bit") {
     // Runs of one shape family (same heads) but different lengths and positions: a batched
     // decode step (one row each) and a mix with prefill chunks, on a pool and inline.
