@@ -239,20 +239,41 @@ size_t matvec_q8_scratch_bytes(int64_t cols, int64_t n_x) {
   return round_up(values) + round_up(values / k_qx * sizeof(float));
 }
 
-void quantize_q8(const float* x, int64_t n_x, int64_t cols, void* scratch, size_t scratch_size, stream_t s) {
+namespace {
+
+// The host-side checks quantize_q8 and matvec_q8_quantized share, naming `what`.
+void check_rows(const char* what, int64_t n_x) {
   if (n_x < 0 || n_x > k_matvec_max_rows)
-    throw std::invalid_argument("cuda quantize_q8: n_x " + std::to_string(n_x) + " outside 0.." +
+    throw std::invalid_argument(std::string("cuda ") + what + ": n_x " + std::to_string(n_x) + " outside 0.." +
                                 std::to_string(k_matvec_max_rows));
-  if (cols < 0 || cols > INT_MAX || cols % k_qx != 0)
-    throw std::invalid_argument("cuda quantize_q8: cols " + std::to_string(cols) + " is not a multiple of 32");
+}
+void check_scratch(const char* what, int64_t cols, int64_t n_x, const void* scratch, size_t scratch_size) {
   const size_t need = matvec_q8_scratch_bytes(cols, n_x);
   if (scratch_size < need)
-    throw std::invalid_argument("cuda quantize_q8: scratch of " + std::to_string(scratch_size) + " bytes, needs " +
-                                std::to_string(need));
-  if (reinterpret_cast<uintptr_t>(scratch) % 16 != 0) throw std::invalid_argument("cuda quantize_q8: unaligned scratch");
+    throw std::invalid_argument(std::string("cuda ") + what + ": scratch of " + std::to_string(scratch_size) +
+                                " bytes, needs " + std::to_string(need));
+  if (reinterpret_cast<uintptr_t>(scratch) % 16 != 0)
+    throw std::invalid_argument(std::string("cuda ") + what + ": unaligned scratch");
+}
+void require_q8(weight_type wt) {
+  require(device_kind::cuda, op::matvec, wt);
+  if (!matvec_q8_supports(wt))
+    throw std::invalid_argument("cuda matvec_q8: no integer kernel for " + display_name(wt) +
+                                " (supported: Q8_0, Q4_0, Q4_K, Q6_K)");
+}
+// The scales follow the codes in the scratch (see the top of this file).
+size_t scales_offset(int64_t cols, int64_t n_x) { return round_up(static_cast<size_t>(n_x * cols)); }
+
+}  // namespace
+
+void quantize_q8(const float* x, int64_t n_x, int64_t cols, void* scratch, size_t scratch_size, stream_t s) {
+  check_rows("quantize_q8", n_x);
+  if (cols < 0 || cols > INT_MAX || cols % k_qx != 0)
+    throw std::invalid_argument("cuda quantize_q8: cols " + std::to_string(cols) + " is not a multiple of 32");
+  check_scratch("quantize_q8", cols, n_x, scratch, scratch_size);
   if (n_x == 0 || cols == 0) return;
   auto* xq = static_cast<int8_t*>(scratch);
-  auto* xd = reinterpret_cast<float*>(static_cast<uint8_t*>(scratch) + round_up(static_cast<size_t>(n_x * cols)));
+  auto* xd = reinterpret_cast<float*>(static_cast<uint8_t*>(scratch) + scales_offset(cols, n_x));
   const int64_t n_blocks = n_x * cols / k_qx;
   const int64_t grid = (n_blocks + k_warps - 1) / k_warps;
   quantize_kernel<<<static_cast<unsigned>(grid), k_threads, 0, s>>>(x, n_blocks, xq, xd);
@@ -261,26 +282,17 @@ void quantize_q8(const float* x, int64_t n_x, int64_t cols, void* scratch, size_
 
 void matvec_q8_quantized(weight_type wt, const void* w, int64_t rows, int64_t cols, const void* xq_scratch,
                          size_t scratch_size, int64_t n_x, float* y, stream_t s) {
-  require(device_kind::cuda, op::matvec, wt);
-  if (!matvec_q8_supports(wt))
-    throw std::invalid_argument("cuda matvec_q8: no integer kernel for " + display_name(wt) +
-                                " (supported: Q8_0, Q4_0, Q4_K, Q6_K)");
-  if (n_x < 0 || n_x > k_matvec_max_rows)
-    throw std::invalid_argument("cuda matvec_q8: n_x " + std::to_string(n_x) + " outside 0.." +
-                                std::to_string(k_matvec_max_rows));
+  require_q8(wt);
+  check_rows("matvec_q8", n_x);
   if (rows < 0 || rows > INT_MAX || cols > INT_MAX)
     throw std::invalid_argument("cuda matvec_q8: " + std::to_string(rows) + " x " + std::to_string(cols) +
                                 " is out of range");
   detail::check_blocks("matvec_q8", wt, "cols", cols);
   detail::check_aligned("matvec_q8", w);
-  if (scratch_size < matvec_q8_scratch_bytes(cols, n_x))
-    throw std::invalid_argument("cuda matvec_q8: scratch of " + std::to_string(scratch_size) + " bytes, needs " +
-                                std::to_string(matvec_q8_scratch_bytes(cols, n_x)));
-  if (reinterpret_cast<uintptr_t>(xq_scratch) % 16 != 0) throw std::invalid_argument("cuda matvec_q8: unaligned scratch");
+  check_scratch("matvec_q8", cols, n_x, xq_scratch, scratch_size);
   if (n_x == 0 || rows == 0) return;
   const auto* xq = static_cast<const int8_t*>(xq_scratch);
-  const auto* xd =
-      reinterpret_cast<const float*>(static_cast<const uint8_t*>(xq_scratch) + round_up(static_cast<size_t>(n_x * cols)));
+  const auto* xd = reinterpret_cast<const float*>(static_cast<const uint8_t*>(xq_scratch) + scales_offset(cols, n_x));
   switch (wt) {
     case weight_type::q8_0: launch_nx<q8_0_dot>(w, rows, cols, xq, xd, n_x, y, s); break;
     case weight_type::q4_0: launch_nx<q4_0_dot>(w, rows, cols, xq, xd, n_x, y, s); break;
@@ -294,10 +306,7 @@ void matvec_q8_quantized(weight_type wt, const void* w, int64_t rows, int64_t co
 void matvec_q8(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
                void* scratch, size_t scratch_size, stream_t s) {
   // The weight checks first, so that a refused call does no work.
-  require(device_kind::cuda, op::matvec, wt);
-  if (!matvec_q8_supports(wt))
-    throw std::invalid_argument("cuda matvec_q8: no integer kernel for " + display_name(wt) +
-                                " (supported: Q8_0, Q4_0, Q4_K, Q6_K)");
+  require_q8(wt);
   detail::check_blocks("matvec_q8", wt, "cols", cols);
   quantize_q8(x, n_x, cols, scratch, scratch_size, s);
   matvec_q8_quantized(wt, w, rows, cols, scratch, scratch_size, n_x, y, s);

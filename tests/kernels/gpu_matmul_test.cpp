@@ -73,6 +73,18 @@ std::vector<int64_t> cols_for(weight_type t) {
   return {256, 768, 2816};                  // one super-block, three, 11
 }
 
+// (rows, cols) of the matvec tests: each column count at 1, 7 and 67 rows, then many row
+// blocks with a ragged last one.
+std::vector<std::pair<int64_t, int64_t>> matvec_shapes(weight_type t) {
+  const auto cols_list = cols_for(t);
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  for (const int64_t c : cols_list)
+    for (const int64_t r : {1, 7, 67}) shapes.push_back({r, c});
+  shapes.push_back({1031, cols_list[1]});
+  shapes.push_back({259, cols_list.back()});
+  return shapes;
+}
+
 struct weights {
   weight_type t;
   int64_t rows, cols;
@@ -166,13 +178,7 @@ TEST_SUITE("gpu_matmul") {
     for (const weight_type t : cuda_types(tandem::kernels::op::matvec)) {
       const auto& b = bounds_of(t);
       double margin_exact = 0, margin_cpu = 0;  // the largest fractions of the bounds used, for the log
-      const auto cols_list = cols_for(t);
-      std::vector<std::pair<int64_t, int64_t>> shapes;  // (rows, cols)
-      for (const int64_t c : cols_list)
-        for (const int64_t r : {1, 7, 67}) shapes.push_back({r, c});
-      shapes.push_back({1031, cols_list[1]});  // many row blocks, a ragged last one
-      shapes.push_back({259, cols_list.back()});
-      for (const auto& [rows, cols] : shapes) {
+      for (const auto& [rows, cols] : matvec_shapes(t)) {
         const weights w = make_weights(t, rows, cols, ++seed);
         const auto x = gaussian(size_t(cu::k_matvec_max_rows * cols), seed + 5000);
         dev_array<uint8_t> dw(w.q, s);
@@ -217,13 +223,7 @@ TEST_SUITE("gpu_matmul") {
       ++types;
       const auto& b = bounds_of(t);
       double margin_exact = 0, margin_cpu = 0;
-      const auto cols_list = cols_for(t);
-      std::vector<std::pair<int64_t, int64_t>> shapes;  // (rows, cols)
-      for (const int64_t c : cols_list)
-        for (const int64_t r : {1, 7, 67}) shapes.push_back({r, c});
-      shapes.push_back({1031, cols_list[1]});
-      shapes.push_back({259, cols_list.back()});
-      for (const auto& [rows, cols] : shapes) {
+      for (const auto& [rows, cols] : matvec_shapes(t)) {
         const weights w = make_weights(t, rows, cols, ++seed);
         const auto x = gaussian(size_t(cu::k_matvec_max_rows * cols), seed + 5000);
         dev_array<uint8_t> dw(w.q, s);
