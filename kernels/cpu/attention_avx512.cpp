@@ -1,8 +1,11 @@
 // AVX-512 attention: the kernel of attention_simd.h with 16-float registers for the row work
-// (widening, value accumulation); the dot products keep the shared 8-lane order.
+// (widening, value accumulation) and a vectorised online softmax; the dot products keep the
+// shared 8-lane order.
 #include <immintrin.h>
 
 #include <cstdint>
+
+#include "kernels/cpu/expf_exact_avx512.h"
 
 namespace tandem::kernels::cpu {
 namespace {
@@ -29,6 +32,51 @@ struct avx512_lanes {
   static vec unfused(vec a) {
     asm("" : "+v"(a));
     return a;
+  }
+
+  // attention_simd.h's online_weights for a block of up to 16 keys at once. Key b is a new
+  // maximum when its score exceeds the running max over the keys before it (E[b], an
+  // exclusive prefix max, NaN scores never counting), and takes the same expf argument as
+  // the key-by-key loop: E[b] - sc[b] for a new maximum, sc[b] - E[b] otherwise, each
+  // through the vector expf with the C library's bits (expf_exact_avx512.h).
+  static void online_weights(const float* sc, int nb, float& m, float* ms, float* w) {
+    const __mmask16 valid = nb >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << nb) - 1);
+    const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+    const __m512 s = _mm512_maskz_loadu_ps(valid, sc);
+    const __mmask16 ordered = _mm512_cmp_ps_mask(s, s, _CMP_ORD_Q) & valid;
+    const __m512 c = _mm512_mask_blend_ps(ordered, ninf, s);
+    // Inclusive prefix max of c, in four shifted steps (lanes shifted in hold -inf).
+    __m512 p = c;
+    p = _mm512_maskz_max_ps(0xFFFF, p, shift_in(p, ninf, 1));
+    p = _mm512_maskz_max_ps(0xFFFF, p, shift_in(p, ninf, 2));
+    p = _mm512_maskz_max_ps(0xFFFF, p, shift_in(p, ninf, 4));
+    p = _mm512_maskz_max_ps(0xFFFF, p, shift_in(p, ninf, 8));
+    const __m512 m_in = _mm512_set1_ps(m);
+    p = _mm512_maskz_max_ps(0xFFFF, p, m_in);
+    const __m512 e = shift_in(p, m_in, 1);  // E[0] = m, E[b] = p[b - 1]
+    const __mmask16 fresh = _mm512_cmp_ps_mask(c, e, _CMP_GT_OQ);
+    const __m512 arg = _mm512_maskz_mov_ps(valid, _mm512_mask_blend_ps(fresh, _mm512_sub_ps(s, e), _mm512_sub_ps(e, s)));
+    const __m512 x = avx512::expf_exact(arg);
+    const __m512 one = _mm512_set1_ps(1.0f);
+    _mm512_storeu_ps(ms, _mm512_mask_blend_ps(fresh, one, x));
+    _mm512_storeu_ps(w, _mm512_maskz_mov_ps(valid, _mm512_mask_blend_ps(fresh, x, one)));  // 0 past nb
+    alignas(64) float last[16];
+    _mm512_store_ps(last, p);
+    m = last[15];  // lanes past nb hold -inf scores, so the max stands there too
+  }
+
+  // a shifted up by k lanes, the k lowest lanes taken from fill's (all alike here).
+  template <int K>
+  static __m512 shift_in_k(__m512 a, __m512 fill) {
+    return _mm512_castsi512_ps(_mm512_maskz_alignr_epi32(0xFFFF, _mm512_castps_si512(a), _mm512_castps_si512(fill), 16 - K));
+  }
+  static __m512 shift_in(__m512 a, __m512 fill, int k) {
+    switch (k) {
+      case 1: return shift_in_k<1>(a, fill);
+      case 2: return shift_in_k<2>(a, fill);
+      case 4: return shift_in_k<4>(a, fill);
+      default: return shift_in_k<8>(a, fill);
+    }
   }
 };
 

@@ -106,6 +106,60 @@ struct simd_attention {
     }
   }
 
+  // Online softmax over the scores of one key block, key by key: ms[b] rescales what is
+  // accumulated (1: untouched), w[b] weighs the value row; m is the running max. An L may
+  // provide its own online_weights with the same results (the AVX-512 one does, vectorised).
+  // Keys nb .. B-1 get ms 1 and w 0 (update_sums relies on it).
+  static void online_weights(const float* sc, int nb, float& m, float* ms, float* w) {
+    for (int b = 0; b < nb; ++b) {
+      ms[b] = 1.0f;
+      w[b] = 1.0f;
+      if (sc[b] > m) {
+        ms[b] = expf(m - sc[b]);  // 0 on the first key (m = -inf)
+        m = sc[b];
+      } else {
+        w[b] = expf(sc[b] - m);
+      }
+    }
+    for (int b = nb; b < B; ++b) {
+      ms[b] = 1.0f;
+      w[b] = 0.0f;
+    }
+  }
+
+  // sum[h] = sum[h] * ms[h][b] + w[h][b] for keys b < nb (a multiple of 4, at most B) of nh
+  // heads (rows of B floats in ms and w), key by key, the product rounded before the add.
+  // Each head's sum is one chain of dependent operations, so heads go four to a register
+  // (a 4 x 4 transpose turns four heads' rows into four keys' columns) and their chains
+  // overlap instead of waiting on one another.
+  static void update_sums(float* sum, const float* ms, const float* w, int nh, int nb) {
+    int h = 0;
+    for (; h + 4 <= nh; h += 4) {
+      __m128 acc = _mm_loadu_ps(sum + h);
+      for (int b = 0; b < nb; b += 4) {
+        __m128 m0 = _mm_loadu_ps(ms + (h + 0) * B + b), m1 = _mm_loadu_ps(ms + (h + 1) * B + b);
+        __m128 m2 = _mm_loadu_ps(ms + (h + 2) * B + b), m3 = _mm_loadu_ps(ms + (h + 3) * B + b);
+        __m128 w0 = _mm_loadu_ps(w + (h + 0) * B + b), w1 = _mm_loadu_ps(w + (h + 1) * B + b);
+        __m128 w2 = _mm_loadu_ps(w + (h + 2) * B + b), w3 = _mm_loadu_ps(w + (h + 3) * B + b);
+        _MM_TRANSPOSE4_PS(m0, m1, m2, m3);
+        _MM_TRANSPOSE4_PS(w0, w1, w2, w3);
+        acc = _mm_add_ps(unfused(_mm_mul_ps(acc, m0)), w0);
+        acc = _mm_add_ps(unfused(_mm_mul_ps(acc, m1)), w1);
+        acc = _mm_add_ps(unfused(_mm_mul_ps(acc, m2)), w2);
+        acc = _mm_add_ps(unfused(_mm_mul_ps(acc, m3)), w3);
+      }
+      _mm_storeu_ps(sum + h, acc);
+    }
+    for (; h < nh; ++h) {
+      float acc = sum[h];
+      for (int b = 0; b < nb; ++b) {
+        const __m128 scaled = unfused(_mm_mul_ss(_mm_set_ss(acc), _mm_set_ss(ms[h * B + b])));
+        acc = _mm_cvtss_f32(_mm_add_ss(scaled, _mm_set_ss(w[h * B + b])));
+      }
+      sum[h] = acc;
+    }
+  }
+
   // out[0..d) = acc * (1 / sum), as the scalar path's final division.
   static void finish(const float* acc, float sum, float* out, int d) {
     const float inv = 1.0f / sum;
@@ -160,34 +214,29 @@ struct simd_attention {
         widen_row(k + kv_row_offset(t.pages, t.kv_stride, t0 + b), s.k + b * dp, d, dp);
         widen_row(v + kv_row_offset(t.pages, t.kv_stride, t0 + b), s.v + b * dp, d, dp);
       }
-      for (int r = 0; r < t.n_rows; ++r) {
+      // Rows before r_begin have seen all their keys (a row sees t.n_keys + r of them).
+      const int r_begin = t0 < t.n_keys ? 0 : static_cast<int>(t0 - t.n_keys + 1);
+      for (int r = r_begin; r < t.n_rows; ++r) {
         const int64_t keys = t.n_keys + r;
-        if (keys <= t0) continue;
         const int nb = keys - t0 < B ? static_cast<int>(keys - t0) : B;
         for (int h = r * G; h < (r + 1) * G; ++h) {
           float* sc = s.scores + h * B;
           dots(s.q + h * dp, s.k, dp, nb, d, t.scale, sc);
-          // Online softmax, key by key: ms rescales what is accumulated (1: untouched), w weighs
-          // the new value row.
-          float* ms = s.ms + h * B;
-          float* w = s.w + h * B;
-          float m = s.m[h], sum = s.sum[h];
-          for (int b = 0; b < nb; ++b) {
-            ms[b] = 1.0f;
-            w[b] = 1.0f;
-            if (sc[b] > m) {
-              ms[b] = expf(m - sc[b]);  // 0 on the first key (m = -inf)
-              m = sc[b];
-            } else {
-              w[b] = expf(sc[b] - m);
-            }
-            const __m128 scaled = unfused(_mm_mul_ss(_mm_set_ss(sum), _mm_set_ss(ms[b])));
-            sum = _mm_cvtss_f32(_mm_add_ss(scaled, _mm_set_ss(w[b])));
+          if constexpr (requires { L::online_weights(sc, nb, s.m[h], s.ms, s.w); }) {
+            L::online_weights(sc, nb, s.m[h], s.ms + h * B, s.w + h * B);
+          } else {
+            online_weights(sc, nb, s.m[h], s.ms + h * B, s.w + h * B);
           }
-          s.m[h] = m;
-          s.sum[h] = sum;
         }
+      }
+      // Keys past a row's last have ms 1 and w 0, which leave its sum as it is, so every
+      // active head's sum takes the block's keys up to a multiple of four.
+      update_sums(s.sum + r_begin * G, s.ms + r_begin * G * B, s.w + r_begin * G * B, H - r_begin * G,
+                  (nb_all + 3) & ~3);
 
+      for (int r = r_begin; r < t.n_rows; ++r) {
+        const int64_t keys = t.n_keys + r;
+        const int nb = keys - t0 < B ? static_cast<int>(keys - t0) : B;
         // Every (head, slice) accumulator of the row, k_fold at a time.
         float* acc[k_fold];
         const float* vals[k_fold];

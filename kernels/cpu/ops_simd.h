@@ -1,6 +1,7 @@
 // Internal to the CPU element-wise ops: their AVX2 paths (ops_avx2.cpp), which the public
 // functions in ops.h reach through active_isa(). Only call them when the CPU has AVX2, FMA and
-// F16C. The avx512 path takes these too: each op is well under 1% of a forward pass.
+// F16C. The avx512 path takes these too (each op is well under 1% of a forward pass), but for
+// the ops whose contract is expf itself, which have AVX-512 forms (ops_avx512.cpp).
 #pragma once
 
 #include <cstdint>
@@ -24,5 +25,12 @@ void swiglu_avx2(float* gate, const float* up, int64_t n);
 // out[i] = e^x[i] through the vector exponential softmax_avx2 uses (simd_math_avx2.h); here so
 // that tests can measure its error. out may equal x.
 void exp_avx2(const float* x, float* out, int64_t n);
+
+// Only with AVX-512 (isa::avx512). out[i] = expf(x[i]), the same bits as std::exp on floats
+// (expf_exact_avx512.h); out may equal x.
+void expf_exact_avx512(const float* x, float* out, int64_t n);
+
+// Only with AVX-512. swiglu itself, bit for bit: its expf through expf_exact_avx512.h.
+void swiglu_avx512(float* gate, const float* up, int64_t n);
 
 }  // namespace tandem::kernels::cpu

@@ -263,6 +263,51 @@ TEST_SUITE("attention") {
     }
   }
 
+  TEST_CASE("f16 online softmax: ties, a new maximum at every key and non-finite keys as the scalar reference") {
+    // The AVX-512 path finds a block's maxima and weights 16 keys at a time; the scalar path
+    // goes key by key. Scores that tie, scores that set a new maximum at every key (each
+    // rescaling the accumulators), an infinite key and, later, a NaN one must give the same
+    // bits (NaN for NaN) on every path.
+    tandem::test::isa_guard guard;
+    std::mt19937 rng(808);
+    const shape sh{4, 2, 32, 12, 40};
+    const int64_t n_keys = sh.pos0 + sh.n_q, row = int64_t(sh.n_kv_heads) * sh.head_dim;
+    auto p = make_problem(rng, sh, kv_type::f16);
+    // Every query near one direction u, so that keys along u score by their length.
+    const auto u = random_vector(rng, size_t(sh.head_dim), 1.0f);
+    const auto noise = random_vector(rng, p.q.size(), 0.05f);
+    for (size_t i = 0; i < p.q.size(); ++i) p.q[i] = u[i % size_t(sh.head_dim)] + noise[i];
+    auto keys = random_vector(rng, size_t(n_keys * row), 1.0f);
+    auto key = [&](int64_t t, int64_t e) -> float& { return keys[size_t(t * row + e)]; };
+    for (int64_t t = 0; t < n_keys; ++t)
+      for (int64_t e = 0; e < row; ++e) {
+        const float along = u[size_t(e % sh.head_dim)];
+        if (t >= 3 && t < 11) key(t, e) = 0.25f * along;                          // ties
+        if (t >= 17 && t < 37) key(t, e) = 0.05f * float(t - 16) * along;        // rising
+      }
+    key(44, 0) = std::numeric_limits<float>::infinity();  // one KV head's score of +-inf
+    key(49, row - 1) = std::numeric_limits<float>::quiet_NaN();  // the other's NaN, for the last rows
+    p.k.store(0, keys, n_keys);
+    set_isa(isa::scalar);
+    const auto want = run(p, sh, kv_type::f16, nullptr);
+    size_t nan_rows = 0;
+    for (const float x : want) nan_rows += std::isnan(x);
+    CHECK(nan_rows > 0);  // the NaN key reached the rows after it
+    thread_pool pool2(2);
+    for (const isa path : tandem::test::supported_isas()) {
+      CAPTURE(isa_name(path));
+      set_isa(path);
+      for (thread_pool* pool : {static_cast<thread_pool*>(nullptr), &pool2}) {
+        CAPTURE(pool != nullptr);
+        const auto got = run(p, sh, kv_type::f16, pool);
+        size_t differing = 0;
+        for (size_t i = 0; i < got.size(); ++i)
+          differing += !(std::memcmp(&got[i], &want[i], sizeof(float)) == 0 || (std::isnan(got[i]) && std::isnan(want[i])));
+        CHECK(differing == 0);
+      }
+    }
+  }
+
   TEST_CASE("attention_many equals one attention call per run, bit for bit") {
     // Runs of one shape family (same heads) but different lengths and positions: a batched
     // decode step (one row each) and a mix with prefill chunks, on a pool and inline.

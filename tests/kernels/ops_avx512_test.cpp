@@ -1,0 +1,120 @@
+// The AVX-512 forms of the ops whose contract is expf itself (kernels/cpu/ops_avx512.cpp):
+// they must give std::exp's bits, not an approximation of them. On this project's machines
+// every float in [-104, 89] was compared once (2.2e9 values, none differed); here a stride of
+// them, the edges of the vector range, and the specials.
+#include "kernels/cpu/ops_simd.h"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/ops.h"
+#include "tests/kernels/kernel_test_util.h"
+
+using namespace tandem::kernels::cpu;
+
+namespace {
+
+uint32_t bits(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof u);
+  return u;
+}
+
+float from_bits(uint32_t u) {
+  float v;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+// Same bits, or both NaN (a NaN's payload is not part of any contract here).
+bool same(float a, float b) { return bits(a) == bits(b) || (std::isnan(a) && std::isnan(b)); }
+
+// Count of x whose expf_exact_avx512 differs from std::exp; reports the first few.
+int mismatches(const std::vector<float>& x) {
+  std::vector<float> y(x.size());
+  expf_exact_avx512(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  int bad = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float want = std::exp(x[i]);
+    if (same(y[i], want)) continue;
+    if (++bad <= 5) MESSAGE("expf(" << x[i] << ", bits " << bits(x[i]) << "): want bits " << bits(want) << ", got " << bits(y[i]));
+  }
+  return bad;
+}
+
+}  // namespace
+
+TEST_SUITE("ops_avx512") {
+  TEST_CASE("expf_exact_avx512 equals std::exp on a stride of every float in [-104, 89]") {
+    if (!isa_supported(isa::avx512)) {
+      MESSAGE("skipped: this CPU has no AVX-512");
+      return;
+    }
+    // By bit pattern: the negative floats down to -104 (results down to 0 through the
+    // subnormals) and the positive ones up to 89 (past the overflow to inf). An odd stride
+    // visits every low-bit pattern of the mantissa, near-midpoint cases among them.
+    std::vector<float> x;
+    for (uint64_t u = 0x80000000u; u < 0xC2D00000u; u += 2039) x.push_back(from_bits(static_cast<uint32_t>(u)));
+    for (uint64_t u = 0; u < 0x42B20000u; u += 2039) x.push_back(from_bits(static_cast<uint32_t>(u)));
+    CHECK(x.size() > 1000000);
+    CHECK(mismatches(x) == 0);
+  }
+
+  TEST_CASE("expf_exact_avx512 at the edges of its vector range, the specials, and any length") {
+    if (!isa_supported(isa::avx512)) {
+      MESSAGE("skipped: this CPU has no AVX-512");
+      return;
+    }
+    const float inf = std::numeric_limits<float>::infinity();
+    std::vector<float> x = {0.0f, -0.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN(), -87.0f, 88.0f,
+                            std::nextafter(-87.0f, -inf), std::nextafter(88.0f, inf), -103.9f, -104.0f, 88.72f,
+                            89.0f, 1e-30f, -1e-30f, std::numeric_limits<float>::denorm_min(), 0.5f, -0.5f, 1.0f, -1.0f};
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> d(-30.0f, 5.0f);
+    for (int i = 0; i < 77; ++i) x.push_back(d(rng));
+    // Every length up to two vectors and a tail, so that the scalar tail is covered too.
+    for (size_t n = 0; n <= x.size(); n += (n < 40 ? 1 : 13)) {
+      CAPTURE(n);
+      CHECK(mismatches(std::vector<float>(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(n))) == 0);
+    }
+    // In place.
+    auto y = x;
+    expf_exact_avx512(y.data(), y.data(), static_cast<int64_t>(y.size()));
+    for (size_t i = 0; i < x.size(); ++i) CHECK(same(y[i], std::exp(x[i])));
+  }
+
+  TEST_CASE("swiglu on the avx512 path equals the scalar reference bit for bit") {
+    if (!isa_supported(isa::avx512)) {
+      MESSAGE("skipped: this CPU has no AVX-512");
+      return;
+    }
+    tandem::test::isa_guard guard;
+    std::mt19937 rng(5);
+    std::normal_distribution<float> dist(0.0f, 6.0f);
+    for (int64_t n : {1, 15, 16, 17, 100, 1536}) {
+      CAPTURE(n);
+      std::vector<float> g(static_cast<size_t>(n)), u(static_cast<size_t>(n));
+      for (auto& v : g) v = dist(rng);
+      for (auto& v : u) v = dist(rng);
+      // Saturation and the specials where they fit.
+      const float specials[] = {-200.0f, -90.0f, 90.0f, 200.0f, std::numeric_limits<float>::quiet_NaN(), -0.0f};
+      for (size_t i = 0; i < std::size(specials) && i * 3 < g.size(); ++i) g[i * 3] = specials[i];
+      auto want = g, got = g;
+      set_isa(isa::scalar);
+      swiglu(want.data(), u.data(), n);
+      set_isa(isa::avx512);
+      swiglu(got.data(), u.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        CAPTURE(i);
+        CHECK(same(got[i], want[i]));
+      }
+    }
+  }
+}
