@@ -14,6 +14,7 @@
 #include "kernels/cpu/act_quant.h"
 #include "kernels/cpu/panel.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/cpu/vec_dot.h"
 #include "tests/kernels/kernel_test_util.h"
 
 // Counts heap allocations while g_counting is set, to check that warm matmul calls make
@@ -435,6 +436,26 @@ TEST_SUITE("matmul") {
     const matmul_job bad[2] = {{weight_type::q4_0, ps[0].w.data(), 67, y0.data()}, {weight_type::q2_k, ps[0].w.data(), 1, y0.data()}};
     CHECK_THROWS_WITH_AS(matmul_many(bad, 2, cols, ps[0].x.data(), 1, nullptr), doctest::Contains("Q2_K"), std::invalid_argument);
     CHECK(y0[0] == -7.0f);
+  }
+
+  TEST_CASE("chunks carry the same work whether a group is a panel or a row group") {
+    // Groups of the panel paths hold k_panel_rows rows, those of the row kernels
+    // k_max_weight_rows: a chunk of either is about the same number of multiply-adds, so a
+    // small decode product still splits. (Counting panels as row groups once left a 576 x 576
+    // packed product, 36 panels, on one thread.)
+    for (const int64_t cols : {576, 1024, 1536, 2816, 4096})
+      for (const int64_t n_x : {1, 4, 16}) {
+        CAPTURE(cols);
+        CAPTURE(n_x);
+        const int64_t panel_macs = matmul_chunk_groups(cols, n_x, true) * k_panel_rows * cols * n_x;
+        const int64_t row_macs = matmul_chunk_groups(cols, n_x, false) * k_max_weight_rows * cols * n_x;
+        CHECK(panel_macs <= row_macs + k_panel_rows * cols * n_x);
+        CHECK(row_macs <= panel_macs + k_panel_rows * cols * n_x);
+      }
+    // The decode products of a 135M model (dim 576, FFN 1536) split into several chunks.
+    CHECK(576 / k_panel_rows / matmul_chunk_groups(576, 1, true) >= 4);
+    CHECK(576 / k_panel_rows / matmul_chunk_groups(1536, 1, true) >= 4);
+    CHECK(matmul_chunk_groups(1, 1, true) >= 1);
   }
 
   TEST_CASE("shapes and errors") {
