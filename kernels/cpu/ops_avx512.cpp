@@ -21,7 +21,7 @@ void swiglu_avx512(float* gate, const float* up, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m512 g = _mm512_loadu_ps(gate + i);
-    const __m512 e = avx512::expf_exact(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    const __m512 e = avx512::expf_exact(_mm512_xor_ps(g, _mm512_set1_ps(-0.0f)));  // -g, as the scalar path
     _mm512_storeu_ps(gate + i, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), _mm512_loadu_ps(up + i)));
   }
   for (; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
