@@ -12,9 +12,11 @@
 //
 // Arithmetic contract: attention_impl.h. Per key block the keys and values are widened into
 // scratch once for every head of the group; each head scores the block (four keys at a time,
-// so four dot chains overlap) and finds its online-softmax weights in scalar code; then the
-// value rows are folded into the accumulators, up to eight W-lane slices (of any heads) held
-// in registers across the block, so that their f16 round trips overlap.
+// so four dot chains overlap) and finds its online-softmax weights (key by key here, or by an
+// L's own online_weights: AVX-512's takes 16 keys at once); the running sums advance four heads
+// to a register; then the value rows are folded into the accumulators, up to eight W-lane
+// slices (of any heads) held in registers across the block, so that their f16 round trips
+// overlap.
 #pragma once
 
 #include <immintrin.h>

@@ -7,8 +7,8 @@
 // two floats. glibc's expf is correctly rounded outside that band too: it also works in
 // double, with a documented error before rounding of 1.69 * 2^-34 relative, under 2^-9 of a
 // float ulp. So lanes farther than 2^-8 ulp from a midpoint take the vector result, and the
-// rest (about 1 in 128), with every lane whose result is not a normal float (x outside
-// [-87, 88], inf, NaN), call expf itself. Every float in [-104, 89] was compared against
+// rest (about 1 in 128), with every lane outside [-87, 88] (where results approach the ends
+// of the normal floats), inf and NaN, call expf itself. Every float in [-104, 89] was compared against
 // Debian 12's glibc: equal with this band and with 2^-9, 18,558 differ with 2^-10 (and with no
 // band at all, 170,493 do: glibc rounds those the other way); tests/kernels/ops_avx512_test.cpp
 // checks a stride of them.

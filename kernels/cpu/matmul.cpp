@@ -44,12 +44,11 @@ uint8_t* aligned_scratch(std::vector<uint8_t>& buf, size_t bytes) {
 
 }  // namespace
 
-int64_t matmul_chunk_groups(int64_t cols, int64_t n_x, bool panels) {
+int64_t matmul_chunk_groups(int64_t cols, int64_t n_x, int64_t group_rows) {
   // A group's rows differ by path: counting every group as k_max_weight_rows rows made panel
   // chunks four times too big, and a 576 x 576 packed decode product (36 panels) ran on one
   // thread.
-  const int64_t group_rows = panels ? k_panel_rows : k_max_weight_rows;
-  return std::max<int64_t>(1, k_min_chunk_work / std::max<int64_t>(1, cols * n_x * group_rows));
+  return std::max<int64_t>(1, k_min_chunk_work / std::max<int64_t>(1, cols * n_x * std::max<int64_t>(1, group_rows)));
 }
 
 void matmul(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
@@ -314,9 +313,11 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
       }
     }
   };
-  bool panels = false;
-  for (int j = 0; j < n_jobs; ++j) panels = panels || plans[j].panel;
-  run(pool, total_groups, matmul_chunk_groups(cols, n_x, panels), body);
+  // Rows per group over the whole call: 16 on the panel paths, 4 on the row kernels, between
+  // them when one call mixes the two.
+  int64_t total_rows = 0;
+  for (int j = 0; j < n_jobs; ++j) total_rows += jobs[j].rows;
+  run(pool, total_groups, matmul_chunk_groups(cols, n_x, std::max<int64_t>(1, total_rows / total_groups)), body);
 }
 
 }  // namespace tandem::kernels::cpu

@@ -49,10 +49,10 @@ inline constexpr int k_max_matmul_jobs = 4;
 // too many jobs.
 void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, int64_t n_x, thread_pool* pool);
 
-// The smallest share of a matmul_many call a pool chunk takes, in row groups: panels of
-// k_panel_rows rows (packed weights, prefill panels) or k_max_weight_rows rows (row kernels),
-// at least a fixed number of multiply-adds. A call of fewer than twice this many groups runs on
+// The smallest share of a matmul_many call a pool chunk takes, in row groups of group_rows
+// rows (k_panel_rows on the packed and panel paths, k_max_weight_rows on the row kernels):
+// about a fixed number of multiply-adds. A call of fewer than twice this many groups runs on
 // the calling thread.
-int64_t matmul_chunk_groups(int64_t cols, int64_t n_x, bool panels);
+int64_t matmul_chunk_groups(int64_t cols, int64_t n_x, int64_t group_rows);
 
 }  // namespace tandem::kernels::cpu

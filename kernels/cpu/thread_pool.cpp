@@ -56,12 +56,15 @@ constexpr int k_spin_iterations = 2000;
 // of the range (plan_pieces), so the last one a thread takes, and the wait of a thread that
 // finishes first, are small without cutting the whole range finely: even pieces of an eighth
 // kept one core idle for about a sixteenth of every decode product.
-constexpr int k_max_pieces = 256;
+constexpr int64_t k_max_participants = 128;
+constexpr int64_t k_max_pieces = 32 * k_max_participants;
 
-// Piece p of a job is [bounds[p], bounds[p + 1]); returns the count. First one piece of half
-// an even share per participant, then each piece a quarter of what is left per participant,
-// never under grain (the last takes a remainder smaller than grain). Depends on n, grain and
-// participants only.
+// Piece p of a job is [bounds[p], bounds[p + 1]); returns the count (at most k_max_pieces).
+// First one piece of half an even share per participant, then each piece half an even share
+// of what is left, never under grain; a remainder under grain joins the piece before it. Near
+// the end of the table the pieces grow to even shares of what is left over the slots left,
+// so the last is never a large remainder (only a job of over about e^16 grains per
+// participant gets there). Depends on n, grain and participants only.
 int64_t plan_pieces(int64_t n, int64_t grain, int64_t participants, int64_t* bounds) {
   int64_t cur = 0, k = 0;
   const int64_t first = std::max(grain, n / (2 * participants));
@@ -70,10 +73,12 @@ int64_t plan_pieces(int64_t n, int64_t grain, int64_t participants, int64_t* bou
     cur = std::min(n, cur + first);
     if (n - cur < grain) cur = n;
   }
+  auto ceil_div = [](int64_t a, int64_t b) { return a / b + (a % b != 0); };
   while (cur < n) {
+    const int64_t rest = n - cur, slots = k_max_pieces - k;
     bounds[k++] = cur;
-    int64_t size = std::max(grain, (n - cur + 2 * participants - 1) / (2 * participants));
-    if (n - cur - size < grain || k == k_max_pieces) size = n - cur;
+    int64_t size = std::max({grain, ceil_div(rest, 2 * participants), ceil_div(rest, slots)});
+    if (rest - size < grain) size = rest;
     cur += size;
   }
   bounds[k] = n;
@@ -195,10 +200,10 @@ int thread_pool::size() const { return impl_->threads; }
 void thread_pool::parallel_for(int64_t n, int64_t grain, range_fn body) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
-  // A participant per grain at most, so that each one's first piece is at least grain.
-  // (and half the piece table: each participant's first piece has a slot).
+  // A participant per grain at most, so that each one's first piece is at least grain, and
+  // k_max_participants at most, so that the piece table keeps room for the tail after them.
   const int participants = static_cast<int>(
-      std::min<int64_t>({impl_->threads, std::max<int64_t>(1, n / grain), int64_t{k_max_pieces / 2}}));
+      std::min<int64_t>({impl_->threads, std::max<int64_t>(1, n / grain), k_max_participants}));
   if (participants <= 1 || running_on_this_thread(impl_.get())) {
     body(0, n);
     return;

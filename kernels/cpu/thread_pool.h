@@ -39,11 +39,11 @@ class thread_pool {
 
   int size() const;
   // Splits [0, n) into contiguous chunks of at least `grain` items (one chunk, run on the
-  // caller, when n < 2 * grain), body(begin, end): one of half an even share per thread, then
-  // smaller ones toward the end (a quarter of what is left per thread, down to grain, at most
-  // 256 chunks). A given (n, grain, size()) always makes the same chunks; which thread
-  // runs which is decided as they go (a thread that finishes early takes the next untaken
-  // one), so a body must not depend on it. The first exception a chunk throws is rethrown here
+  // caller, when n < 2 * grain), body(begin, end): one of half an even share per
+  // participating thread (at most 128 take part), then smaller ones toward the end (half an
+  // even share of what is left, down to grain; at most 4096 chunks). A given (n, grain,
+  // size()) always makes the same chunks; which thread runs which is decided as they go (a
+  // thread that finishes early takes the next untaken one), so a body must not depend on it. The first exception a chunk throws is rethrown here
   // after all chunks end. Does not allocate.
   // Nesting: a call made from inside a chunk of this pool, directly or through chunks of
   // other pools on the same thread, runs inline on that thread. A chunk may use another pool

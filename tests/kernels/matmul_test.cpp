@@ -447,15 +447,16 @@ TEST_SUITE("matmul") {
       for (const int64_t n_x : {1, 4, 16}) {
         CAPTURE(cols);
         CAPTURE(n_x);
-        const int64_t panel_macs = matmul_chunk_groups(cols, n_x, true) * k_panel_rows * cols * n_x;
-        const int64_t row_macs = matmul_chunk_groups(cols, n_x, false) * k_max_weight_rows * cols * n_x;
+        const int64_t panel_macs = matmul_chunk_groups(cols, n_x, k_panel_rows) * k_panel_rows * cols * n_x;
+        const int64_t row_macs = matmul_chunk_groups(cols, n_x, k_max_weight_rows) * k_max_weight_rows * cols * n_x;
         CHECK(panel_macs <= row_macs + k_panel_rows * cols * n_x);
         CHECK(row_macs <= panel_macs + k_panel_rows * cols * n_x);
       }
     // The decode products of a 135M model (dim 576, FFN 1536) split into several chunks.
-    CHECK(576 / k_panel_rows / matmul_chunk_groups(576, 1, true) >= 4);
-    CHECK(576 / k_panel_rows / matmul_chunk_groups(1536, 1, true) >= 4);
-    CHECK(matmul_chunk_groups(1, 1, true) >= 1);
+    CHECK(576 / k_panel_rows / matmul_chunk_groups(576, 1, k_panel_rows) >= 4);
+    CHECK(576 / k_panel_rows / matmul_chunk_groups(1536, 1, k_panel_rows) >= 4);
+    CHECK(matmul_chunk_groups(1, 1, k_panel_rows) >= 1);
+    CHECK(matmul_chunk_groups(1, 1, 0) >= 1);
   }
 
   TEST_CASE("shapes and errors") {

@@ -96,6 +96,33 @@ TEST_SUITE("thread_pool") {
     }
   }
 
+  TEST_CASE("with many threads and a long range the tail is still cut finest") {
+    // 64 participants over a million items take thousands of pieces before the grain: the
+    // piece table must neither overflow nor leave a large remainder to the last piece.
+    for (int threads : {64, 200}) {
+      CAPTURE(threads);
+      thread_pool pool(threads);
+      for (const int64_t n : {int64_t{1000000}, int64_t{4096}}) {
+        CAPTURE(n);
+        std::mutex m;
+        std::vector<std::pair<int64_t, int64_t>> chunks;
+        pool.parallel_for(n, 1, [&](int64_t b, int64_t e) {
+          std::lock_guard lock(m);
+          chunks.emplace_back(b, e);
+        });
+        std::sort(chunks.begin(), chunks.end());
+        REQUIRE(chunks.front().first == 0);
+        for (size_t i = 1; i < chunks.size(); ++i) REQUIRE(chunks[i].first == chunks[i - 1].second);
+        REQUIRE(chunks.back().second == n);
+        CHECK(chunks.size() <= 4096);
+        const int64_t first = chunks.front().second - chunks.front().first;
+        const int64_t last = chunks.back().second - chunks.back().first;
+        CHECK(last <= first);
+        CHECK(last * 100 <= n);
+      }
+    }
+  }
+
   TEST_CASE("chunks spread over distinct threads, small jobs stay on the caller") {
     thread_pool pool(4);
     std::mutex m;

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -529,16 +531,37 @@ TEST_SUITE("engine") {
     CHECK(until(on_device));
     CHECK(until([&] { return e.stats("m").swap_ins == 1 && e.stats("m").last_swap_in_seconds >= 0; }));
 
-    // A long generation, so that the eviction lands while it runs even when a loaded machine
-    // holds the engine's thread back for a while (120 tokens once finished first under ctest -j2).
+    // The eviction must land while the sequence runs: the engine's thread is held inside its
+    // next token's delivery (the handle's notify) until the eviction is queued, so it applies
+    // at that pass's end with most of the 120 tokens still to come. (Without the hold, a
+    // loaded machine once let the generation finish first.)
     const std::vector<int32_t> prompt{1, 403, 407};
-    auto h = e.submit({"m", prompt, greedy(240)});
-    int32_t first = 0;
-    REQUIRE(h->next(&first, 60s));
+    auto h = e.submit({"m", prompt, greedy(120)});
+    const auto test_thread = std::this_thread::get_id();
+    std::mutex hold_m;
+    std::condition_variable hold_cv;
+    bool held = false, release = false;
+    h->set_notify([&] {
+      if (std::this_thread::get_id() == test_thread) return;  // set_notify's own call
+      std::unique_lock lock(hold_m);
+      if (held) return;
+      held = true;
+      hold_cv.notify_all();
+      hold_cv.wait(lock, [&] { return release; });
+    });
+    {
+      std::unique_lock lock(hold_m);
+      REQUIRE(hold_cv.wait_for(lock, 60s, [&] { return held; }));
+    }
     e.control("m", {.evict = true});
-    auto got = collect(*h);
-    got.insert(got.begin(), first);
-    CHECK(got == alone(m, tok, prompt, 240));  // swapped out, brought back, bit for bit
+    {
+      std::lock_guard lock(hold_m);
+      release = true;
+    }
+    hold_cv.notify_all();
+    const auto got = collect(*h);
+    h->set_notify({});
+    CHECK(got == alone(m, tok, prompt, 120));  // swapped out, brought back, bit for bit
     CHECK(until([&] { return e.stats("m").swap_outs >= 1; }));
     CHECK(e.stats("m").preemptions >= 1);
 
