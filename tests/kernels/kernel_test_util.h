@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -18,6 +19,18 @@
 #include "kernels/weight_type.h"
 
 namespace tandem::test {
+
+// A float's bit pattern, and the float of a bit pattern.
+inline uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+inline float float_of(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
 
 // Every weight type the CPU kernels compute with.
 inline const std::vector<kernels::weight_type>& computable_types() {

@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -19,11 +18,7 @@ using namespace tandem::kernels::cpu;
 namespace {
 
 
-float from_bits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
+using tandem::test::float_of;
 
 }  // namespace
 
@@ -96,7 +91,7 @@ TEST_SUITE("kv_store") {
       x.push_back((lo + hi) / 2);
       x.push_back(-(lo + hi) / 2);
     }
-    x.push_back(from_bits(0x387fe000u));  // halfway below the smallest normal f16, 2^-14
+    x.push_back(float_of(0x387fe000u));  // halfway below the smallest normal f16, 2^-14
     // Every length up to 40 covers each vector tail; the rows start at unaligned offsets.
     for (int64_t n = 1; n <= 40; ++n)
       for (size_t start = 0; start + size_t(n) <= x.size(); start += 97) {

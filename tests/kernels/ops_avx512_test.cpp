@@ -8,7 +8,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -21,20 +20,11 @@ using namespace tandem::kernels::cpu;
 
 namespace {
 
-uint32_t bits(float v) {
-  uint32_t u;
-  std::memcpy(&u, &v, sizeof u);
-  return u;
-}
-
-float from_bits(uint32_t u) {
-  float v;
-  std::memcpy(&v, &u, sizeof v);
-  return v;
-}
+using tandem::test::bits_of;
+using tandem::test::float_of;
 
 // Same bits, or both NaN (a NaN's payload is not part of any contract here).
-bool same(float a, float b) { return bits(a) == bits(b) || (std::isnan(a) && std::isnan(b)); }
+bool same(float a, float b) { return bits_of(a) == bits_of(b) || (std::isnan(a) && std::isnan(b)); }
 
 // Count of x whose expf_exact_avx512 differs from std::exp; reports the first few.
 int mismatches(const std::vector<float>& x) {
@@ -44,7 +34,7 @@ int mismatches(const std::vector<float>& x) {
   for (size_t i = 0; i < x.size(); ++i) {
     const float want = std::exp(x[i]);
     if (same(y[i], want)) continue;
-    if (++bad <= 5) MESSAGE("expf(" << x[i] << ", bits " << bits(x[i]) << "): want bits " << bits(want) << ", got " << bits(y[i]));
+    if (++bad <= 5) MESSAGE("expf(" << x[i] << ", bits " << bits_of(x[i]) << "): want bits " << bits_of(want) << ", got " << bits_of(y[i]));
   }
   return bad;
 }
@@ -61,8 +51,8 @@ TEST_SUITE("ops_avx512") {
     // subnormals) and the positive ones up to 89 (past the overflow to inf). An odd stride
     // visits every low-bit pattern of the mantissa, near-midpoint cases among them.
     std::vector<float> x;
-    for (uint64_t u = 0x80000000u; u < 0xC2D00000u; u += 2039) x.push_back(from_bits(static_cast<uint32_t>(u)));
-    for (uint64_t u = 0; u < 0x42B20000u; u += 2039) x.push_back(from_bits(static_cast<uint32_t>(u)));
+    for (uint64_t u = 0x80000000u; u < 0xC2D00000u; u += 2039) x.push_back(float_of(static_cast<uint32_t>(u)));
+    for (uint64_t u = 0; u < 0x42B20000u; u += 2039) x.push_back(float_of(static_cast<uint32_t>(u)));
     CHECK(x.size() > 1000000);
     CHECK(mismatches(x) == 0);
   }

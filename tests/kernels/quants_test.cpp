@@ -18,16 +18,8 @@ using namespace tandem::kernels::cpu;
 
 namespace {
 
-uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-float float_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
+using tandem::test::bits_of;
+using tandem::test::float_of;
 
 std::vector<float> dequantize(weight_type t, const void* src, int64_t n) {
   std::vector<float> y(static_cast<size_t>(n));
