@@ -253,6 +253,17 @@ struct simd_attention {
         widen_row(k + kv_row_offset(t.pages, t.kv_stride, t0 + b), s.k + b * dp, d, dp);
         widen_row(v + kv_row_offset(t.pages, t.kv_stride, t0 + b), s.v + b * dp, d, dp);
       }
+      // The next block's rows, asked for while this one is computed: in decode the cache has
+      // usually left every cache level since the last token's pass over this layer.
+      const int64_t next_end = last_keys < t0 + 2 * B ? last_keys : t0 + 2 * B;
+      for (int64_t p = t0 + B; p < next_end; ++p) {
+        const char* kr = reinterpret_cast<const char*>(k + kv_row_offset(t.pages, t.kv_stride, p));
+        const char* vr = reinterpret_cast<const char*>(v + kv_row_offset(t.pages, t.kv_stride, p));
+        for (int off = 0; off < d * 2; off += 64) {
+          _mm_prefetch(kr + off, _MM_HINT_T0);
+          _mm_prefetch(vr + off, _MM_HINT_T0);
+        }
+      }
       // Rows before r_begin have seen all their keys (a row sees t.n_keys + r of them).
       const int r_begin = t0 < t.n_keys ? 0 : static_cast<int>(t0 - t.n_keys + 1);
       for (int r = r_begin; r < t.n_rows; ++r) {
