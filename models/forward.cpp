@@ -253,9 +253,10 @@ context_sizes size_context(const model_config& c, const context_params& p) {
   if (one > (UINT64_MAX >> 9))
     throw std::invalid_argument("a KV cache of " + std::to_string(s.n_ctx) + " positions is too large");
   s.kv = p.kv_pool ? 0 : one * static_cast<uint64_t>(s.n_seq);
-  // Per row: x and xb [n_embd], q and attn [q_dim], k and v [kv_dim], ff_gate and ff_up [n_ff].
-  // The config caps (q_dim <= 2^17, n_ff <= 2^18) and rows <= 2^24 keep this far from overflow.
-  const auto per_row = static_cast<uint64_t>(2 * (c.n_embd + c.q_dim() + c.kv_dim() + c.n_ff));
+  // Per row: x and xb [n_embd], q and attn [q_dim], k and v [kv_dim], ff_gate and ff_up [n_ff],
+  // RoPE's cos/sin [head_dim at most]. The config caps (q_dim <= 2^17, n_ff <= 2^18) and
+  // rows <= 2^24 keep this far from overflow.
+  const auto per_row = static_cast<uint64_t>(2 * (c.n_embd + c.q_dim() + c.kv_dim() + c.n_ff) + c.head_dim);
   s.scratch = static_cast<uint64_t>(s.rows) * per_row * sizeof(float);
   s.own_scratch = p.scratch == nullptr;
   s.logits = static_cast<uint64_t>(c.n_vocab) * static_cast<uint64_t>(s.n_seq) * sizeof(float);
@@ -368,6 +369,7 @@ forward_context::forward_context(const model& m, const context_params& p, kernel
   attn_ = carve(c.q_dim());
   ff_gate_ = carve(c.n_ff);
   ff_up_ = carve(c.n_ff);
+  rope_cs_ = carve(c.head_dim);
   logits_.resize(static_cast<size_t>(n_vocab_ * sizes.n_seq));
 }
 
@@ -502,6 +504,8 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
   }
 
   const float attn_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // RoPE's cos/sin of each row's position, once for every layer's q and k.
+  for (int64_t r = 0; r < n; ++r) kernels::cpu::rope_table(positions[r], static_cast<int>(hd), rope_, rope_cs_ + r * hd);
   // Rows of the server's arithmetic (set_prompt_end): tiled attention, SwiGLU's vector e^x,
   // packed Q4_1 in the tile's order.
   auto fast = [&](int64_t r) { return positions[r] < prompt_end_[static_cast<size_t>(seqs[r])]; };
@@ -533,8 +537,9 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
         for (int64_t h = 0; h < c.n_head; ++h) kernels::cpu::rms_norm(q + h * hd, L.q_norm, q + h * hd, hd, c.rms_eps);
         for (int64_t h = 0; h < c.n_head_kv; ++h) kernels::cpu::rms_norm(k + h * hd, L.k_norm, k + h * hd, hd, c.rms_eps);
       }
-      kernels::cpu::rope(q, static_cast<int>(c.n_head), static_cast<int>(hd), positions[r], rope_);
-      kernels::cpu::rope(k, static_cast<int>(c.n_head_kv), static_cast<int>(hd), positions[r], rope_);
+      const float* cs = rope_cs_ + r * hd;
+      kernels::cpu::rope_apply(q, static_cast<int>(c.n_head), static_cast<int>(hd), cs, rope_);
+      kernels::cpu::rope_apply(k, static_cast<int>(c.n_head_kv), static_cast<int>(hd), cs, rope_);
     }
     // Attention per run of rows of one sequence (the whole chunk for a prompt, one row per
     // sequence in a batched decode), all runs in one pass over the pool.

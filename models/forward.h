@@ -203,6 +203,7 @@ class forward_context final : public forward_pass {
   std::unique_ptr<float[]> scratch_;
   float *x_ = nullptr, *xb_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr, *ff_gate_ = nullptr,
         *ff_up_ = nullptr;
+  float* rope_cs_ = nullptr;  // per row: RoPE's cos/sin of its position (rope_table)
   std::vector<float> logits_;
   std::vector<float> head_scratch_;  // logits of one piece of a head cut into pieces (weight_plan.h)
 };

@@ -47,6 +47,13 @@ struct rope_params {
 // in one call. Safe to call concurrently from several threads.
 void rope(float* x, int n_heads, int head_dim, int64_t pos, const rope_params& p);
 
+// rope in two steps, for callers that rotate several vectors at one position (a forward pass:
+// q and k of every layer): rope_table writes the rope_table_floats(head_dim, p) cos/sin
+// values of position pos to cs, and rope_apply rotates as rope does with them, bit for bit.
+int rope_table_floats(int head_dim, const rope_params& p);
+void rope_table(int64_t pos, int head_dim, const rope_params& p, float* cs);
+void rope_apply(float* x, int n_heads, int head_dim, const float* cs, const rope_params& p);
+
 // gate[i] = silu(gate[i]) * up[i]
 void swiglu(float* gate, const float* up, int64_t n);
 // The same, split over the pool when n is large enough to pay for it (same results).

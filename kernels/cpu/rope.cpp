@@ -34,16 +34,14 @@ float yarn_ramp(float low, float high, int i) {
 
 }  // namespace
 
-void rope(float* x, int n_heads, int head_dim, int64_t pos, const rope_params& p) {
+int rope_table_floats(int head_dim, const rope_params& p) {
+  const int n_rot = std::min(p.n_rot > 0 ? p.n_rot : head_dim, head_dim);
+  return n_rot / 2 * 2;
+}
+
+void rope_table(int64_t pos, int head_dim, const rope_params& p, float* cs) {
   const int n_rot = std::min(p.n_rot > 0 ? p.n_rot : head_dim, head_dim);
   const int half = n_rot / 2;
-  if (half == 0) return;
-
-  // cos/sin per pair, computed once per call and shared by every head. Thread-local so that
-  // concurrent calls from pool workers neither race nor allocate after the first call.
-  thread_local std::vector<float> cs;
-  cs.resize(static_cast<size_t>(2 * half));
-
   float corr[2] = {0.0f, 0.0f};
   float mscale = p.attn_factor;
   const bool yarn = p.ext_factor != 0.0f;
@@ -52,7 +50,6 @@ void rope(float* x, int n_heads, int head_dim, int64_t pos, const rope_params& p
     // YaRN's attention temperature: it scales q and k alike, hence is folded into cos/sin.
     mscale *= 1.0f + 0.1f * std::log(1.0f / p.freq_scale);
   }
-
   // theta_i = pos * base^(-2i/n_rot), built by repeated multiplication in float exactly as
   // ggml does, so angles at large positions round the same way as llama.cpp's.
   const float theta_scale = std::pow(p.freq_base, -2.0f / static_cast<float>(n_rot));
@@ -69,7 +66,10 @@ void rope(float* x, int n_heads, int head_dim, int64_t pos, const rope_params& p
     cs[2 * i + 1] = std::sin(angle) * mscale;
     theta *= theta_scale;
   }
+}
 
+void rope_apply(float* x, int n_heads, int head_dim, const float* cs, const rope_params& p) {
+  const int half = rope_table_floats(head_dim, p) / 2;
   // Pair i of a head: (v[2i], v[2i+1]) when adjacent, (v[i], v[i+half]) when neox. Dimensions
   // from n_rot to head_dim are left untouched.
   const int stride = p.pairing == rope_pairing::adjacent ? 2 : 1;
@@ -87,6 +87,17 @@ void rope(float* x, int n_heads, int head_dim, int64_t pos, const rope_params& p
       *b = x0 * s + x1 * c;
     }
   }
+}
+
+void rope(float* x, int n_heads, int head_dim, int64_t pos, const rope_params& p) {
+  const int n = rope_table_floats(head_dim, p);
+  if (n == 0) return;
+  // Thread-local so that concurrent calls from pool workers neither race nor allocate after
+  // the first call.
+  thread_local std::vector<float> cs;
+  cs.resize(static_cast<size_t>(n));
+  rope_table(pos, head_dim, p, cs.data());
+  rope_apply(x, n_heads, head_dim, cs.data(), p);
 }
 
 }  // namespace tandem::kernels::cpu

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numbers>
 #include <random>
 #include <vector>
@@ -130,6 +131,48 @@ TEST_SUITE("rope") {
         check_against_reference(rng, 2, 64, p);
       }
     }
+  }
+
+  TEST_CASE("rope_table then rope_apply is rope, bit for bit, on every kind of rotation") {
+    // The forward pass computes each position's table once and applies it to q and k of every
+    // layer; that must not change a single bit against rope's own call.
+    std::mt19937 rng(99);
+    std::vector<float> ff(32);
+    for (int i = 0; i < 32; ++i) ff[i] = 1.0f + 7.0f * float(i) / 31.0f;
+    for (auto pairing : {rope_pairing::adjacent, rope_pairing::neox})
+      for (int kind = 0; kind < 5; ++kind) {
+        CAPTURE(int(pairing));
+        CAPTURE(kind);
+        rope_params p;
+        p.pairing = pairing;
+        int head_dim = 64;
+        if (kind == 1) {
+          p.n_rot = 32;  // partial: the tail passes through
+          head_dim = 80;
+        } else if (kind == 2) {
+          p.freq_factors = ff.data();
+          p.freq_base = 500000.0f;
+        } else if (kind == 3) {
+          p.freq_scale = 0.25f;
+          p.n_ctx_orig = 4096;
+          p.ext_factor = 0.5f;
+          p.attn_factor = 0.9f;
+        } else if (kind == 4) {
+          p.n_rot = 0;  // all of head_dim
+          head_dim = 48;
+        }
+        std::vector<float> cs(static_cast<size_t>(rope_table_floats(head_dim, p)));
+        CHECK(cs.size() == static_cast<size_t>(kind == 1 ? 32 : head_dim));
+        for (const int64_t pos : {int64_t{0}, int64_t{1}, int64_t{777}, int64_t{131071}}) {
+          CAPTURE(pos);
+          const auto x = random_vector(rng, static_cast<size_t>(3 * head_dim));
+          auto a = x, b = x;
+          rope(a.data(), 3, head_dim, pos, p);
+          rope_table(pos, head_dim, p, cs.data());
+          rope_apply(b.data(), 3, head_dim, cs.data(), p);
+          CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+        }
+      }
   }
 
   TEST_CASE("rotation preserves the norm of every pair") {

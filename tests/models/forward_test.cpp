@@ -309,7 +309,7 @@ TEST_SUITE("forward") {
     // n_seq slots of cache, and at least n_seq scratch rows and logits rows.
     using kernels::cpu::kv_type;
     const auto& c = m.config();
-    const uint64_t row = 2 * (64 + 64 + 32 + 172) * 4;
+    const uint64_t row = (2 * (64 + 64 + 32 + 172) + 8) * 4;
     CHECK(models::forward_context::memory_bytes(c, {.n_ctx = 16, .kv = kv_type::f16, .max_batch = 1, .n_seq = 3}) ==
           3 * (5 * 2 * 16 * 32 * 2) + 3 * row + 3 * 512 * 4);
   }
@@ -362,8 +362,9 @@ TEST_SUITE("forward") {
   TEST_CASE("memory_bytes: KV cache + scratch of min(max_batch, n_ctx) rows + one row of logits") {
     models::model m(test::data_path("stories260K.gguf").string());
     const auto& c = m.config();
-    // Per scratch row: x, xb (64) + q, attn (64) + k, v (32) + ff_gate, ff_up (172) floats.
-    const uint64_t row = 2 * (64 + 64 + 32 + 172) * 4;
+    // Per scratch row: x, xb (64) + q, attn (64) + k, v (32) + ff_gate, ff_up (172) floats, and
+    // RoPE's cos/sin of its position (head_dim 8).
+    const uint64_t row = (2 * (64 + 64 + 32 + 172) + 8) * 4;
     const uint64_t logits = 512 * 4;
     using kernels::cpu::kv_type;
     CHECK(models::forward_context::memory_bytes(c, {.n_ctx = 128, .kv = kv_type::f16}) == 5 * 2 * 128 * 32 * 2 + 128 * row + logits);
@@ -414,7 +415,7 @@ TEST_SUITE("forward") {
     const models::model m((dir / "wide.gguf").string());
     const models::context_params p{.n_ctx = models::k_max_context, .kv = kernels::cpu::kv_type::f32};
     const uint64_t kv = uint64_t{1} << 40;
-    const uint64_t scratch = 512ull * 2 * (16 + 8192 + 8192 + 24) * 4;
+    const uint64_t scratch = 512ull * (2 * (16 + 8192 + 8192 + 24) + 1024) * 4;
     CHECK(models::forward_context::memory_bytes(m.config(), p) == kv + scratch + 32 * 4);
     REQUIRE(models::usable_memory_bytes(models::read_memory_limits()) < kv);
     try {
