@@ -15,7 +15,7 @@
 // so four dot chains overlap) and finds its online-softmax weights (key by key here, or by an
 // L's own online_weights: AVX-512's takes 16 keys at once); the running sums advance four heads
 // to a register; then the value rows are folded into the accumulators, up to eight W-lane
-// slices (of any heads) held in registers across the block, so that their f16 round trips
+// slices of whole heads held in registers across the block, so that their f16 round trips
 // overlap.
 #pragma once
 
@@ -25,6 +25,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "kernels/cpu/attention_impl.h"
 
