@@ -342,8 +342,11 @@ forward_context::forward_context(const model& m, const context_params& p, kernel
                                   " for " + std::to_string(kv_pool_->block_tokens()) + " positions");
     paged_part_bytes_ = static_cast<size_t>(kv_pool_->block_tokens() * c.kv_dim()) * kv_elem_bytes(kv_type_);
   } else {
-    // new T[n] without () leaves the bytes uninitialised: the OS commits pages as they are written.
-    kv_.reset(new std::byte[sizes.kv]);
+    // Uninitialised: the OS commits pages as they are written. Huge pages, because decode
+    // reads a layer's whole cache at every token after the weights have pushed it out of every
+    // cache level: in 4 KiB pages each key block also missed the TLB, and the rows asked for
+    // ahead of the widening came too late (attention was 40% of a 1,500-token generation).
+    kv_ = memory::huge_buffer(sizes.kv);
   }
   // Scratch: one uninitialised block carved up like the cache, so a context sized for long
   // prompts commits only the rows its prompts use. Every row is written before it is read.

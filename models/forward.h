@@ -15,6 +15,7 @@
 
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/thread_pool.h"
+#include "memory/huge_buffer.h"
 #include "memory/kv_pool.h"
 #include "models/forward_pass.h"
 #include "models/model.h"
@@ -180,14 +181,14 @@ class forward_context final : public forward_pass {
   // KV cache: one allocation, left uninitialised so pages are committed only as positions
   // are written (attention never reads past pos()). Per sequence, per layer,
   // [n_ctx][n_head_kv][head_dim] kv_type_ elements of K, then the same of V.
-  std::unique_ptr<std::byte[]> kv_;
+  memory::huge_buffer kv_;
   size_t kv_layer_bytes_ = 0;  // bytes of K (or V) of one layer of one sequence
   int64_t n_layer_ = 0;
   std::byte* k_cache(int64_t seq, int64_t layer) {
-    return kv_.get() + (2 * static_cast<size_t>(seq * n_layer_ + layer)) * kv_layer_bytes_;
+    return kv_.data() + (2 * static_cast<size_t>(seq * n_layer_ + layer)) * kv_layer_bytes_;
   }
   std::byte* v_cache(int64_t seq, int64_t layer) {
-    return kv_.get() + (2 * static_cast<size_t>(seq * n_layer_ + layer) + 1) * kv_layer_bytes_;
+    return kv_.data() + (2 * static_cast<size_t>(seq * n_layer_ + layer) + 1) * kv_layer_bytes_;
   }
   // Paged: a block is [layer][K, V][block_tokens][n_head_kv * head_dim]; the K (which = 0) or
   // V (1) rows of a layer start at this offset of every block.
