@@ -78,6 +78,7 @@ nlohmann::json to_json(const bench_report& r) {
   j["prompt"] = r.params.prompt;
   j["gen"] = r.params.gen;
   j["batch"] = r.params.batch;
+  j["depth"] = r.params.depth;
   j["prompt_attention"] = r.params.fast_prompt_attention ? "fast" : "exact";
   j["batched_attention"] = r.params.fast_batched_attention ? "fast" : "exact";
   j["reps"] = r.params.reps;
@@ -109,8 +110,9 @@ std::string format_table(const bench_report& r) {
                 p.reps);
   std::string out = head;
   char note[128];
-  out += line("prefill", std::to_string(p.prompt) + " tokens", r.result.prefill, "tok/s");
-  out += line("decode", std::to_string(p.gen) + " tokens", r.result.decode, "tok/s");
+  const std::string at = p.depth > 0 ? " @ " + std::to_string(p.depth) : "";
+  out += line("prefill", std::to_string(p.prompt) + " tokens" + at, r.result.prefill, "tok/s");
+  out += line("decode", std::to_string(p.gen) + " tokens" + at, r.result.decode, "tok/s");
   std::snprintf(note, sizeof note, "%.2fx one sequence alike, %.2fx decode above", r.batched_vs_single(), r.batched_vs_decode());
   out += line("batched", std::to_string(p.batch) + " seqs x " + std::to_string(p.gen) + " tokens", r.result.batched_decode,
               "tok/s", note);

@@ -40,6 +40,9 @@ void check_params(const model_bench_params& p) {
     throw std::invalid_argument("bench: batch must be in [1, " + std::to_string(models::k_max_sequences) + "], got " +
                                 std::to_string(p.batch));
   if (p.reps < 1) throw std::invalid_argument("bench: reps must be at least 1, got " + std::to_string(p.reps));
+  if (p.depth < 0 || p.depth > models::k_max_context - std::max(p.prompt, p.gen))
+    throw std::invalid_argument("bench: depth must be in [0, " + std::to_string(models::k_max_context - std::max(p.prompt, p.gen)) +
+                                "] (the context holds depth + max(prompt, gen) tokens), got " + std::to_string(p.depth));
 }
 
 // The matrices a decode step multiplies by: the output head and every layer's projections.
@@ -103,18 +106,20 @@ model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_
                                    const std::function<void()>& after_decode_rep) {
   check_params(p);
   const auto& cfg = m.config();
-  // One id stream: prompt, then the decode tokens, then one token per sequence per batched pass.
-  const auto ids = bench_tokens(cfg.n_vocab, p.prompt + p.gen + p.batch * p.gen, p.seed);
+  // One id stream: prompt, then the decode tokens, then one token per sequence per batched
+  // pass, then the fill before each timed phase (--depth).
+  const auto ids = bench_tokens(cfg.n_vocab, p.prompt + p.gen + p.batch * p.gen + p.depth, p.seed);
   const int32_t* prompt_ids = ids.data();
   const int32_t* gen_ids = prompt_ids + p.prompt;
   const int32_t* batch_ids = gen_ids + p.gen;
+  const int32_t* depth_ids = batch_ids + p.batch * p.gen;
 
   model_bench_result r;
   r.decode_bytes_per_token = decode_weight_bytes(m);
   r.int8_macs_per_token = decode_int8_macs(m);
   {
     models::context_params cp;
-    cp.n_ctx = std::max(p.prompt, p.gen);
+    cp.n_ctx = p.depth + std::max(p.prompt, p.gen);
     // llama-bench's default micro-batch: a 512-token prompt is one forward pass.
     cp.max_batch = std::min<int64_t>(p.prompt, 512);
     models::forward_context ctx(m, cp, &pool);
@@ -125,15 +130,27 @@ model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_
     ctx.eval({gen_ids, 1});
     ctx.reset();
 
+    // The cache as a phase starts: `depth` tokens, computed as the server computes prompts
+    // (untimed, so the faster arithmetic only shortens the run); positions from depth on
+    // take the arithmetic of the phase (`timed_fast_end`).
+    auto fill = [&](int64_t timed_fast_end) {
+      ctx.reset();
+      ctx.set_prompt_end(0, p.depth + timed_fast_end);
+      if (p.depth > 0) ctx.eval({depth_ids, static_cast<size_t>(p.depth)});
+      if (timed_fast_end == 0) ctx.set_prompt_end(0, 0);
+    };
     for (int rep = 0; rep < p.reps; ++rep) {
+      fill(p.fast_prompt_attention ? p.prompt : 0);
+      r.prefill_start_position = ctx.pos();
       const auto t0 = clock_type::now();
-      ctx.set_prompt_end(0, p.fast_prompt_attention ? p.prompt : 0);
       ctx.eval({prompt_ids, static_cast<size_t>(p.prompt)});
       r.prefill_tok_s.push_back(static_cast<double>(p.prompt) / seconds_since(t0));
-      ctx.reset();
     }
-    // As llama-bench's tg test: from an empty cache, one token per pass, no sampling.
+    // As llama-bench's tg test: from an empty cache (or one `depth` tokens deep, as its -d),
+    // one token per pass, no sampling.
     for (int rep = 0; rep < p.reps; ++rep) {
+      fill(0);
+      r.decode_start_position = ctx.pos();
       const auto t0 = clock_type::now();
       for (int64_t i = 0; i < p.gen; ++i) ctx.eval({gen_ids + i, 1});
       const double tok_s = static_cast<double>(p.gen) / seconds_since(t0);

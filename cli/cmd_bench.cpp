@@ -239,6 +239,9 @@ void add_bench_command(CLI::App& root) {
   cmd->add_option("-b,--batch", p.batch, "batched decode: sequences decoded together")
       ->check(CLI::Range(int64_t{1}, models::k_max_sequences))
       ->capture_default_str();
+  cmd->add_option("-d,--depth", p.depth, "prefill and decode: tokens already in the cache (llama-bench's -d; untimed fill)")
+      ->check(CLI::Range(int64_t{0}, models::k_max_context))
+      ->capture_default_str();
   cmd->add_option("-r,--reps", p.reps, "timed repetitions of each measurement")->check(CLI::Range(1, 1000))->capture_default_str();
   cmd->add_option("--read-mib", a->read_mib, "buffer of the memory-read ceiling in MiB (0: four times the last-level cache, at least 256)")
       ->check(CLI::Range(0, 1 << 16))

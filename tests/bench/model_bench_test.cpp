@@ -116,6 +116,31 @@ TEST_SUITE("bench_model") {
     CHECK(r.decode_as_batched.min <= r.decode_as_batched.median);
   }
 
+  TEST_CASE("run_model_bench: --depth starts the timed prefill and decode that deep in the cache") {
+    const models::model m(test::data_path("stories260K.gguf").string());
+    kernels::cpu::thread_pool pool(2);
+    bench::model_bench_params p;
+    p.prompt = 8;
+    p.gen = 4;
+    p.batch = 2;
+    p.reps = 2;
+    const auto flat = bench::run_model_bench(m, pool, p);
+    CHECK(flat.prefill_start_position == 0);
+    CHECK(flat.decode_start_position == 0);
+    p.depth = 40;  // more than one fill chunk: max_batch is min(prompt, 512) = 8
+    for (const bool fast : {false, true}) {
+      CAPTURE(fast);
+      p.fast_prompt_attention = fast;
+      const auto deep = bench::run_model_bench(m, pool, p);
+      CHECK(deep.prefill_start_position == 40);
+      CHECK(deep.decode_start_position == 40);
+      for (const auto* v : {&deep.prefill_tok_s, &deep.decode_tok_s, &deep.batched_decode_tok_s}) {
+        REQUIRE(v->size() == 2);
+        for (double x : *v) CHECK(x > 0);
+      }
+    }
+  }
+
   TEST_CASE("run_model_bench refuses out-of-range parameters, naming them") {
     const models::model m(test::data_path("stories260K.gguf").string());
     kernels::cpu::thread_pool pool(1);
@@ -143,5 +168,11 @@ TEST_SUITE("bench_model") {
     p = {};
     p.reps = 0;
     expect_error(p, "reps");
+    p = {};
+    p.depth = -1;
+    expect_error(p, "depth");
+    p = {};
+    p.depth = models::k_max_context;  // no room left for the prompt
+    expect_error(p, "depth");
   }
 }

@@ -31,6 +31,7 @@ TEST_SUITE("bench") {
     CHECK(j["prompt"] == 16);
     CHECK(j["gen"] == 4);
     CHECK(j["reps"] == 2);
+    CHECK(j["depth"] == 0);
     CHECK(j["threads"] == 2);
     CHECK(j["type"] == "F32");
     CHECK(j["decode_tok_s_samples"].size() == 2);
@@ -67,6 +68,20 @@ TEST_SUITE("bench") {
     CHECK(j["batched_vs_decode"].get<double>() ==
           doctest::Approx(j["batched_decode_tok_s"].get<double>() / j["decode_tok_s"].get<double>()));
     CHECK(j["decode_as_batched_tok_s_samples"].size() == 2);
+  }
+
+  TEST_CASE("--depth: prefill and decode after that many tokens, in the JSON and the table") {
+    const auto j = nlohmann::json::parse(test::run_tandem(bench_cmd("--prompt 8 --gen 2 --batch 2 --reps 1 --depth 24 --json")).out);
+    CHECK(j["depth"] == 24);
+    CHECK(j["decode_tok_s"].get<double>() > 0);
+    const auto table = test::run_tandem(bench_cmd("--prompt 8 --gen 2 --batch 2 --reps 1 --depth 24"));
+    REQUIRE(table.exit_code == 0);
+    CHECK(table.out.find("8 tokens @ 24") != std::string::npos);
+    CHECK(table.out.find("2 tokens @ 24") != std::string::npos);
+    // The context must hold depth + max(prompt, gen) positions.
+    const auto bad = test::run_tandem(bench_cmd("--prompt 8 --gen 2 --reps 1 --depth 16777215"));
+    CHECK(bad.exit_code != 0);
+    CHECK(bad.err.find("depth") != std::string::npos);
   }
 
   TEST_CASE("--fast-prompt and --exact-batched switch the attention arithmetic of their phases") {
