@@ -178,8 +178,9 @@ class forward_context final : public forward_pass {
   std::vector<kernels::cpu::attention_run> runs_;  // one per sequence of a chunk (reserved)
   std::vector<int64_t> step_out_;                  // step(): the last row of each sequence's run
 
-  // KV cache: one allocation, left uninitialised so pages are committed only as positions
-  // are written (attention never reads past pos()). Per sequence, per layer,
+  // KV cache: one allocation on transparent huge pages, left uninitialised so pages (2 MiB
+  // where the kernel grants them) are committed only as positions are written (attention
+  // never reads past pos()). Per sequence, per layer,
   // [n_ctx][n_head_kv][head_dim] kv_type_ elements of K, then the same of V.
   memory::huge_buffer kv_;
   size_t kv_layer_bytes_ = 0;  // bytes of K (or V) of one layer of one sequence
