@@ -83,12 +83,12 @@ served_roster::served_roster(const configs::roster& r, const serve_options& o) :
     m->entry = &e;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      // On a GPU the weights are read only through the arbiter's device copies, in file layout.
+      // Every served model computes from the arbiter's device copies of its segments (its
+      // placement below is its residency): a copy of its own would only double its memory.
+      // On a GPU those copies keep the file layout.
       models::load_options lo;
-      if (gpu) {
-        lo.pack_weights = false;
-        lo.own_weights = false;
-      }
+      lo.own_weights = false;
+      if (gpu) lo.pack_weights = false;
       m->model = std::make_unique<models::model>(e.file, lo);
       m->tokenizer = std::make_unique<models::tokenizer>(models::tokenizer::from_gguf(m->model->file()));
     } catch (const std::exception& ex) {

@@ -35,6 +35,12 @@ TEST_SUITE("served_roster") {
     CHECK(s.find("nope") == nullptr);
     CHECK(s.find("second")->chat.kind == models::chat_template_kind::chatml);
     CHECK(s.models()[0]->file_bytes > 0);
+    // The models compute from the arbiter's copies of their segments, so they hold no copy of
+    // their weights themselves (which doubled a served model's memory).
+    for (const auto& m : s.models()) {
+      CHECK(m->model->weights().packed.size() == 0);
+      CHECK(m->model->weights().layers[0].wq.data == m->model->file().tensor("blk.0.attn_q.weight").data.data());
+    }
     for (int i = 0; i < 1000 && !s.ready(); ++i) std::this_thread::sleep_for(5ms);
     CHECK(s.ready());
     bool stories_on_device = false;
