@@ -11,6 +11,18 @@
 
 using namespace tandem;
 
+namespace {
+// Small phases, two repetitions each.
+bench::model_bench_params two_reps(int64_t prompt, int64_t gen, int64_t batch) {
+  bench::model_bench_params p;
+  p.prompt = prompt;
+  p.gen = gen;
+  p.batch = batch;
+  p.reps = 2;
+  return p;
+}
+}  // namespace
+
 TEST_SUITE("bench_model") {
   TEST_CASE("bench_tokens: in range, repeatable, seed-dependent, not constant") {
     const auto a = bench::bench_tokens(512, 1000, 1);
@@ -93,11 +105,7 @@ TEST_SUITE("bench_model") {
   TEST_CASE("run_model_bench: one positive figure per repetition for each phase") {
     const models::model m(test::data_path("stories260K.gguf").string());
     kernels::cpu::thread_pool pool(2);
-    bench::model_bench_params p;
-    p.prompt = 24;
-    p.gen = 6;
-    p.batch = 3;
-    p.reps = 2;
+    const auto p = two_reps(24, 6, 3);
     int hooked = 0;  // the hook runs once after each decode repetition
     const auto r = bench::run_model_bench(m, pool, p, [&] { ++hooked; });
     CHECK(hooked == 2);
@@ -114,19 +122,14 @@ TEST_SUITE("bench_model") {
     CHECK(r.batched_decode.max >= r.batched_decode.median);
     CHECK(r.decode_as_batched.count == 2);
     CHECK(r.decode_as_batched.min <= r.decode_as_batched.median);
+    CHECK(r.prefill_start_position == 0);  // no --depth: from an empty cache
+    CHECK(r.decode_start_position == 0);
   }
 
   TEST_CASE("run_model_bench: --depth starts the timed prefill and decode that deep in the cache") {
     const models::model m(test::data_path("stories260K.gguf").string());
     kernels::cpu::thread_pool pool(2);
-    bench::model_bench_params p;
-    p.prompt = 8;
-    p.gen = 4;
-    p.batch = 2;
-    p.reps = 2;
-    const auto flat = bench::run_model_bench(m, pool, p);
-    CHECK(flat.prefill_start_position == 0);
-    CHECK(flat.decode_start_position == 0);
+    auto p = two_reps(8, 4, 2);
     p.depth = 40;  // more than one fill chunk: max_batch is min(prompt, 512) = 8
     for (const bool fast : {false, true}) {
       CAPTURE(fast);
