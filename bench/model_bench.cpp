@@ -120,8 +120,9 @@ model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_
   {
     models::context_params cp;
     cp.n_ctx = p.depth + std::max(p.prompt, p.gen);
-    // llama-bench's default micro-batch: a 512-token prompt is one forward pass.
-    cp.max_batch = std::min<int64_t>(p.prompt, 512);
+    // llama-bench's default micro-batch: a 512-token prompt is one forward pass (and so is
+    // each 512 tokens of the fill, whatever the prompt's length).
+    cp.max_batch = std::min<int64_t>(std::max(p.prompt, p.depth), 512);
     models::forward_context ctx(m, cp, &pool);
 
     // Warm-up: faults in every weight page and wakes the pool.

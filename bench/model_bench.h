@@ -14,8 +14,8 @@
 namespace tandem::bench {
 
 struct model_bench_params {
-  int64_t prompt = 512;  // prefill: tokens evaluated from an empty sequence (chunks of <= 512)
-  int64_t gen = 128;     // decode: tokens evaluated one per pass from an empty sequence; batched
+  int64_t prompt = 512;  // prefill: tokens evaluated after `depth` ones (chunks of <= 512)
+  int64_t gen = 128;     // decode: tokens evaluated one per pass after `depth` ones; batched
                          // decode: passes, each one token of every sequence
   int64_t batch = 8;     // batched decode: sequences per pass (1 .. models::k_max_sequences)
   // Tokens already in the cache when each timed prefill and single-sequence decode starts
