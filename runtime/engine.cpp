@@ -53,9 +53,10 @@ engine::engine(std::vector<engine_model> models, const engine_config& config)
       s->kv = cfg.kv_pool;
     } else {
       const auto blocks = static_cast<int32_t>(cfg.max_sequences * ((cfg.context + bt - 1) / bt));
-      // Uninitialised: pages are committed as blocks are written.
-      s->kv_memory.reset(new std::byte[static_cast<size_t>(blocks) * block]);
-      s->own_kv = std::make_unique<memory::kv_pool>(s->kv_memory.get(), blocks, bt, block);
+      // Uninitialised: pages are committed as blocks are written. Huge pages, as a context's
+      // own cache and the arbiter's regions (models/forward.cpp says why).
+      s->kv_memory = memory::huge_buffer(static_cast<size_t>(blocks) * block);
+      s->own_kv = std::make_unique<memory::kv_pool>(s->kv_memory.data(), blocks, bt, block);
       s->kv = s->own_kv.get();
     }
     models::context_params cp;

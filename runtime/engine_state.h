@@ -10,6 +10,7 @@
 #include <optional>
 #include <vector>
 
+#include "memory/huge_buffer.h"
 #include "runtime/engine.h"
 
 namespace tandem::runtime {
@@ -47,7 +48,7 @@ struct engine::active {
 
 struct engine::served {
   engine_model cfg;
-  std::unique_ptr<std::byte[]> kv_memory;  // when the engine makes the pool
+  memory::huge_buffer kv_memory;  // when the engine makes the pool
   std::unique_ptr<memory::kv_pool> own_kv;
   memory::kv_pool* kv = nullptr;
   std::unique_ptr<models::forward_pass> ctx;  // forward_context, or gpu_forward on a CUDA backend
