@@ -511,7 +511,7 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
   // RoPE's cos/sin of each row's position, once for every layer's q and k.
   for (int64_t r = 0; r < n; ++r) kernels::cpu::rope_table(positions[r], static_cast<int>(hd), rope_, rope_cs_ + r * hd);
   // Rows of the server's arithmetic (set_prompt_end): tiled attention, SwiGLU's vector e^x,
-  // packed Q4_1 in the tile's order.
+  // packed Q4_1/Q5_1 in the tile's order.
   auto fast = [&](int64_t r) { return positions[r] < prompt_end_[static_cast<size_t>(seqs[r])]; };
   layer_weights leased;
   const std::byte* last_layer = nullptr;  // held past the loop: the output norm is in it

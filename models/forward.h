@@ -143,7 +143,7 @@ class forward_context final : public forward_pass {
   // Positions before `end` of `seq` (a prompt's, or all of them with a large `end`, as the
   // engine asks) take the tiled attention kernel (kernels/cpu/ops.h,
   // attention_run::prompt_rows): f32 throughout, each key read once for a tile of rows; SwiGLU
-  // with a vector e^x (swiglu_fast); packed Q4_1 products in the tile kernel's float order
+  // with a vector e^x (swiglu_fast); packed Q4_1/Q5_1 products in the tile kernel's float order
   // (kernels::cpu::sum_order::tile). The same result however the sequence is chunked or
   // batched (where the matmuls give a row the same bits at any row count: packed and F32
   // weights), within float noise of llama.cpp's arithmetic rather than equal to it. 0 (the default, and after reset): every row is computed as llama.cpp

@@ -161,9 +161,9 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
   // Whether a packed job reads its activations in the tiled form (tile_packed_acts): the
   // AVX-512 tile kernel with several rows and no expansion.
   auto tiled_job = [&](const matmul_job& job) {
-    const bool tile_q4_1 = job.wt == weight_type::q4_1 && job.order == sum_order::tile;
+    const bool tile_order = has_ggml_order(job.wt) && job.order == sum_order::tile;
     return job.layout == weight_layout::packed && path == isa::avx512 && n_x > 1 &&
-           (job.wt != weight_type::q4_1 || tile_q4_1) && (n_x < k_expand_min_act_rows || tile_q4_1);
+           (!has_ggml_order(job.wt) || tile_order) && (n_x < k_expand_min_act_rows || tile_order);
   };
   bool tiled_slot[k_max_matmul_jobs] = {};
   for (int j = 0; j < n_jobs; ++j)
@@ -248,10 +248,10 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
             packed_dot_ref(job.wt, panel, cols, codes, aux, static_cast<int>(n_x), job.y + o, job.rows, n_w);
             continue;
           }
-          // Q4_1 in the tile's order stays on the packed tile for every row count: the
+          // Q4_1/Q5_1 in the tile's order stay on the packed tile for every row count: the
           // expanded panel kernel keeps ggml's, and a row must not change order with n_x.
-          const bool tile_q4_1 = job.wt == weight_type::q4_1 && job.order == sum_order::tile;
-          if (n_x >= k_expand_min_act_rows && !tile_q4_1) {
+          const bool tile_order = has_ggml_order(job.wt) && job.order == sum_order::tile;
+          if (n_x >= k_expand_min_act_rows && !tile_order) {
             uint8_t* wide = aligned_scratch(panel_scratch, panel_bytes(job.wt, cols));
             expand_packed_avx512(job.wt, panel, cols, wide);
             for (int64_t r0 = 0; r0 < n_x; r0 += k_panel_max_act_rows) {
@@ -261,7 +261,7 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
             }
             continue;
           }
-          if (job.wt == weight_type::q4_1 && job.order == sum_order::ggml) {  // reads the rows
+          if (has_ggml_order(job.wt) && job.order == sum_order::ggml) {  // reads the rows
             packed_dot_avx512(job.wt, panel, cols, codes, aux, static_cast<int>(n_x), job.y + o, job.rows, n_w, true, job.order);
             continue;
           }

@@ -21,8 +21,11 @@ size_t unit_bytes(weight_type wt) {
   switch (wt) {
     case weight_type::q4_0: return 4 * 64 + 2 * R;
     case weight_type::q4_1: return 4 * 64 + 4 * R;
+    case weight_type::q5_0: return 4 * 64 + 64 + 2 * R;
+    case weight_type::q5_1: return 4 * 64 + 64 + 4 * R;
     case weight_type::q8_0: return 8 * 64 + 2 * R;
     case weight_type::q4_k: return 8 * 4 * 64 + 4 * R + 16 * R;
+    case weight_type::q5_k: return 8 * 4 * 64 + 8 * 64 + 4 * R + 16 * R;
     case weight_type::q6_k: return 8 * 4 * 64 + 8 * 2 * 64 + 2 * R + 16 * R;
     default: return 0;
   }
@@ -41,6 +44,23 @@ float half(const uint8_t* p) {
 
 // Byte index, within one chunk's 64-byte group register, of row r, column c of the chunk.
 inline int lane_byte(int r, int c) { return 4 * r + c % 4; }
+
+bool has_fifth_bit(weight_type wt) {
+  return wt == weight_type::q5_0 || wt == weight_type::q5_1 || wt == weight_type::q5_k;
+}
+// Offset within a unit of chunk ch's fifth-bit masks (8 little-endian uint64, one per group:
+// bit 4r + e of mask k = bit 4 of the code of row r, column 4k + e), and of the unit's scales.
+size_t fifth_at(weight_type wt, int ch) { return (wt == weight_type::q5_k ? 2048 : 256) + static_cast<size_t>(ch) * 64; }
+size_t scales_at(weight_type wt) {
+  switch (wt) {
+    case weight_type::q4_0: case weight_type::q4_1: return 256;
+    case weight_type::q5_0: case weight_type::q5_1: return 320;
+    case weight_type::q8_0: return 512;
+    case weight_type::q4_k: return 2048;
+    case weight_type::q5_k: return 2560;
+    default: return 3072;  // q6_k
+  }
+}
 
 }  // namespace
 
@@ -95,6 +115,11 @@ void pack_weights(weight_type wt, const void* src, int64_t rows, int64_t cols, v
         for (int q = 0; q < 4; ++q)
           for (int i = 0; i < 64; ++i)
             nib[64 * q + i] = static_cast<uint8_t>((group(q)[i] & 0xF) | (group(q + 4)[i] & 0xF) << 4);
+        if (has_fifth_bit(wt)) {
+          uint8_t* fifth = unit + fifth_at(wt, static_cast<int>(ch));
+          for (int k = 0; k < 8; ++k)
+            for (int i = 0; i < 64; ++i) fifth[8 * k + i / 8] |= static_cast<uint8_t>(((group(k)[i] >> 4) & 1) << (i % 8));
+        }
         if (wt == weight_type::q6_k) {
           uint8_t* hi = unit + 8 * 4 * 64 + ch * 2 * 64;
           for (int h = 0; h < 2; ++h)
@@ -116,12 +141,22 @@ void pack_weights(weight_type wt, const void* src, int64_t rows, int64_t cols, v
             std::memcpy(unit + 256 + 2 * r, row + u * sizeof(block_q4_1), 2);
             std::memcpy(unit + 256 + 2 * R + 2 * r, row + u * sizeof(block_q4_1) + 2, 2);
             break;
+          case weight_type::q5_0:
+            std::memcpy(unit + 320 + 2 * r, row + u * sizeof(block_q5_0), 2);
+            break;
+          case weight_type::q5_1:
+            std::memcpy(unit + 320 + 2 * r, row + u * sizeof(block_q5_1), 2);
+            std::memcpy(unit + 320 + 2 * R + 2 * r, row + u * sizeof(block_q5_1) + 2, 2);
+            break;
           case weight_type::q8_0:
             std::memcpy(unit + 512 + 2 * r, row + u * sizeof(block_q8_0), 2);
             break;
-          case weight_type::q4_k: {
-            const auto* b = reinterpret_cast<const block_q4_k*>(row + u * sizeof(block_q4_k));
-            uint8_t* at = unit + 2048;
+          case weight_type::q4_k:
+          case weight_type::q5_k: {
+            // Q5_K's d, dmin and scales lie where Q4_K's do.
+            const size_t block = wt == weight_type::q4_k ? sizeof(block_q4_k) : sizeof(block_q5_k);
+            const auto* b = reinterpret_cast<const block_q4_k*>(row + u * block);
+            uint8_t* at = unit + scales_at(wt);
             std::memcpy(at + 2 * r, b->d, 2);
             std::memcpy(at + 2 * R + 2 * r, b->dmin, 2);
             for (int j = 0; j < 8; ++j) unpack_k_scale(b->scales, j, at[4 * R + R * j + r], at[4 * R + 8 * R + R * j + r]);
@@ -151,6 +186,7 @@ int packed_code(weight_type wt, const uint8_t* unit, int ch, int r, int c) {
   const uint8_t n = unit[ch * 256 + 64 * (k % 4) + i];
   int code = k < 4 ? n & 0xF : n >> 4;
   if (wt == weight_type::q6_k) code |= ((unit[2048 + ch * 128 + 64 * (k / 4) + i] >> (2 * (k % 4))) & 3) << 4;
+  if (has_fifth_bit(wt)) code |= ((unit[fifth_at(wt, ch) + 8 * k + i / 8] >> (i % 8)) & 1) << 4;
   return code;
 }
 
@@ -177,13 +213,24 @@ void dequantize_packed_row(weight_type wt, const void* packed, int64_t cols, int
         for (int c = 0; c < 32; ++c) y[c] = static_cast<float>(packed_code(wt, unit, 0, r, c)) * d + m;
         break;
       }
+      case weight_type::q5_0: {
+        const float d = half(unit + 320 + 2 * r);
+        for (int c = 0; c < 32; ++c) y[c] = static_cast<float>(packed_code(wt, unit, 0, r, c) - 16) * d;
+        break;
+      }
+      case weight_type::q5_1: {
+        const float d = half(unit + 320 + 2 * r), m = half(unit + 320 + 2 * R + 2 * r);
+        for (int c = 0; c < 32; ++c) y[c] = static_cast<float>(packed_code(wt, unit, 0, r, c)) * d + m;
+        break;
+      }
       case weight_type::q8_0: {
         const float d = half(unit + 512 + 2 * r);
         for (int c = 0; c < 32; ++c) y[c] = static_cast<float>(packed_code(wt, unit, 0, r, c) - 128) * d;
         break;
       }
-      case weight_type::q4_k: {
-        const uint8_t* at = unit + 2048;
+      case weight_type::q4_k:
+      case weight_type::q5_k: {
+        const uint8_t* at = unit + scales_at(wt);
         const float d = half(at + 2 * r), dmin = half(at + 2 * R + 2 * r);
         for (int j = 0; j < 8; ++j) {
           const float dj = d * at[4 * R + R * j + r], mj = dmin * at[4 * R + 8 * R + R * j + r];
@@ -225,9 +272,12 @@ void packed_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const in
         switch (wt) {
           case weight_type::q4_0: scale = half(unit + 256 + 2 * o); min = -8.0f * scale; break;
           case weight_type::q4_1: scale = half(unit + 256 + 2 * o); min = half(unit + 256 + 2 * R + 2 * o); break;
+          case weight_type::q5_0: scale = half(unit + 320 + 2 * o); min = -16.0f * scale; break;
+          case weight_type::q5_1: scale = half(unit + 320 + 2 * o); min = half(unit + 320 + 2 * R + 2 * o); break;
           case weight_type::q8_0: scale = half(unit + 512 + 2 * o); min = -128.0f * scale; break;
-          case weight_type::q4_k: {
-            const uint8_t* at = unit + 2048;
+          case weight_type::q4_k:
+          case weight_type::q5_k: {
+            const uint8_t* at = unit + scales_at(wt);
             scale = half(at + 2 * o) * at[4 * R + R * ch + o];
             min = -half(at + 2 * R + 2 * o) * at[4 * R + 8 * R + R * ch + o];
             break;

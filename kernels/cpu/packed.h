@@ -14,13 +14,19 @@
 //   Q4_0  per chunk: 4 x 64 nibble bytes (byte i of register q: group q low, group q+4 high),
 //         16 fp16 d                                                           288 B (= GGUF)
 //   Q4_1  per chunk: nibbles, 16 fp16 d, 16 fp16 m                            320 B (= GGUF)
+//   Q5_0  per chunk: nibbles as Q4_0, 8 fifth-bit masks, 16 fp16 d              352 B (= GGUF)
+//   Q5_1  per chunk: nibbles, 8 fifth-bit masks, 16 fp16 d, 16 fp16 m          384 B (= GGUF)
 //   Q8_0  per chunk: 8 x 64 code bytes (q + 128), 16 fp16 d                   544 B (= GGUF)
 //   Q4_K  per 256 columns: 8 chunks of nibbles, 16 fp16 d, 16 fp16 dmin, 8 x 16 scales,
 //         8 x 16 mins (6-bit values in bytes)                              2368 B (GGUF 2304)
+//   Q5_K  per 256 columns: as Q4_K with 8 chunks of 8 fifth-bit masks after the nibbles
+//                                                                          2880 B (GGUF 2816)
 //   Q6_K  per 256 columns: 8 chunks of low nibbles, 8 x 2 x 64 bytes of high 2-bit pairs
 //         (register h holds groups 4h..4h+3 at bits 2j), 16 fp16 d, 16 x 16 int8 scales
 //                                                                             3360 B (= GGUF)
-// Other types are not packed and keep the row layout.
+// A fifth-bit mask is a little-endian uint64 per group k of a chunk: bit 4r + e holds bit 4
+// of the code of row r, column 4k + e (the AVX-512 kernels load it as a byte mask and add 16
+// under it). Other types are not packed and keep the row layout.
 #pragma once
 
 #include <cstddef>
@@ -33,7 +39,7 @@ namespace tandem::kernels::cpu {
 // How a weight matrix lies in memory: GGUF rows, or packed panels (this header).
 enum class weight_layout { rows, packed };
 
-// Whether `wt` has a packed form (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K).
+// Whether `wt` has a packed form (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
 bool packable(weight_type wt);
 // Whether load-time packing pays: a packed type and the AVX-512 VNNI path active. (Packed
 // weights compute on every path, but elsewhere only through the slow portable kernel.)
@@ -46,16 +52,20 @@ void pack_weights(weight_type wt, const void* src, int64_t rows, int64_t cols, v
 // Row `row` of a packed matrix as floats: the same values as dequantize_row of the GGUF row.
 void dequantize_packed_row(weight_type wt, const void* packed, int64_t cols, int64_t row, float* out);
 
-// The float order of a packed Q4_1 product on the AVX-512 path (the other types have one):
+// The float order of a packed Q4_1 or Q5_1 product on the AVX-512 path (the other types have
+// one):
 //  - ggml: ggml's x86 order, bit for bit the row kernels and llama.cpp (8 float lanes per
 //    row, so a pass carries 2 activation rows): what `tandem run` computes;
 //  - tile: the tile kernel's, one accumulator per row and sub-block as for Q4_0, up to 16 rows
 //    a pass; within float rounding of ggml's (the server's arithmetic, set_prompt_end).
 // Either way a row's result does not depend on the other rows of the call.
 enum class sum_order { ggml, tile };
+// Whether `wt` has both orders (Q4_1, Q5_1: the types with a min whose kernel is not repacked
+// in llama.cpp, so its plain kernel's order is what llama.cpp computes).
+inline bool has_ggml_order(weight_type wt) { return wt == weight_type::q4_1 || wt == weight_type::q5_1; }
 
 // Activation rows one AVX-512 call over a packed panel takes. Exactly this many pass over the
-// weights once for Q4_0, Q8_0, Q4_K and tile-order Q4_1 (one integer sum per row: at 16 rows
+// weights once for every type but Q6_K and ggml-order Q4_1/Q5_1 (one integer sum per row: at 16 rows
 // the pass outlasts its latency, and the nibbles are widened once for all 16); other counts
 // and types go in passes of up to k_panel_max_act_rows.
 inline constexpr int k_packed_max_act_rows = 16;
@@ -85,7 +95,7 @@ void tile_packed_act_row(weight_type wt, int64_t cols, const int8_t* codes, cons
 void tile_packed_acts(weight_type wt, int64_t cols, const int8_t* codes, const float* aux, int n_group,
                       int8_t* tiled_codes, float* tiled_aux);
 // packed_dot_avx512 over the tiled form of a group of n_act (1..k_packed_max_act_rows) rows,
-// for every type and order except ggml-order Q4_1, whose kernel reads panel_acts rows (the
+// for every type and order except ggml-order Q4_1/Q5_1, whose kernel reads panel_acts rows (the
 // call then does nothing; matmul never makes it).
 void packed_dot_tiled_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* tiled_codes,
                              const float* tiled_aux, int n_act, float* out, int64_t out_stride, int n_w,

@@ -22,10 +22,10 @@ namespace {
 // the wide codes instead of unpacking them on every pass.
 template <weight_type WT>
 void expand(const uint8_t* packed, int64_t cols, uint8_t* panel) {
-  constexpr bool k_quant = WT == weight_type::q4_k || WT == weight_type::q6_k;
-  constexpr int64_t uc = k_quant ? 256 : 32;
+  constexpr int64_t uc = is_k_quant<WT>() ? 256 : 32;
   constexpr int sub = WT == weight_type::q6_k ? 16 : 32;
   constexpr size_t ub = unit_bytes<WT>();
+  constexpr size_t sc = scales_at<WT>();
   constexpr size_t sub_bytes = sub / 4 * 64 + 128;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   for (int64_t u = 0; u < cols / uc; ++u) {
@@ -40,6 +40,11 @@ void expand(const uint8_t* packed, int64_t cols, uint8_t* panel) {
         for (int q = 0; q < 4; ++q) {
           const __m512i z = avx512::load64(unit + ch * 256 + 64 * q);
           __m512i lo = _mm512_and_si512(z, low4), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
+          if constexpr (has_fifth_bit<WT>()) {
+            const uint8_t* fifth = unit + (WT == weight_type::q5_k ? 2048 + ch * 64 : 256);
+            lo = with_fifth_bit(lo, fifth, q);
+            hi = with_fifth_bit(hi, fifth, q + 4);
+          }
           if constexpr (WT == weight_type::q6_k) {
             lo = _mm512_or_si512(lo, q6_high_pair(avx512::load64(unit + 2048 + ch * 128), q));
             hi = _mm512_or_si512(hi, q6_high_pair(avx512::load64(unit + 2048 + ch * 128 + 64), q));
@@ -49,21 +54,22 @@ void expand(const uint8_t* packed, int64_t cols, uint8_t* panel) {
         }
       }
       // Scales and mins, with the formulas of panel_decode_row.
-      if constexpr (WT == weight_type::q4_0 || WT == weight_type::q8_0) {
-        const __m512 d = f16x16(unit + (WT == weight_type::q4_0 ? 256 : 512));
+      if constexpr (WT == weight_type::q4_0 || WT == weight_type::q5_0 || WT == weight_type::q8_0) {
+        const __m512 d = f16x16(unit + sc);
+        const float offset = WT == weight_type::q4_0 ? -8.0f : WT == weight_type::q5_0 ? -16.0f : -128.0f;
         _mm512_store_ps(scales_at(col0), d);
-        _mm512_store_ps(scales_at(col0) + 16, _mm512_mul_ps(d, _mm512_set1_ps(WT == weight_type::q4_0 ? -8.0f : -128.0f)));
-      } else if constexpr (WT == weight_type::q4_1) {
-        _mm512_store_ps(scales_at(col0), f16x16(unit + 256));
-        _mm512_store_ps(scales_at(col0) + 16, f16x16(unit + 256 + 2 * R16));
-      } else if constexpr (WT == weight_type::q4_k) {
-        const uint8_t* at = unit + 2048 + 4 * R16;
-        _mm512_store_ps(scales_at(col0), _mm512_mul_ps(f16x16(unit + 2048), u8x16(at + R16 * ch)));
-        const __m512 m = _mm512_mul_ps(f16x16(unit + 2048 + 2 * R16), u8x16(at + 8 * R16 + R16 * ch));
+        _mm512_store_ps(scales_at(col0) + 16, _mm512_mul_ps(d, _mm512_set1_ps(offset)));
+      } else if constexpr (WT == weight_type::q4_1 || WT == weight_type::q5_1) {
+        _mm512_store_ps(scales_at(col0), f16x16(unit + sc));
+        _mm512_store_ps(scales_at(col0) + 16, f16x16(unit + sc + 2 * R16));
+      } else if constexpr (WT == weight_type::q4_k || WT == weight_type::q5_k) {
+        const uint8_t* at = unit + sc + 4 * R16;
+        _mm512_store_ps(scales_at(col0), _mm512_mul_ps(f16x16(unit + sc), u8x16(at + R16 * ch)));
+        const __m512 m = _mm512_mul_ps(f16x16(unit + sc + 2 * R16), u8x16(at + 8 * R16 + R16 * ch));
         _mm512_store_ps(scales_at(col0) + 16, negate(m));
       } else {
-        const uint8_t* at = unit + 3072 + 2 * R16;
-        const __m512 d = f16x16(unit + 3072);
+        const uint8_t* at = unit + sc + 2 * R16;
+        const __m512 d = f16x16(unit + sc);
         for (int h = 0; h < 2; ++h) {
           const __m512 sc = _mm512_mul_ps(d, i8x16(at + R16 * (2 * ch + h)));
           _mm512_store_ps(scales_at(col0 + 16 * h), sc);
@@ -80,8 +86,11 @@ void expand_packed_avx512(weight_type wt, const uint8_t* packed, int64_t cols, u
   switch (wt) {
     case weight_type::q4_0: return expand<weight_type::q4_0>(packed, cols, panel);
     case weight_type::q4_1: return expand<weight_type::q4_1>(packed, cols, panel);
+    case weight_type::q5_0: return expand<weight_type::q5_0>(packed, cols, panel);
+    case weight_type::q5_1: return expand<weight_type::q5_1>(packed, cols, panel);
     case weight_type::q8_0: return expand<weight_type::q8_0>(packed, cols, panel);
     case weight_type::q4_k: return expand<weight_type::q4_k>(packed, cols, panel);
+    case weight_type::q5_k: return expand<weight_type::q5_k>(packed, cols, panel);
     case weight_type::q6_k: return expand<weight_type::q6_k>(packed, cols, panel);
     default: return;
   }
@@ -90,7 +99,7 @@ void expand_packed_avx512(weight_type wt, const uint8_t* packed, int64_t cols, u
 void packed_dot_tiled_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* tiled_codes,
                              const float* tiled_aux, int n_act, float* out, int64_t out_stride, int n_w, bool allow_gfni,
                              sum_order order) {
-  assert(!(wt == weight_type::q4_1 && order == sum_order::ggml) && "ggml-order Q4_1 reads panel_acts rows");
+  assert(!(has_ggml_order(wt) && order == sum_order::ggml) && "ggml-order Q4_1/Q5_1 reads panel_acts rows");
   if (wt == weight_type::q6_k && allow_gfni && cpu_has_gfni()) {
     packed_dot_q6k_gfni_avx512(panel, cols, tiled_codes, tiled_aux, n_act, out, out_stride, n_w);
     return;
@@ -112,11 +121,16 @@ void packed_dot_tiled_avx512(weight_type wt, const uint8_t* panel, int64_t cols,
   };
   switch (wt) {
     case weight_type::q4_0: return rows.template operator()<weight_type::q4_0>();
+    case weight_type::q5_0: return rows.template operator()<weight_type::q5_0>();
     case weight_type::q8_0: return rows.template operator()<weight_type::q8_0>();
     case weight_type::q4_k: return rows.template operator()<weight_type::q4_k>();
+    case weight_type::q5_k: return rows.template operator()<weight_type::q5_k>();
     case weight_type::q6_k: return rows.template operator()<weight_type::q6_k>();
     case weight_type::q4_1:
       if (order == sum_order::tile) return rows.template operator()<weight_type::q4_1>();
+      return;
+    case weight_type::q5_1:
+      if (order == sum_order::tile) return rows.template operator()<weight_type::q5_1>();
       return;
     default:
       return;
@@ -125,22 +139,29 @@ void packed_dot_tiled_avx512(weight_type wt, const uint8_t* panel, int64_t cols,
 
 void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
                        int n_act, float* out, int64_t out_stride, int n_w, bool allow_gfni, sum_order order) {
-  if (wt == weight_type::q4_1 && order == sum_order::ggml) {
-    constexpr size_t ub = unit_bytes<weight_type::q4_1>();
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
-    avx512::ggml_order_rows(
-        cols / 32, codes, cols, aux, n_act, out, out_stride, avx512::first16(n_w),
-        [&](int64_t b, int g) {
-          const uint8_t* unit = panel + b * ub;
-          const __m512i z = avx512::load64(unit + 64 * (g % 4));
-          return g < 4 ? _mm512_and_si512(z, low4) : _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
-        },
-        [&](int64_t b, __m512& d, __m512& m) {
-          const uint8_t* unit = panel + b * ub;
-          for (size_t l = 0; l < ub; l += 64) avx512::prefetch(unit, k_prefetch_ahead + l);
-          d = f16x16(unit + 256);
-          m = f16x16(unit + 256 + 2 * R16);
-        });
+  if (has_ggml_order(wt) && order == sum_order::ggml) {
+    auto run = [&]<weight_type WT>() {
+      constexpr size_t ub = unit_bytes<WT>();
+      constexpr size_t sc = scales_at<WT>();
+      const __m512i low4 = _mm512_set1_epi8(0x0F);
+      avx512::ggml_order_rows(
+          cols / 32, codes, cols, aux, n_act, out, out_stride, avx512::first16(n_w),
+          [&](int64_t b, int g) {
+            const uint8_t* unit = panel + b * ub;
+            const __m512i z = avx512::load64(unit + 64 * (g % 4));
+            const __m512i c = g < 4 ? _mm512_and_si512(z, low4) : _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
+            if constexpr (has_fifth_bit<WT>()) return with_fifth_bit(c, unit + 256, g);
+            return c;
+          },
+          [&](int64_t b, __m512& d, __m512& m) {
+            const uint8_t* unit = panel + b * ub;
+            for (size_t l = 0; l < ub; l += 64) avx512::prefetch(unit, k_prefetch_ahead + l);
+            d = f16x16(unit + sc);
+            m = f16x16(unit + sc + 2 * R16);
+          });
+    };
+    if (wt == weight_type::q4_1) run.template operator()<weight_type::q4_1>();
+    else run.template operator()<weight_type::q5_1>();
     return;
   }
   if (n_act == 1) {  // one row's tiled form is its panel_acts form

@@ -4,7 +4,8 @@
 // instruction set and no copy built with GFNI can stand in for one built without.
 //
 // Per 32-column chunk the compact codes are widened to the 8 group registers of panel.h
-// (nibble masks and shifts, Q6_K's high pairs moved into bits 4-5), each row's activation
+// (nibble masks and shifts, Q6_K's high pairs moved into bits 4-5, the Q5 types' fifth bits
+// added under a byte mask), each row's activation
 // bytes meet them as vpdpbusd broadcasts, and per sub-block one conversion and a few FMAs apply
 // the 16 rows' scales. The panel is one sequential stream; decode still asks for every line a
 // few KiB ahead (the hardware prefetcher alone leaves it waiting on memory, measured).
@@ -52,9 +53,39 @@ template <weight_type WT>
 constexpr size_t unit_bytes() {
   return WT == weight_type::q4_0 ? 4 * 64 + 2 * R16
        : WT == weight_type::q4_1 ? 4 * 64 + 4 * R16
+       : WT == weight_type::q5_0 ? 4 * 64 + 64 + 2 * R16
+       : WT == weight_type::q5_1 ? 4 * 64 + 64 + 4 * R16
        : WT == weight_type::q8_0 ? 8 * 64 + 2 * R16
        : WT == weight_type::q4_k ? 8 * 4 * 64 + 20 * R16
+       : WT == weight_type::q5_k ? 8 * 4 * 64 + 8 * 64 + 20 * R16
                                  : 8 * 4 * 64 + 8 * 2 * 64 + 18 * R16;
+}
+// Where a unit's scales start (packed.h): after the codes.
+template <weight_type WT>
+constexpr size_t scales_at() {
+  return WT == weight_type::q4_0 || WT == weight_type::q4_1 ? 256
+       : WT == weight_type::q5_0 || WT == weight_type::q5_1 ? 320
+       : WT == weight_type::q8_0                            ? 512
+       : WT == weight_type::q4_k                            ? 2048
+       : WT == weight_type::q5_k                            ? 2560
+                                                            : 3072;
+}
+template <weight_type WT>
+constexpr bool has_fifth_bit() {
+  return WT == weight_type::q5_0 || WT == weight_type::q5_1 || WT == weight_type::q5_k;
+}
+template <weight_type WT>
+constexpr bool is_k_quant() {
+  return WT == weight_type::q4_k || WT == weight_type::q5_k || WT == weight_type::q6_k;
+}
+
+// Bit 4 of the codes of group g of a chunk whose fifth-bit masks start at `fifth` (Q5 types:
+// 8 masks of 64 bits, bit 4r + e of mask g for row r, column 4g + e) set in `codes`, whose bits
+// 4-7 are zero: one mask register load and one masked add.
+static inline __m512i with_fifth_bit(__m512i codes, const uint8_t* fifth, int g) {
+  __mmask64 k;
+  std::memcpy(&k, fifth + 8 * g, sizeof k);
+  return _mm512_mask_add_epi8(codes, k, codes, _mm512_set1_epi8(0x10));
 }
 
 // Q6_K's high bit pair of group q (bits 2q, 2q+1 of h) in bits 4-5, everything else zero, in
@@ -69,8 +100,8 @@ static inline __m512i q6_pair_gfni(__m512i h, int q) {
   }
 }
 
-// R activation rows against one packed panel (Q4_1 here in the tile's order, with its min term
-// as one more FMA per sub-block; packed_avx512.cpp has ggml's). GFNI:
+// R activation rows against one packed panel (Q4_1 and Q5_1 here in the tile's order, with
+// their min term as one more FMA per sub-block; packed_avx512.cpp has ggml's). GFNI:
 // Q6_K's codes are assembled with gf2p8affine + one bit select instead of shifts, masks and ors.
 // R is 1..8, or k_packed_max_act_rows for every type but Q6_K (whose two sums per chunk would
 // not fit the registers). The activations are in the tiled form of tile_packed_acts for a group
@@ -85,22 +116,23 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
   // Two integer sums per row up to 8 rows; one at 16, where a pass over all rows takes longer
   // than one sum's chain of 8 latencies and the registers hold no second set.
   constexpr bool k_split = R <= k_panel_max_act_rows && WT != weight_type::q6_k;
-  constexpr bool k_quant = WT == weight_type::q4_k || WT == weight_type::q6_k;
-  constexpr int64_t uc = k_quant ? 256 : 32;
+  constexpr int64_t uc = is_k_quant<WT>() ? 256 : 32;
   constexpr int sub = WT == weight_type::q6_k ? 16 : 32;
   constexpr size_t ub = unit_bytes<WT>();
-  constexpr bool k_offset = WT == weight_type::q4_0 || WT == weight_type::q8_0 || WT == weight_type::q6_k;
+  constexpr size_t sc = scales_at<WT>();
+  constexpr bool k_offset = WT == weight_type::q4_0 || WT == weight_type::q5_0 || WT == weight_type::q8_0 ||
+                            WT == weight_type::q6_k;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   __m512 f[R];
   TANDEM_UNROLL for (int r = 0; r < R; ++r) f[r] = _mm512_setzero_ps();
   for (int64_t u = 0; u < cols / uc; ++u) {
     const uint8_t* unit = panel + u * ub;
     __m512 d = _mm512_setzero_ps(), dmin = _mm512_setzero_ps();
-    if constexpr (WT == weight_type::q4_k) {
-      d = f16x16(unit + 2048);
-      dmin = f16x16(unit + 2048 + 2 * R16);
+    if constexpr (WT == weight_type::q4_k || WT == weight_type::q5_k) {
+      d = f16x16(unit + sc);
+      dmin = f16x16(unit + sc + 2 * R16);
     } else if constexpr (WT == weight_type::q6_k) {
-      d = f16x16(unit + 3072);
+      d = f16x16(unit + sc);
     }
     for (int ch = 0; ch < uc / 32; ++ch) {
       // Every line of this chunk's share of the stream, k_prefetch_ahead bytes on.
@@ -142,6 +174,11 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
           } else {
             lo = _mm512_and_si512(z, low4);
             hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
+            if constexpr (has_fifth_bit<WT>()) {
+              const uint8_t* fifth = unit + (WT == weight_type::q5_k ? 2048 + ch * 64 : 256);
+              lo = with_fifth_bit(lo, fifth, q);
+              hi = with_fifth_bit(hi, fifth, q + 4);
+            }
             if constexpr (WT == weight_type::q6_k) {
               lo = _mm512_or_si512(lo, q6_high_pair(avx512::load64(unit + 2048 + ch * 128), q));
               hi = _mm512_or_si512(hi, q6_high_pair(avx512::load64(unit + 2048 + ch * 128 + 64), q));
@@ -179,19 +216,17 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
       if constexpr (k_split) {
         TANDEM_UNROLL for (int r = 0; r < R; ++r) acc0[r] = _mm512_add_epi32(acc0[r], acc1[r]);
       }
-      if constexpr (WT == weight_type::q4_0) {
-        update(acc0, f16x16(unit + 256), no_min, col0 / 32);
-      } else if constexpr (WT == weight_type::q4_1) {
-        update(acc0, f16x16(unit + 256), f16x16(unit + 256 + 2 * R16), col0 / 32);
-      } else if constexpr (WT == weight_type::q8_0) {
-        update(acc0, f16x16(unit + 512), no_min, col0 / 32);
-      } else if constexpr (WT == weight_type::q4_k) {
-        const uint8_t* at = unit + 2048 + 4 * R16;
+      if constexpr (WT == weight_type::q4_0 || WT == weight_type::q5_0 || WT == weight_type::q8_0) {
+        update(acc0, f16x16(unit + sc), no_min, col0 / 32);
+      } else if constexpr (WT == weight_type::q4_1 || WT == weight_type::q5_1) {
+        update(acc0, f16x16(unit + sc), f16x16(unit + sc + 2 * R16), col0 / 32);
+      } else if constexpr (WT == weight_type::q4_k || WT == weight_type::q5_k) {
+        const uint8_t* at = unit + sc + 4 * R16;
         const __m512 s = _mm512_mul_ps(d, u8x16(at + R16 * ch));
         const __m512 m = negate(_mm512_mul_ps(dmin, u8x16(at + 8 * R16 + R16 * ch)));
         update(acc0, s, m, col0 / 32);
       } else {
-        const uint8_t* at = unit + 3072 + 2 * R16;
+        const uint8_t* at = unit + sc + 2 * R16;
         update(acc0, _mm512_mul_ps(d, i8x16(at + R16 * (2 * ch))), no_min, col0 / 16);
         update(acc1, _mm512_mul_ps(d, i8x16(at + R16 * (2 * ch + 1))), no_min, col0 / 16 + 1);
       }

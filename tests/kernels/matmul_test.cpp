@@ -292,11 +292,13 @@ TEST_SUITE("matmul") {
 
   TEST_CASE("packed weights give the row layout's products, on every path and thread count") {
     // Packed panels round as the panel kernels do: within 1e-5 of sum |w * a| of the row
-    // layout's results (plus Q4_1's offset terms), and Q4_1 bit for bit on AVX-512.
+    // layout's results (plus Q4_1's and Q5_1's offset terms), and those two bit for bit on
+    // AVX-512.
     tandem::test::isa_guard guard;
     thread_pool pool(2);
     uint32_t seed = 2000;
-    for (const auto t : {weight_type::q4_0, weight_type::q4_1, weight_type::q8_0, weight_type::q4_k, weight_type::q6_k}) {
+    for (const auto t : {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1, weight_type::q8_0,
+                         weight_type::q4_k, weight_type::q5_k, weight_type::q6_k}) {
       const int64_t rows = 37, cols = info(t).block_elems == 256 ? 512 : 96;
       const auto p = make_problem(t, rows, cols, ++seed);
       std::vector<uint8_t> packed(packed_bytes(t, rows, cols));
@@ -313,7 +315,7 @@ TEST_SUITE("matmul") {
           for (int64_t r = 0; r < n_x; ++r)
             for (int64_t o = 0; o < rows; ++o) {
               const size_t k = static_cast<size_t>(r * rows + o);
-              if (t == weight_type::q4_1 && path == isa::avx512) {
+              if (has_offset(t) && path == isa::avx512) {
                 REQUIRE(got[k] == want[k]);
                 continue;
               }
@@ -327,36 +329,38 @@ TEST_SUITE("matmul") {
     }
     std::vector<float> y(4);
     std::vector<uint8_t> w(1024);
-    CHECK_THROWS_WITH_AS(matmul(weight_type::q5_0, w.data(), 1, 32, y.data(), 1, y.data(), nullptr, weight_layout::packed),
-                         doctest::Contains("Q5_0"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(matmul(weight_type::q3_k, w.data(), 1, 256, y.data(), 1, y.data(), nullptr, weight_layout::packed),
+                         doctest::Contains("Q3_K"), std::invalid_argument);
   }
 
-  TEST_CASE("packed Q4_1 in the tile's order: a row's products do not depend on how many rows share the call") {
+  TEST_CASE("packed Q4_1/Q5_1 in the tile's order: a row's products do not depend on how many rows share the call") {
     // No expansion into ggml-order panels from k_expand_min_act_rows on: a prompt chunk and a
     // decode row of the server's arithmetic must round alike.
     if (!isa_supported(isa::avx512)) return;
     tandem::test::isa_guard guard;
     set_isa(isa::avx512);
     thread_pool pool(2);
-    const weight_type t = weight_type::q4_1;
-    const int64_t rows = 37, cols = 96, n_x = k_expand_min_act_rows + 4;
-    const auto p = make_problem(t, rows, cols, 2100);
-    std::vector<uint8_t> packed(packed_bytes(t, rows, cols));
-    pack_weights(t, p.w.data(), rows, cols, packed.data());
-    std::vector<float> all(static_cast<size_t>(rows * n_x));
-    matmul(t, packed.data(), rows, cols, p.x.data(), n_x, all.data(), &pool, weight_layout::packed, sum_order::tile);
-    const auto ggml = run(p, n_x, &pool);
-    for (int64_t r = 0; r < n_x; ++r) {
-      CAPTURE(r);
-      std::vector<float> one(static_cast<size_t>(rows));
-      matmul(t, packed.data(), rows, cols, p.x.data() + r * cols, 1, one.data(), &pool, weight_layout::packed, sum_order::tile);
-      for (int64_t o = 0; o < rows; ++o) {
-        const size_t k = static_cast<size_t>(r * rows + o);
-        REQUIRE(all[k] == one[static_cast<size_t>(o)]);
-        double mag = 0;
-        for (int64_t i = 0; i < cols; ++i)
-          mag += std::fabs(static_cast<double>(p.wd[static_cast<size_t>(o * cols + i)]) * p.x[static_cast<size_t>(r * cols + i)]);
-        REQUIRE(std::fabs(all[k] - ggml[k]) <= 1.1e-5 * mag + 1e-6);
+    for (const weight_type t : {weight_type::q4_1, weight_type::q5_1}) {
+      CAPTURE(display_name(t));
+      const int64_t rows = 37, cols = 96, n_x = k_expand_min_act_rows + 4;
+      const auto p = make_problem(t, rows, cols, 2100);
+      std::vector<uint8_t> packed(packed_bytes(t, rows, cols));
+      pack_weights(t, p.w.data(), rows, cols, packed.data());
+      std::vector<float> all(static_cast<size_t>(rows * n_x));
+      matmul(t, packed.data(), rows, cols, p.x.data(), n_x, all.data(), &pool, weight_layout::packed, sum_order::tile);
+      const auto ggml = run(p, n_x, &pool);
+      for (int64_t r = 0; r < n_x; ++r) {
+        CAPTURE(r);
+        std::vector<float> one(static_cast<size_t>(rows));
+        matmul(t, packed.data(), rows, cols, p.x.data() + r * cols, 1, one.data(), &pool, weight_layout::packed, sum_order::tile);
+        for (int64_t o = 0; o < rows; ++o) {
+          const size_t k = static_cast<size_t>(r * rows + o);
+          REQUIRE(all[k] == one[static_cast<size_t>(o)]);
+          double mag = 0;
+          for (int64_t i = 0; i < cols; ++i)
+            mag += std::fabs(static_cast<double>(p.wd[static_cast<size_t>(o * cols + i)]) * p.x[static_cast<size_t>(r * cols + i)]);
+          REQUIRE(std::fabs(all[k] - ggml[k]) <= 1.1e-5 * mag + 1e-6);
+        }
       }
     }
   }

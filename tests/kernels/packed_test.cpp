@@ -20,8 +20,8 @@ using namespace tandem::kernels::cpu;
 namespace {
 
 const std::vector<weight_type>& packed_types() {
-  static const std::vector<weight_type> types{weight_type::q4_0, weight_type::q4_1, weight_type::q8_0,
-                                              weight_type::q4_k, weight_type::q6_k};
+  static const std::vector<weight_type> types{weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1,
+                                              weight_type::q8_0, weight_type::q4_k, weight_type::q5_k, weight_type::q6_k};
   return types;
 }
 
@@ -73,7 +73,7 @@ acts make_acts(weight_type wt, int64_t cols, int n, uint32_t seed) {
   return a;
 }
 
-// |got - exact| bound as in panel_test.cpp: 1e-5 of sum |w * a|, plus for Q4_1 the fp16
+// |got - exact| bound as in panel_test.cpp: 1e-5 of sum |w * a|, plus for Q4_1/Q5_1 the fp16
 // rounding of Q8_1's stored s (2^-11 of sum |m * a|, with |m| <= the block's largest |w|).
 void check_dot(const matrix& m, const acts& a, int64_t o, int r, float got) {
   double dot = 0, mag = 0, offset = 0;
@@ -88,22 +88,24 @@ void check_dot(const matrix& m, const acts& a, int64_t o, int r, float got) {
       offset += wmax * std::fabs(x);
     }
   }
-  const double tol = 1e-5 * mag + (m.wt == weight_type::q4_1 ? offset / 2048.0 : 0.0) + 1e-6;
+  const double tol = 1e-5 * mag + (has_ggml_order(m.wt) ? offset / 2048.0 : 0.0) + 1e-6;
   CHECK(std::fabs(got - dot) <= tol);
 }
 
 }  // namespace
 
-TEST_CASE("packed sizes: the GGUF size for Q4_0/Q4_1/Q8_0/Q6_K, 64 bytes more per 16 x 256 for Q4_K") {
-  for (const weight_type wt : {weight_type::q4_0, weight_type::q4_1, weight_type::q8_0, weight_type::q6_k})
+TEST_CASE("packed sizes: the GGUF size for the legacy types and Q6_K, 64 bytes more per 16 x 256 for Q4_K/Q5_K") {
+  for (const weight_type wt :
+       {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1, weight_type::q8_0, weight_type::q6_k})
     CHECK(packed_bytes(wt, 32, 512) == static_cast<size_t>(32 * row_bytes(wt, 512)));
-  CHECK(packed_bytes(weight_type::q4_k, 32, 512) == static_cast<size_t>(32 * row_bytes(weight_type::q4_k, 512)) + 2 * 2 * 64);
+  for (const weight_type wt : {weight_type::q4_k, weight_type::q5_k})
+    CHECK(packed_bytes(wt, 32, 512) == static_cast<size_t>(32 * row_bytes(wt, 512)) + 2 * 2 * 64);
   // The last panel is padded to 16 rows.
   CHECK(packed_bytes(weight_type::q4_0, 17, 64) == 2 * packed_panel_bytes(weight_type::q4_0, 64));
-  CHECK_FALSE(packable(weight_type::q5_0));
+  CHECK_FALSE(packable(weight_type::q3_k));
   CHECK_FALSE(packable(weight_type::f16));
   std::vector<uint8_t> buf(1024);
-  CHECK_THROWS_AS(pack_weights(weight_type::q5_k, buf.data(), 1, 256, buf.data()), std::invalid_argument);
+  CHECK_THROWS_AS(pack_weights(weight_type::q2_k, buf.data(), 1, 256, buf.data()), std::invalid_argument);
 }
 
 TEST_CASE("dequantize_packed_row gives the GGUF row's values exactly") {
@@ -164,7 +166,7 @@ TEST_CASE("a packed product's row has the same bits however many rows share the 
   if (!isa_supported(isa::avx512)) return;
   for (const weight_type wt : packed_types()) {
     for (const sum_order order : {sum_order::ggml, sum_order::tile}) {
-      if (order == sum_order::tile && wt != weight_type::q4_1) continue;
+      if (order == sum_order::tile && !has_ggml_order(wt)) continue;
       for (const int64_t cols : col_counts(wt)) {
         CAPTURE(display_name(wt));
         CAPTURE(cols);
@@ -223,59 +225,64 @@ TEST_CASE("tile_packed_acts lays codes chunk by chunk and aux sub-block by sub-b
   }
 }
 
-TEST_CASE("packed Q4_1 equals the row tiles bit for bit (ggml's float order)") {
+TEST_CASE("packed Q4_1 and Q5_1 equal the row tiles bit for bit (ggml's float order)") {
   if (!isa_supported(isa::avx512)) return;
-  const weight_type wt = weight_type::q4_1;
-  for (const int64_t cols : col_counts(wt)) {
-    CAPTURE(cols);
-    const matrix m = make_matrix(wt, 16, cols, static_cast<uint32_t>(cols + 77));
-    const int n_act = 3;
-    const acts a = make_acts(wt, cols, n_act, 5);
-    std::vector<float> got(static_cast<size_t>(16 * n_act));
-    packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n_act, got.data(), 16, 16);
-    const size_t w_row = static_cast<size_t>(row_bytes(wt, cols));
-    for (int r = 0; r < n_act; ++r)
-      for (int o = 0; o < 16; ++o) {
-        float want = 0;
-        dot_q4_1_avx512(cols, m.w.data() + o * w_row, w_row, 1, a.converted.data() + r * a.a_row, a.a_row, 1, &want, 1);
-        CHECK(got[static_cast<size_t>(r * 16 + o)] == want);
-      }
+  for (const weight_type wt : {weight_type::q4_1, weight_type::q5_1}) {
+    for (const int64_t cols : col_counts(wt)) {
+      CAPTURE(display_name(wt));
+      CAPTURE(cols);
+      const matrix m = make_matrix(wt, 16, cols, static_cast<uint32_t>(cols + 77));
+      const int n_act = 3;
+      const acts a = make_acts(wt, cols, n_act, 5);
+      std::vector<float> got(static_cast<size_t>(16 * n_act));
+      packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n_act, got.data(), 16, 16);
+      const size_t w_row = static_cast<size_t>(row_bytes(wt, cols));
+      for (int r = 0; r < n_act; ++r)
+        for (int o = 0; o < 16; ++o) {
+          float want = 0;
+          (wt == weight_type::q4_1 ? dot_q4_1_avx512 : dot_q5_1_avx512)(cols, m.w.data() + o * w_row, w_row, 1,
+                                                                        a.converted.data() + r * a.a_row, a.a_row, 1, &want, 1);
+          CHECK(got[static_cast<size_t>(r * 16 + o)] == want);
+        }
+    }
   }
 }
 
-TEST_CASE("packed Q4_1 in the tile's order: the exact dot to rounding, each row the same bits in any call") {
+TEST_CASE("packed Q4_1 and Q5_1 in the tile's order: the exact dot to rounding, each row the same bits in any call") {
   if (!isa_supported(isa::avx512)) return;
-  const weight_type wt = weight_type::q4_1;
-  for (const int64_t cols : col_counts(wt)) {
-    CAPTURE(cols);
-    const matrix m = make_matrix(wt, 16, cols, static_cast<uint32_t>(cols + 91));
-    const int n_act = k_panel_max_act_rows;
-    const acts a = make_acts(wt, cols, n_act, 17);
-    const int n_w = 13;  // a partial panel: lanes past it are left alone
-    std::vector<float> all(static_cast<size_t>(16 * n_act), -7.0f);
-    packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n_act, all.data(), 16, n_w, true,
-                      sum_order::tile);
-    const auto per_row = static_cast<int64_t>(panel_act_aux_floats(wt, cols, 1));
-    bool differs_from_ggml = false;
-    for (int r = 0; r < n_act; ++r) {
-      CAPTURE(r);
-      std::vector<float> one(16, -7.0f), ggml(16, -7.0f);
-      packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data() + r * cols, a.aux.data() + r * per_row, 1, one.data(), 16,
-                        n_w, true, sum_order::tile);
-      packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data() + r * cols, a.aux.data() + r * per_row, 1, ggml.data(), 16,
-                        n_w);
-      for (int o = 0; o < 16; ++o) {
-        const float got = all[static_cast<size_t>(r * 16 + o)];
-        if (o >= n_w) {
-          CHECK(got == -7.0f);
-          continue;
+  for (const weight_type wt : {weight_type::q4_1, weight_type::q5_1}) {
+    for (const int64_t cols : col_counts(wt)) {
+      CAPTURE(display_name(wt));
+      CAPTURE(cols);
+      const matrix m = make_matrix(wt, 16, cols, static_cast<uint32_t>(cols + 91));
+      const int n_act = k_panel_max_act_rows;
+      const acts a = make_acts(wt, cols, n_act, 17);
+      const int n_w = 13;  // a partial panel: lanes past it are left alone
+      std::vector<float> all(static_cast<size_t>(16 * n_act), -7.0f);
+      packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n_act, all.data(), 16, n_w, true,
+                        sum_order::tile);
+      const auto per_row = static_cast<int64_t>(panel_act_aux_floats(wt, cols, 1));
+      bool differs_from_ggml = false;
+      for (int r = 0; r < n_act; ++r) {
+        CAPTURE(r);
+        std::vector<float> one(16, -7.0f), ggml(16, -7.0f);
+        packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data() + r * cols, a.aux.data() + r * per_row, 1, one.data(), 16,
+                          n_w, true, sum_order::tile);
+        packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data() + r * cols, a.aux.data() + r * per_row, 1, ggml.data(), 16,
+                          n_w);
+        for (int o = 0; o < 16; ++o) {
+          const float got = all[static_cast<size_t>(r * 16 + o)];
+          if (o >= n_w) {
+            CHECK(got == -7.0f);
+            continue;
+          }
+          CHECK(std::memcmp(&got, &one[static_cast<size_t>(o)], sizeof got) == 0);
+          check_dot(m, a, o, r, got);
+          differs_from_ggml = differs_from_ggml || got != ggml[static_cast<size_t>(o)];
         }
-        CHECK(std::memcmp(&got, &one[static_cast<size_t>(o)], sizeof got) == 0);
-        check_dot(m, a, o, r, got);
-        differs_from_ggml = differs_from_ggml || got != ggml[static_cast<size_t>(o)];
       }
+      if (cols > 32) CHECK(differs_from_ggml);  // the order flag reached the kernel
     }
-    if (cols > 32) CHECK(differs_from_ggml);  // the order flag reached the kernel
   }
 }
 
