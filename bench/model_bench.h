@@ -25,7 +25,7 @@ struct model_bench_params {
   int reps = 3;          // timed repetitions of each phase (after one untimed warm-up)
   uint64_t seed = 1;     // token ids
   // Prefill by the server's arithmetic (forward_context::set_prompt_end: the tiled attention
-  // kernel, SwiGLU's vector e^x, packed Q4_1 in the tile's order), as the server
+  // kernel, SwiGLU's vector e^x, packed Q4_1/Q5_1 in the tile's order), as the server
   // computes prompts; off: llama.cpp's f16 arithmetic, as `tandem run` does.
   bool fast_prompt_attention = false;
   // Batched decode by the same arithmetic, as the engine computes every row

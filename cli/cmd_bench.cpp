@@ -247,9 +247,9 @@ void add_bench_command(CLI::App& root) {
       ->check(CLI::Range(0, 1 << 16))
       ->capture_default_str();
   cmd->add_flag("--fast-prompt", p.fast_prompt_attention,
-                "prefill by the server's arithmetic (tiled attention, SwiGLU's vector e^x, Q4_1's tile order) (default: llama.cpp's, as `tandem run`)");
+                "prefill by the server's arithmetic (tiled attention, SwiGLU's vector e^x, Q4_1/Q5_1 tile order) (default: llama.cpp's, as `tandem run`)");
   cmd->add_flag("!--exact-batched", p.fast_batched_attention,
-                "batched decode by llama.cpp's arithmetic, as single decode (default: the server's: tiled attention, SwiGLU's vector e^x, Q4_1's tile order)");
+                "batched decode by llama.cpp's arithmetic, as single decode (default: the server's: tiled attention, SwiGLU's vector e^x, Q4_1/Q5_1 tile order)");
   cmd->add_flag("--json", a->json, "print one JSON object instead of the table");
   cmd->callback([a, cmd] {
     if (cmd->got_subcommand("swap") || cmd->got_subcommand("serve") || cmd->got_subcommand("http") || cmd->got_subcommand("gpu")) return;

@@ -27,7 +27,7 @@ class forward_pass {
   // cache hit) continues from there.
   virtual void assume(int64_t pos, int64_t seq) = 0;
   // Which arithmetic the rows before `end` take, where the device has a choice (the CPU: the
-  // tiled f32 attention, SwiGLU's vector e^x and the Q4_1 tile order, or llama.cpp's f16
+  // tiled f32 attention, SwiGLU's vector e^x and the Q4_1/Q5_1 tile order, or llama.cpp's f16
   // attention, expf and ggml's order); a no-op elsewhere.
   virtual void set_prompt_end(int64_t seq, int64_t end) = 0;
 

@@ -1,4 +1,4 @@
-// AVX-512 VNNI products over packed weights (packed.h): the dispatch, the ggml-order Q4_1
+// AVX-512 VNNI products over packed weights (packed.h): the dispatch, the ggml-order Q4_1/Q5_1
 // kernel and the widening for many-row products. The tile kernel is packed_tile_avx512.h.
 #include <immintrin.h>
 
