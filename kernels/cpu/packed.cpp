@@ -135,22 +135,16 @@ void pack_weights(weight_type wt, const void* src, int64_t rows, int64_t cols, v
         const uint8_t* row = rows_at + r * w_row;
         switch (wt) {
           case weight_type::q4_0:
-            std::memcpy(unit + 256 + 2 * r, row + u * sizeof(block_q4_0), 2);
-            break;
           case weight_type::q4_1:
-            std::memcpy(unit + 256 + 2 * r, row + u * sizeof(block_q4_1), 2);
-            std::memcpy(unit + 256 + 2 * R + 2 * r, row + u * sizeof(block_q4_1) + 2, 2);
-            break;
           case weight_type::q5_0:
-            std::memcpy(unit + 320 + 2 * r, row + u * sizeof(block_q5_0), 2);
-            break;
           case weight_type::q5_1:
-            std::memcpy(unit + 320 + 2 * r, row + u * sizeof(block_q5_1), 2);
-            std::memcpy(unit + 320 + 2 * R + 2 * r, row + u * sizeof(block_q5_1) + 2, 2);
+          case weight_type::q8_0: {
+            // Every legacy block starts with its fp16 d, then (Q4_1, Q5_1) its fp16 m.
+            const uint8_t* b = row + u * info(wt).block_bytes;
+            std::memcpy(unit + scales_at(wt) + 2 * r, b, 2);
+            if (wt == weight_type::q4_1 || wt == weight_type::q5_1) std::memcpy(unit + scales_at(wt) + 2 * R + 2 * r, b + 2, 2);
             break;
-          case weight_type::q8_0:
-            std::memcpy(unit + 512 + 2 * r, row + u * sizeof(block_q8_0), 2);
-            break;
+          }
           case weight_type::q4_k:
           case weight_type::q5_k: {
             // Q5_K's d, dmin and scales lie where Q4_K's do.
@@ -164,7 +158,7 @@ void pack_weights(weight_type wt, const void* src, int64_t rows, int64_t cols, v
           }
           case weight_type::q6_k: {
             const auto* b = reinterpret_cast<const block_q6_k*>(row + u * sizeof(block_q6_k));
-            uint8_t* at = unit + 2048 + 1024;
+            uint8_t* at = unit + scales_at(wt);
             std::memcpy(at + 2 * r, b->d, 2);
             for (int j = 0; j < 16; ++j) at[2 * R + R * j + r] = static_cast<uint8_t>(b->scales[j]);
             break;
@@ -203,29 +197,18 @@ void dequantize_packed_row(weight_type wt, const void* packed, int64_t cols, int
     const uint8_t* unit = panel + u * ub;
     float* y = out + u * uc;
     switch (wt) {
-      case weight_type::q4_0: {
-        const float d = half(unit + 256 + 2 * r);
-        for (int c = 0; c < 32; ++c) y[c] = static_cast<float>(packed_code(wt, unit, 0, r, c) - 8) * d;
-        break;
-      }
-      case weight_type::q4_1: {
-        const float d = half(unit + 256 + 2 * r), m = half(unit + 256 + 2 * R + 2 * r);
-        for (int c = 0; c < 32; ++c) y[c] = static_cast<float>(packed_code(wt, unit, 0, r, c)) * d + m;
-        break;
-      }
-      case weight_type::q5_0: {
-        const float d = half(unit + 320 + 2 * r);
-        for (int c = 0; c < 32; ++c) y[c] = static_cast<float>(packed_code(wt, unit, 0, r, c) - 16) * d;
-        break;
-      }
-      case weight_type::q5_1: {
-        const float d = half(unit + 320 + 2 * r), m = half(unit + 320 + 2 * R + 2 * r);
-        for (int c = 0; c < 32; ++c) y[c] = static_cast<float>(packed_code(wt, unit, 0, r, c)) * d + m;
-        break;
-      }
+      case weight_type::q4_0:
+      case weight_type::q5_0:
       case weight_type::q8_0: {
-        const float d = half(unit + 512 + 2 * r);
-        for (int c = 0; c < 32; ++c) y[c] = static_cast<float>(packed_code(wt, unit, 0, r, c) - 128) * d;
+        const float d = half(unit + scales_at(wt) + 2 * r);
+        const int offset = panel_code_offset(wt);
+        for (int c = 0; c < 32; ++c) y[c] = static_cast<float>(packed_code(wt, unit, 0, r, c) + offset) * d;
+        break;
+      }
+      case weight_type::q4_1:
+      case weight_type::q5_1: {
+        const float d = half(unit + scales_at(wt) + 2 * r), m = half(unit + scales_at(wt) + 2 * R + 2 * r);
+        for (int c = 0; c < 32; ++c) y[c] = static_cast<float>(packed_code(wt, unit, 0, r, c)) * d + m;
         break;
       }
       case weight_type::q4_k:
@@ -239,7 +222,7 @@ void dequantize_packed_row(weight_type wt, const void* packed, int64_t cols, int
         break;
       }
       case weight_type::q6_k: {
-        const uint8_t* at = unit + 2048 + 1024;
+        const uint8_t* at = unit + scales_at(wt);
         const float d = half(at + 2 * r);
         for (int e = 0; e < 256; ++e) {
           const auto sc = static_cast<int8_t>(at[2 * R + R * (e / 16) + r]);
@@ -270,11 +253,17 @@ void packed_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const in
         const int ch = static_cast<int>(col0 % uc) / 32;
         float scale = 0, min = 0;
         switch (wt) {
-          case weight_type::q4_0: scale = half(unit + 256 + 2 * o); min = -8.0f * scale; break;
-          case weight_type::q4_1: scale = half(unit + 256 + 2 * o); min = half(unit + 256 + 2 * R + 2 * o); break;
-          case weight_type::q5_0: scale = half(unit + 320 + 2 * o); min = -16.0f * scale; break;
-          case weight_type::q5_1: scale = half(unit + 320 + 2 * o); min = half(unit + 320 + 2 * R + 2 * o); break;
-          case weight_type::q8_0: scale = half(unit + 512 + 2 * o); min = -128.0f * scale; break;
+          case weight_type::q4_0:
+          case weight_type::q5_0:
+          case weight_type::q8_0:
+            scale = half(unit + scales_at(wt) + 2 * o);
+            min = static_cast<float>(panel_code_offset(wt)) * scale;
+            break;
+          case weight_type::q4_1:
+          case weight_type::q5_1:
+            scale = half(unit + scales_at(wt) + 2 * o);
+            min = half(unit + scales_at(wt) + 2 * R + 2 * o);
+            break;
           case weight_type::q4_k:
           case weight_type::q5_k: {
             const uint8_t* at = unit + scales_at(wt);
@@ -283,7 +272,7 @@ void packed_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const in
             break;
           }
           case weight_type::q6_k: {
-            const uint8_t* at = unit + 2048 + 1024;
+            const uint8_t* at = unit + scales_at(wt);
             const int j = static_cast<int>(col0 % 256) / 16;
             scale = half(at + 2 * o) * static_cast<float>(static_cast<int8_t>(at[2 * R + R * j + o]));
             min = -32.0f * scale;
