@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -531,37 +532,58 @@ TEST_SUITE("engine") {
     CHECK(until(on_device));
     CHECK(until([&] { return e.stats("m").swap_ins == 1 && e.stats("m").last_swap_in_seconds >= 0; }));
 
-    // The eviction must land while the sequence runs: the engine's thread is held inside its
-    // next token's delivery (the handle's notify) until the eviction is queued, so it applies
-    // at that pass's end with most of the 120 tokens still to come. (Without the hold, a
-    // loaded machine once let the generation finish first.)
+    // The eviction must land while the sequence runs: the engine's thread is held inside a
+    // token's delivery (the handle's notify) until the eviction is queued, so it applies at
+    // that pass's end with tokens still to come. The hold can only be installed once submit()
+    // has returned, and on a loaded machine the engine may have produced most of the 120
+    // tokens (or all) by then: such a try runs to its end without an eviction and another
+    // starts, so the eviction always meets at least 60 tokens to go (the tokens readable while
+    // the engine is held are those before the hold).
     const std::vector<int32_t> prompt{1, 403, 407};
-    auto h = e.submit({"m", prompt, greedy(120)});
+    const auto want = alone(m, tok, prompt, 120);
     const auto test_thread = std::this_thread::get_id();
-    std::mutex hold_m;
-    std::condition_variable hold_cv;
-    bool held = false, release = false;
-    h->set_notify([&] {
-      if (std::this_thread::get_id() == test_thread) return;  // set_notify's own call
-      std::unique_lock lock(hold_m);
-      if (held) return;
-      held = true;
-      hold_cv.notify_all();
-      hold_cv.wait(lock, [&] { return release; });
-    });
-    {
-      std::unique_lock lock(hold_m);
-      REQUIRE(hold_cv.wait_for(lock, 60s, [&] { return held; }));
+    struct hold_state {
+      std::mutex m;
+      std::condition_variable cv;
+      bool held = false, release = false;
+    };
+    std::deque<hold_state> holds;  // each outlives any notify call still in flight
+    bool evicted = false;
+    for (int attempt = 0; attempt < 20 && !evicted; ++attempt) {
+      CAPTURE(attempt);
+      auto h = e.submit({"m", prompt, greedy(120)});
+      hold_state& hs = holds.emplace_back();
+      h->set_notify([&hs, test_thread] {
+        if (std::this_thread::get_id() == test_thread) return;  // set_notify's own call
+        std::unique_lock lock(hs.m);
+        if (hs.held) return;
+        hs.held = true;
+        hs.cv.notify_all();
+        hs.cv.wait(lock, [&] { return hs.release; });
+      });
+      bool held = false;
+      for (int i = 0; i < 6000 && !held && h->finished() == runtime::finish_reason::none; ++i) {
+        std::unique_lock lock(hs.m);
+        held = hs.cv.wait_for(lock, 10ms, [&] { return hs.held; });
+      }
+      std::vector<int32_t> got;
+      int32_t t = 0;
+      while (h->next(&t, 0ms)) got.push_back(t);
+      if (held && got.size() <= 60) {
+        e.control("m", {.evict = true});
+        evicted = true;
+      }
+      {
+        std::lock_guard lock(hs.m);
+        hs.release = true;
+      }
+      hs.cv.notify_all();
+      const auto rest = collect(*h);
+      got.insert(got.end(), rest.begin(), rest.end());
+      h->set_notify({});
+      CHECK(got == want);  // swapped out, brought back, bit for bit
     }
-    e.control("m", {.evict = true});
-    {
-      std::lock_guard lock(hold_m);
-      release = true;
-    }
-    hold_cv.notify_all();
-    const auto got = collect(*h);
-    h->set_notify({});
-    CHECK(got == alone(m, tok, prompt, 120));  // swapped out, brought back, bit for bit
+    REQUIRE(evicted);
     CHECK(until([&] { return e.stats("m").swap_outs >= 1; }));
     CHECK(e.stats("m").preemptions >= 1);
 
