@@ -39,7 +39,30 @@ double bench_report::compute_ceiling_tok_s() const {
 }
 double bench_report::batched_vs_compute_ceiling() const { return ratio(result.batched_decode.median, compute_ceiling_tok_s()); }
 
+namespace {
+
+// Forces the kernels' path for one run and puts the previous one back (set_isa is process-wide).
+class isa_scope {
+ public:
+  explicit isa_scope(kernels::cpu::isa which)
+      : before_(kernels::cpu::requested_isa()), forced_(which != kernels::cpu::isa::best) {
+    if (forced_) kernels::cpu::set_isa(which);
+  }
+  ~isa_scope() {
+    if (forced_) kernels::cpu::set_isa(before_);
+  }
+  isa_scope(const isa_scope&) = delete;
+  isa_scope& operator=(const isa_scope&) = delete;
+
+ private:
+  kernels::cpu::isa before_;
+  bool forced_;
+};
+
+}  // namespace
+
 bench_report run_bench(const bench_options& o) {
+  const isa_scope path(o.isa);
   models::model m(o.model_path);
   kernels::cpu::thread_pool pool(o.threads > 0 ? o.threads : kernels::cpu::default_thread_count());
   bench_report r;

@@ -10,12 +10,17 @@
 #include "bench/dot_ceiling.h"
 #include "bench/model_bench.h"
 #include "bench/read_ceiling.h"
+#include "kernels/cpu/isa.h"
 
 namespace tandem::bench {
 
 struct bench_options {
   std::string model_path;
   int threads = 0;  // 0: kernels::cpu::default_thread_count()
+  // The kernels' instruction-set path for the whole run, model load included (packing at load
+  // needs AVX-512): best, or a narrower one to measure what CPUs without AVX-512 get. The
+  // read ceiling takes the same path. Restored when run_bench returns.
+  kernels::cpu::isa isa = kernels::cpu::isa::best;
   model_bench_params params;
   uint64_t read_buffer_bytes = 0;  // 0: default_read_buffer_bytes()
 };

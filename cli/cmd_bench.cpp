@@ -18,6 +18,7 @@
 #include "bench/swap_bench.h"
 #include "cli/command_registry.h"
 #include "configs/roster_loader.h"
+#include "kernels/cpu/isa.h"
 #include "runtime/served_roster.h"
 #include "models/forward.h"
 
@@ -27,11 +28,22 @@ namespace {
 struct bench_args {
   bench::bench_options opt;
   int read_mib = 0;
+  std::string isa = "best";
   bool json = false;
 };
 
+kernels::cpu::isa parse_isa(const std::string& name) {
+  using kernels::cpu::isa;
+  for (const isa which : {isa::best, isa::avx512, isa::avx2, isa::scalar})
+    if (name == kernels::cpu::isa_name(which)) return which;
+  throw std::runtime_error("bench: --isa " + name + ": not a path (best, avx512, avx2, scalar)");
+}
+
 void run_bench_command(bench_args& a) {
   a.opt.read_buffer_bytes = static_cast<uint64_t>(a.read_mib) << 20;
+  a.opt.isa = parse_isa(a.isa);
+  if (!kernels::cpu::isa_supported(a.opt.isa))
+    throw std::runtime_error("bench: --isa " + a.isa + ": this CPU cannot run that path");
   const auto r = bench::run_bench(a.opt);
   const std::string out = a.json ? bench::to_json(r).dump() + "\n" : bench::format_table(r);
   std::fwrite(out.data(), 1, out.size(), stdout);
@@ -245,6 +257,9 @@ void add_bench_command(CLI::App& root) {
   cmd->add_option("-r,--reps", p.reps, "timed repetitions of each measurement")->check(CLI::Range(1, 1000))->capture_default_str();
   cmd->add_option("--read-mib", a->read_mib, "buffer of the memory-read ceiling in MiB (0: four times the last-level cache, at least 256)")
       ->check(CLI::Range(0, 1 << 16))
+      ->capture_default_str();
+  cmd->add_option("--isa", a->isa, "kernel path for the whole run, model load included: best, avx512, avx2 or scalar (AVX2: what CPUs without AVX-512 get; no packed weights)")
+      ->check(CLI::IsMember({"best", "avx512", "avx2", "scalar"}))
       ->capture_default_str();
   cmd->add_flag("--fast-prompt", p.fast_prompt_attention,
                 "prefill by the server's arithmetic (tiled attention, SwiGLU's vector e^x, Q4_1/Q5_1 tile order) (default: llama.cpp's, as `tandem run`)");

@@ -55,6 +55,8 @@ void set_isa(isa which) {
   g_isa.store(which, std::memory_order_relaxed);
 }
 
+isa requested_isa() { return g_isa.load(std::memory_order_relaxed); }
+
 isa active_isa() {
   const isa which = g_isa.load(std::memory_order_relaxed);
   if (which != isa::best) return which;

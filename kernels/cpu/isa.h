@@ -18,6 +18,9 @@ bool isa_supported(isa which);
 void set_isa(isa which);
 // The path kernels take now: scalar, avx2 or avx512, never best.
 isa active_isa();
+// What set_isa last asked for (best when nothing is forced): what to pass back to set_isa to
+// undo a later call.
+isa requested_isa();
 const char* isa_name(isa which);
 // AVX-512 BF16 (vdpbf16ps), used by the avx512 path for BF16 weights when present.
 bool cpu_has_avx512_bf16();

@@ -120,6 +120,16 @@ TEST_SUITE("bench") {
     CHECK(t.out.find("GMAC/s") != std::string::npos);
   }
 
+  TEST_CASE("--isa runs the whole bench on the path asked for and says which") {
+    const auto r = test::run_tandem(bench_cmd("--prompt 4 --gen 2 --batch 2 --reps 1 --isa scalar --json"));
+    REQUIRE(r.exit_code == 0);
+    CHECK(nlohmann::json::parse(r.out)["isa"] == "scalar");
+    const auto bad = test::run_tandem(bench_cmd("--isa avx9"));
+    CHECK(bad.exit_code != 0);
+    CHECK(bad.err.find("--isa") != std::string::npos);
+    CHECK(bad.out.empty());
+  }
+
   TEST_CASE("bad arguments give a clear error and a non-zero exit") {
     struct bad_case {
       const char* args;
