@@ -18,8 +18,9 @@ struct bench_options {
   std::string model_path;
   int threads = 0;  // 0: kernels::cpu::default_thread_count()
   // The kernels' instruction-set path for the whole run, model load included (packing at load
-  // needs AVX-512): best, or a narrower one to measure what CPUs without AVX-512 get. The
-  // read ceiling takes the same path. Restored when run_bench returns.
+  // needs AVX-512): a narrower one measures what CPUs without AVX-512 get; best leaves the
+  // process's setting as it is (automatic unless something forced a path). The read and dot
+  // ceilings take the same path. The process's setting is put back when run_bench returns.
   kernels::cpu::isa isa = kernels::cpu::isa::best;
   model_bench_params params;
   uint64_t read_buffer_bytes = 0;  // 0: default_read_buffer_bytes()

@@ -43,7 +43,7 @@ void run_bench_command(bench_args& a) {
   a.opt.read_buffer_bytes = static_cast<uint64_t>(a.read_mib) << 20;
   a.opt.isa = parse_isa(a.isa);
   if (!kernels::cpu::isa_supported(a.opt.isa))
-    throw std::runtime_error("bench: --isa " + a.isa + ": this CPU cannot run that path");
+    throw std::runtime_error("bench: --isa " + a.isa + ": this CPU lacks " + kernels::cpu::isa_requirement(a.opt.isa));
   const auto r = bench::run_bench(a.opt);
   const std::string out = a.json ? bench::to_json(r).dump() + "\n" : bench::format_table(r);
   std::fwrite(out.data(), 1, out.size(), stdout);

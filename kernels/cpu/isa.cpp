@@ -22,11 +22,15 @@ bool cpu_has_avx512() {
 
 std::atomic<isa> g_isa{isa::best};
 
-const char* requirement(isa which) {
-  return which == isa::avx512 ? "AVX-512 F/BW/VL/DQ and VNNI" : "AVX2, FMA and F16C";
-}
-
 }  // namespace
+
+const char* isa_requirement(isa which) {
+  switch (which) {
+    case isa::avx512: return "AVX-512 F/BW/VL/DQ and VNNI";
+    case isa::avx2: return "AVX2, FMA and F16C";
+    default: return "nothing";
+  }
+}
 
 bool isa_supported(isa which) {
   switch (which) {
@@ -51,7 +55,7 @@ bool cpu_has_gfni() {
 void set_isa(isa which) {
   if (!isa_supported(which))
     throw std::invalid_argument(std::string("set_isa: this CPU cannot run the ") + isa_name(which) + " path (needs " +
-                                requirement(which) + ")");
+                                isa_requirement(which) + ")");
   g_isa.store(which, std::memory_order_relaxed);
 }
 

@@ -13,6 +13,8 @@ enum class isa { scalar, avx2, avx512, best };
 
 // Whether this CPU can run the path (scalar and best: always).
 bool isa_supported(isa which);
+// The CPU features the path needs, for error messages ("AVX2, FMA and F16C").
+const char* isa_requirement(isa which);
 // Forces a path for every later kernel call in the process; `best` restores the automatic
 // choice. Throws std::invalid_argument for a path the CPU cannot run.
 void set_isa(isa which);
