@@ -15,21 +15,8 @@ namespace tandem::kernels::cpu {
 namespace {
 
 constexpr int R = k_panel_rows;
+static_assert(k_panel_rows == 16, "packed_unit_bytes (packed.h) counts 16-row panels");
 
-// Bytes per 32-column chunk (legacy types) or per 256 columns (K-quants) of one panel.
-size_t unit_bytes(weight_type wt) {
-  switch (wt) {
-    case weight_type::q4_0: return 4 * 64 + 2 * R;
-    case weight_type::q4_1: return 4 * 64 + 4 * R;
-    case weight_type::q5_0: return 4 * 64 + 64 + 2 * R;
-    case weight_type::q5_1: return 4 * 64 + 64 + 4 * R;
-    case weight_type::q8_0: return 8 * 64 + 2 * R;
-    case weight_type::q4_k: return 8 * 4 * 64 + 4 * R + 16 * R;
-    case weight_type::q5_k: return 8 * 4 * 64 + 8 * 64 + 4 * R + 16 * R;
-    case weight_type::q6_k: return 8 * 4 * 64 + 8 * 2 * 64 + 2 * R + 16 * R;
-    default: return 0;
-  }
-}
 int64_t unit_cols(weight_type wt) { return info(wt).block_elems == 256 ? 256 : 32; }
 
 void require_packable(weight_type wt) {
@@ -45,32 +32,15 @@ float half(const uint8_t* p) {
 // Byte index, within one chunk's 64-byte group register, of row r, column c of the chunk.
 inline int lane_byte(int r, int c) { return 4 * r + c % 4; }
 
-bool has_fifth_bit(weight_type wt) {
-  return wt == weight_type::q5_0 || wt == weight_type::q5_1 || wt == weight_type::q5_k;
-}
-// Offset within a unit of chunk ch's fifth-bit masks (8 little-endian uint64, one per group:
-// bit 4r + e of mask k = bit 4 of the code of row r, column 4k + e), and of the unit's scales.
-size_t fifth_at(weight_type wt, int ch) { return (wt == weight_type::q5_k ? 2048 : 256) + static_cast<size_t>(ch) * 64; }
-size_t scales_at(weight_type wt) {
-  switch (wt) {
-    case weight_type::q4_0: case weight_type::q4_1: return 256;
-    case weight_type::q5_0: case weight_type::q5_1: return 320;
-    case weight_type::q8_0: return 512;
-    case weight_type::q4_k: return 2048;
-    case weight_type::q5_k: return 2560;
-    default: return 3072;  // q6_k
-  }
-}
-
 }  // namespace
 
-bool packable(weight_type wt) { return unit_bytes(wt) != 0; }
+bool packable(weight_type wt) { return packed_unit_bytes(wt) != 0; }
 
 bool pack_at_load(weight_type wt) { return packable(wt) && active_isa() == isa::avx512; }
 
 size_t packed_panel_bytes(weight_type wt, int64_t cols) {
   require_packable(wt);
-  return static_cast<size_t>(cols / unit_cols(wt)) * unit_bytes(wt);
+  return static_cast<size_t>(cols / unit_cols(wt)) * packed_unit_bytes(wt);
 }
 
 size_t packed_bytes(weight_type wt, int64_t rows, int64_t cols) {
@@ -82,7 +52,7 @@ void pack_weights(weight_type wt, const void* src, int64_t rows, int64_t cols, v
   const auto* s = static_cast<const uint8_t*>(src);
   auto* d = static_cast<uint8_t*>(dst);
   const size_t w_row = static_cast<size_t>(row_bytes(wt, cols));
-  const size_t pb = packed_panel_bytes(wt, cols), ub = unit_bytes(wt);
+  const size_t pb = packed_panel_bytes(wt, cols), ub = packed_unit_bytes(wt);
   const int64_t uc = unit_cols(wt);
   std::memset(d, 0, packed_bytes(wt, rows, cols));
   // Codes come from the per-call panel packer (one byte per code, tested against the GGUF
@@ -115,8 +85,8 @@ void pack_weights(weight_type wt, const void* src, int64_t rows, int64_t cols, v
         for (int q = 0; q < 4; ++q)
           for (int i = 0; i < 64; ++i)
             nib[64 * q + i] = static_cast<uint8_t>((group(q)[i] & 0xF) | (group(q + 4)[i] & 0xF) << 4);
-        if (has_fifth_bit(wt)) {
-          uint8_t* fifth = unit + fifth_at(wt, static_cast<int>(ch));
+        if (packed_has_fifth_bit(wt)) {
+          uint8_t* fifth = unit + packed_fifth_at(wt, static_cast<int>(ch));
           for (int k = 0; k < 8; ++k)
             for (int i = 0; i < 64; ++i) fifth[8 * k + i / 8] |= static_cast<uint8_t>(((group(k)[i] >> 4) & 1) << (i % 8));
         }
@@ -141,8 +111,8 @@ void pack_weights(weight_type wt, const void* src, int64_t rows, int64_t cols, v
           case weight_type::q8_0: {
             // Every legacy block starts with its fp16 d, then (Q4_1, Q5_1) its fp16 m.
             const uint8_t* b = row + u * info(wt).block_bytes;
-            std::memcpy(unit + scales_at(wt) + 2 * r, b, 2);
-            if (wt == weight_type::q4_1 || wt == weight_type::q5_1) std::memcpy(unit + scales_at(wt) + 2 * R + 2 * r, b + 2, 2);
+            std::memcpy(unit + packed_scales_at(wt) + 2 * r, b, 2);
+            if (wt == weight_type::q4_1 || wt == weight_type::q5_1) std::memcpy(unit + packed_scales_at(wt) + 2 * R + 2 * r, b + 2, 2);
             break;
           }
           case weight_type::q4_k:
@@ -150,7 +120,7 @@ void pack_weights(weight_type wt, const void* src, int64_t rows, int64_t cols, v
             // Q5_K's d, dmin and scales lie where Q4_K's do.
             const size_t block = wt == weight_type::q4_k ? sizeof(block_q4_k) : sizeof(block_q5_k);
             const auto* b = reinterpret_cast<const block_q4_k*>(row + u * block);
-            uint8_t* at = unit + scales_at(wt);
+            uint8_t* at = unit + packed_scales_at(wt);
             std::memcpy(at + 2 * r, b->d, 2);
             std::memcpy(at + 2 * R + 2 * r, b->dmin, 2);
             for (int j = 0; j < 8; ++j) unpack_k_scale(b->scales, j, at[4 * R + R * j + r], at[4 * R + 8 * R + R * j + r]);
@@ -158,7 +128,7 @@ void pack_weights(weight_type wt, const void* src, int64_t rows, int64_t cols, v
           }
           case weight_type::q6_k: {
             const auto* b = reinterpret_cast<const block_q6_k*>(row + u * sizeof(block_q6_k));
-            uint8_t* at = unit + scales_at(wt);
+            uint8_t* at = unit + packed_scales_at(wt);
             std::memcpy(at + 2 * r, b->d, 2);
             for (int j = 0; j < 16; ++j) at[2 * R + R * j + r] = static_cast<uint8_t>(b->scales[j]);
             break;
@@ -180,7 +150,7 @@ int packed_code(weight_type wt, const uint8_t* unit, int ch, int r, int c) {
   const uint8_t n = unit[ch * 256 + 64 * (k % 4) + i];
   int code = k < 4 ? n & 0xF : n >> 4;
   if (wt == weight_type::q6_k) code |= ((unit[2048 + ch * 128 + 64 * (k / 4) + i] >> (2 * (k % 4))) & 3) << 4;
-  if (has_fifth_bit(wt)) code |= ((unit[fifth_at(wt, ch) + 8 * k + i / 8] >> (i % 8)) & 1) << 4;
+  if (packed_has_fifth_bit(wt)) code |= ((unit[packed_fifth_at(wt, ch) + 8 * k + i / 8] >> (i % 8)) & 1) << 4;
   return code;
 }
 
@@ -190,7 +160,7 @@ void dequantize_packed_row(weight_type wt, const void* packed, int64_t cols, int
   require_packable(wt);
   const uint8_t* panel = static_cast<const uint8_t*>(packed) + (row / R) * packed_panel_bytes(wt, cols);
   const int r = static_cast<int>(row % R);
-  const size_t ub = unit_bytes(wt);
+  const size_t ub = packed_unit_bytes(wt);
   const int64_t uc = unit_cols(wt);
   // The formulas of the GGUF dequantizers (quants_legacy.cpp, quants_k.cpp), so the values match.
   for (int64_t u = 0; u < cols / uc; ++u) {
@@ -200,20 +170,20 @@ void dequantize_packed_row(weight_type wt, const void* packed, int64_t cols, int
       case weight_type::q4_0:
       case weight_type::q5_0:
       case weight_type::q8_0: {
-        const float d = half(unit + scales_at(wt) + 2 * r);
+        const float d = half(unit + packed_scales_at(wt) + 2 * r);
         const int offset = panel_code_offset(wt);
         for (int c = 0; c < 32; ++c) y[c] = static_cast<float>(packed_code(wt, unit, 0, r, c) + offset) * d;
         break;
       }
       case weight_type::q4_1:
       case weight_type::q5_1: {
-        const float d = half(unit + scales_at(wt) + 2 * r), m = half(unit + scales_at(wt) + 2 * R + 2 * r);
+        const float d = half(unit + packed_scales_at(wt) + 2 * r), m = half(unit + packed_scales_at(wt) + 2 * R + 2 * r);
         for (int c = 0; c < 32; ++c) y[c] = static_cast<float>(packed_code(wt, unit, 0, r, c)) * d + m;
         break;
       }
       case weight_type::q4_k:
       case weight_type::q5_k: {
-        const uint8_t* at = unit + scales_at(wt);
+        const uint8_t* at = unit + packed_scales_at(wt);
         const float d = half(at + 2 * r), dmin = half(at + 2 * R + 2 * r);
         for (int j = 0; j < 8; ++j) {
           const float dj = d * at[4 * R + R * j + r], mj = dmin * at[4 * R + 8 * R + R * j + r];
@@ -222,7 +192,7 @@ void dequantize_packed_row(weight_type wt, const void* packed, int64_t cols, int
         break;
       }
       case weight_type::q6_k: {
-        const uint8_t* at = unit + scales_at(wt);
+        const uint8_t* at = unit + packed_scales_at(wt);
         const float d = half(at + 2 * r);
         for (int e = 0; e < 256; ++e) {
           const auto sc = static_cast<int8_t>(at[2 * R + R * (e / 16) + r]);
@@ -241,7 +211,7 @@ void packed_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const in
   require_packable(wt);
   const int sub = panel_sub_elems(wt);
   const int64_t nsub = cols / sub;
-  const size_t ub = unit_bytes(wt);
+  const size_t ub = packed_unit_bytes(wt);
   const int64_t uc = unit_cols(wt);
   for (int o = 0; o < n_w; ++o) {
     // Scale and min per sub-block as panel_decode_row defines them.
@@ -256,23 +226,23 @@ void packed_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const in
           case weight_type::q4_0:
           case weight_type::q5_0:
           case weight_type::q8_0:
-            scale = half(unit + scales_at(wt) + 2 * o);
+            scale = half(unit + packed_scales_at(wt) + 2 * o);
             min = static_cast<float>(panel_code_offset(wt)) * scale;
             break;
           case weight_type::q4_1:
           case weight_type::q5_1:
-            scale = half(unit + scales_at(wt) + 2 * o);
-            min = half(unit + scales_at(wt) + 2 * R + 2 * o);
+            scale = half(unit + packed_scales_at(wt) + 2 * o);
+            min = half(unit + packed_scales_at(wt) + 2 * R + 2 * o);
             break;
           case weight_type::q4_k:
           case weight_type::q5_k: {
-            const uint8_t* at = unit + scales_at(wt);
+            const uint8_t* at = unit + packed_scales_at(wt);
             scale = half(at + 2 * o) * at[4 * R + R * ch + o];
             min = -half(at + 2 * R + 2 * o) * at[4 * R + 8 * R + R * ch + o];
             break;
           }
           case weight_type::q6_k: {
-            const uint8_t* at = unit + scales_at(wt);
+            const uint8_t* at = unit + packed_scales_at(wt);
             const int j = static_cast<int>(col0 % 256) / 16;
             scale = half(at + 2 * o) * static_cast<float>(static_cast<int8_t>(at[2 * R + R * j + o]));
             min = -32.0f * scale;

@@ -39,6 +39,41 @@ namespace tandem::kernels::cpu {
 // How a weight matrix lies in memory: GGUF rows, or packed panels (this header).
 enum class weight_layout { rows, packed };
 
+// Where things lie in one packed unit (a 32-column chunk; 256 columns for K-quants), for the
+// packer and every kernel alike. Its size (0: no packed form):
+constexpr size_t packed_unit_bytes(weight_type wt) {
+  constexpr size_t R = 16;  // k_panel_rows (panel.h)
+  switch (wt) {
+    case weight_type::q4_0: return 4 * 64 + 2 * R;
+    case weight_type::q4_1: return 4 * 64 + 4 * R;
+    case weight_type::q5_0: return 4 * 64 + 64 + 2 * R;
+    case weight_type::q5_1: return 4 * 64 + 64 + 4 * R;
+    case weight_type::q8_0: return 8 * 64 + 2 * R;
+    case weight_type::q4_k: return 8 * 4 * 64 + 4 * R + 16 * R;
+    case weight_type::q5_k: return 8 * 4 * 64 + 8 * 64 + 4 * R + 16 * R;
+    case weight_type::q6_k: return 8 * 4 * 64 + 8 * 2 * 64 + 2 * R + 16 * R;
+    default: return 0;
+  }
+}
+// The offset of its scales (after the codes).
+constexpr size_t packed_scales_at(weight_type wt) {
+  switch (wt) {
+    case weight_type::q4_0: case weight_type::q4_1: return 256;
+    case weight_type::q5_0: case weight_type::q5_1: return 320;
+    case weight_type::q8_0: return 512;
+    case weight_type::q4_k: return 2048;
+    case weight_type::q5_k: return 2560;
+    default: return 3072;  // q6_k
+  }
+}
+// Whether codes have a fifth bit (Q5_0, Q5_1, Q5_K), and the offset of chunk ch's 8 masks.
+constexpr bool packed_has_fifth_bit(weight_type wt) {
+  return wt == weight_type::q5_0 || wt == weight_type::q5_1 || wt == weight_type::q5_k;
+}
+constexpr size_t packed_fifth_at(weight_type wt, int ch) {
+  return (wt == weight_type::q5_k ? 2048 : 256) + static_cast<size_t>(ch) * 64;
+}
+
 // Whether `wt` has a packed form (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
 bool packable(weight_type wt);
 // Whether load-time packing pays: a packed type and the AVX-512 VNNI path active. (Packed

@@ -24,8 +24,8 @@ template <weight_type WT>
 void expand(const uint8_t* packed, int64_t cols, uint8_t* panel) {
   constexpr int64_t uc = is_k_quant<WT>() ? 256 : 32;
   constexpr int sub = WT == weight_type::q6_k ? 16 : 32;
-  constexpr size_t ub = unit_bytes<WT>();
-  constexpr size_t sc = scales_at<WT>();
+  constexpr size_t ub = packed_unit_bytes(WT);
+  constexpr size_t sc = packed_scales_at(WT);
   constexpr size_t sub_bytes = sub / 4 * 64 + 128;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   for (int64_t u = 0; u < cols / uc; ++u) {
@@ -40,8 +40,8 @@ void expand(const uint8_t* packed, int64_t cols, uint8_t* panel) {
         for (int q = 0; q < 4; ++q) {
           const __m512i z = avx512::load64(unit + ch * 256 + 64 * q);
           __m512i lo = _mm512_and_si512(z, low4), hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
-          if constexpr (has_fifth_bit<WT>()) {
-            const uint8_t* fifth = unit + (WT == weight_type::q5_k ? 2048 + ch * 64 : 256);
+          if constexpr (packed_has_fifth_bit(WT)) {
+            const uint8_t* fifth = unit + packed_fifth_at(WT, ch);
             lo = with_fifth_bit(lo, fifth, q);
             hi = with_fifth_bit(hi, fifth, q + 4);
           }
@@ -141,8 +141,8 @@ void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const
                        int n_act, float* out, int64_t out_stride, int n_w, bool allow_gfni, sum_order order) {
   if (has_ggml_order(wt) && order == sum_order::ggml) {
     auto run = [&]<weight_type WT>() {
-      constexpr size_t ub = unit_bytes<WT>();
-      constexpr size_t sc = scales_at<WT>();
+      constexpr size_t ub = packed_unit_bytes(WT);
+      constexpr size_t sc = packed_scales_at(WT);
       const __m512i low4 = _mm512_set1_epi8(0x0F);
       avx512::ggml_order_rows(
           cols / 32, codes, cols, aux, n_act, out, out_stride, avx512::first16(n_w),
@@ -150,7 +150,7 @@ void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const
             const uint8_t* unit = panel + b * ub;
             const __m512i z = avx512::load64(unit + 64 * (g % 4));
             const __m512i c = g < 4 ? _mm512_and_si512(z, low4) : _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
-            if constexpr (has_fifth_bit<WT>()) return with_fifth_bit(c, unit + 256, g);
+            if constexpr (packed_has_fifth_bit(WT)) return with_fifth_bit(c, unit + packed_fifth_at(WT, 0), g);
             return c;
           },
           [&](int64_t b, __m512& d, __m512& m) {

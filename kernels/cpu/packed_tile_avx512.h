@@ -50,31 +50,6 @@ static inline __m512 i8x16(const uint8_t* p) {
 }
 
 template <weight_type WT>
-constexpr size_t unit_bytes() {
-  return WT == weight_type::q4_0 ? 4 * 64 + 2 * R16
-       : WT == weight_type::q4_1 ? 4 * 64 + 4 * R16
-       : WT == weight_type::q5_0 ? 4 * 64 + 64 + 2 * R16
-       : WT == weight_type::q5_1 ? 4 * 64 + 64 + 4 * R16
-       : WT == weight_type::q8_0 ? 8 * 64 + 2 * R16
-       : WT == weight_type::q4_k ? 8 * 4 * 64 + 20 * R16
-       : WT == weight_type::q5_k ? 8 * 4 * 64 + 8 * 64 + 20 * R16
-                                 : 8 * 4 * 64 + 8 * 2 * 64 + 18 * R16;
-}
-// Where a unit's scales start (packed.h): after the codes.
-template <weight_type WT>
-constexpr size_t scales_at() {
-  return WT == weight_type::q4_0 || WT == weight_type::q4_1 ? 256
-       : WT == weight_type::q5_0 || WT == weight_type::q5_1 ? 320
-       : WT == weight_type::q8_0                            ? 512
-       : WT == weight_type::q4_k                            ? 2048
-       : WT == weight_type::q5_k                            ? 2560
-                                                            : 3072;
-}
-template <weight_type WT>
-constexpr bool has_fifth_bit() {
-  return WT == weight_type::q5_0 || WT == weight_type::q5_1 || WT == weight_type::q5_k;
-}
-template <weight_type WT>
 constexpr bool is_k_quant() {
   return WT == weight_type::q4_k || WT == weight_type::q5_k || WT == weight_type::q6_k;
 }
@@ -118,8 +93,8 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
   constexpr bool k_split = R <= k_panel_max_act_rows && WT != weight_type::q6_k;
   constexpr int64_t uc = is_k_quant<WT>() ? 256 : 32;
   constexpr int sub = WT == weight_type::q6_k ? 16 : 32;
-  constexpr size_t ub = unit_bytes<WT>();
-  constexpr size_t sc = scales_at<WT>();
+  constexpr size_t ub = packed_unit_bytes(WT);
+  constexpr size_t sc = packed_scales_at(WT);
   constexpr bool k_offset = WT == weight_type::q4_0 || WT == weight_type::q5_0 || WT == weight_type::q8_0 ||
                             WT == weight_type::q6_k;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
@@ -174,8 +149,8 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
           } else {
             lo = _mm512_and_si512(z, low4);
             hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
-            if constexpr (has_fifth_bit<WT>()) {
-              const uint8_t* fifth = unit + (WT == weight_type::q5_k ? 2048 + ch * 64 : 256);
+            if constexpr (packed_has_fifth_bit(WT)) {
+              const uint8_t* fifth = unit + packed_fifth_at(WT, ch);
               lo = with_fifth_bit(lo, fifth, q);
               hi = with_fifth_bit(hi, fifth, q + 4);
             }
