@@ -28,6 +28,8 @@ void expand(const uint8_t* packed, int64_t cols, uint8_t* panel) {
   constexpr size_t sc = packed_scales_at(WT);
   constexpr size_t sub_bytes = sub / 4 * 64 + 128;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
+  // Types whose codes carry an offset: min = offset * scale (panel.h).
+  const __m512 offset = _mm512_set1_ps(static_cast<float>(panel_code_offset(WT)));
   for (int64_t u = 0; u < cols / uc; ++u) {
     const uint8_t* unit = packed + u * ub;
     for (int ch = 0; ch < uc / 32; ++ch) {
@@ -56,9 +58,8 @@ void expand(const uint8_t* packed, int64_t cols, uint8_t* panel) {
       // Scales and mins, with the formulas of panel_decode_row.
       if constexpr (WT == weight_type::q4_0 || WT == weight_type::q5_0 || WT == weight_type::q8_0) {
         const __m512 d = f16x16(unit + sc);
-        const float offset = WT == weight_type::q4_0 ? -8.0f : WT == weight_type::q5_0 ? -16.0f : -128.0f;
         _mm512_store_ps(scales_at(col0), d);
-        _mm512_store_ps(scales_at(col0) + 16, _mm512_mul_ps(d, _mm512_set1_ps(offset)));
+        _mm512_store_ps(scales_at(col0) + 16, _mm512_mul_ps(d, offset));
       } else if constexpr (WT == weight_type::q4_1 || WT == weight_type::q5_1) {
         _mm512_store_ps(scales_at(col0), f16x16(unit + sc));
         _mm512_store_ps(scales_at(col0) + 16, f16x16(unit + sc + 2 * R16));
@@ -71,9 +72,9 @@ void expand(const uint8_t* packed, int64_t cols, uint8_t* panel) {
         const uint8_t* at = unit + sc + 2 * R16;
         const __m512 d = f16x16(unit + sc);
         for (int h = 0; h < 2; ++h) {
-          const __m512 sc = _mm512_mul_ps(d, i8x16(at + R16 * (2 * ch + h)));
-          _mm512_store_ps(scales_at(col0 + 16 * h), sc);
-          _mm512_store_ps(scales_at(col0 + 16 * h) + 16, _mm512_mul_ps(sc, _mm512_set1_ps(-32.0f)));
+          const __m512 scale = _mm512_mul_ps(d, i8x16(at + R16 * (2 * ch + h)));
+          _mm512_store_ps(scales_at(col0 + 16 * h), scale);
+          _mm512_store_ps(scales_at(col0 + 16 * h) + 16, _mm512_mul_ps(scale, offset));
         }
       }
     }
