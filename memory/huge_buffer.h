@@ -1,6 +1,7 @@
 // A heap buffer on 2 MiB boundaries with transparent huge pages requested: for large arrays
-// that kernels stream (packed weights, a context's KV cache, the read-ceiling buffer), where 4 KiB pages would cost
-// a TLB miss per page and stop the hardware prefetchers at every page boundary.
+// that kernels stream (packed weights, a context's KV cache, the read-ceiling buffer), where
+// 4 KiB pages would cost a TLB miss per page and stop the hardware prefetchers at every page
+// boundary.
 #pragma once
 
 #include <cstddef>
