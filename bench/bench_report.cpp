@@ -44,25 +44,32 @@ namespace {
 // Forces the kernels' path for one run and puts the previous one back (set_isa is process-wide).
 class isa_scope {
  public:
-  explicit isa_scope(kernels::cpu::isa which)
-      : before_(kernels::cpu::requested_isa()), forced_(which != kernels::cpu::isa::best) {
-    if (forced_) kernels::cpu::set_isa(which);
+  isa_scope(kernels::cpu::isa which, bool avx_vnni)
+      : before_(kernels::cpu::requested_isa()),
+        vnni_before_(kernels::cpu::avx_vnni_allowed()),
+        forced_(which != kernels::cpu::isa::best) {
+    if (!forced_) return;
+    kernels::cpu::set_isa(which);
+    kernels::cpu::set_avx_vnni(avx_vnni);
   }
   ~isa_scope() {
-    if (forced_) kernels::cpu::set_isa(before_);
+    if (!forced_) return;
+    kernels::cpu::set_isa(before_);
+    kernels::cpu::set_avx_vnni(vnni_before_);
   }
   isa_scope(const isa_scope&) = delete;
   isa_scope& operator=(const isa_scope&) = delete;
 
  private:
   kernels::cpu::isa before_;
+  bool vnni_before_;
   bool forced_;
 };
 
 }  // namespace
 
 bench_report run_bench(const bench_options& o) {
-  const isa_scope path(o.isa);
+  const isa_scope path(o.isa, o.avx_vnni);
   models::model m(o.model_path);
   kernels::cpu::thread_pool pool(o.threads > 0 ? o.threads : kernels::cpu::default_thread_count());
   bench_report r;
@@ -71,7 +78,7 @@ bench_report run_bench(const bench_options& o) {
   r.type = kernels::display_name(main_weight_type(m));
   r.weight_bytes = m.weight_bytes();
   r.threads = pool.size();
-  r.isa = kernels::cpu::isa_name(kernels::cpu::active_isa());
+  r.isa = kernels::cpu::active_path_name();
   r.params = o.params;
   {
     // The ceiling's buffer is held through the model phases so that a pass can be timed right

@@ -17,11 +17,14 @@ namespace tandem::bench {
 struct bench_options {
   std::string model_path;
   int threads = 0;  // 0: kernels::cpu::default_thread_count()
-  // The kernels' instruction-set path for the whole run, model load included (packing at load
-  // needs AVX-512): a narrower one measures what CPUs without AVX-512 get; best leaves the
-  // process's setting as it is (automatic unless something forced a path). The read and dot
-  // ceilings take the same path. The process's setting is put back when run_bench returns.
+  // The kernels' instruction-set path for the whole run, model load included: a narrower one
+  // measures what CPUs without AVX-512 get; best leaves the process's setting as it is
+  // (automatic unless something forced a path). The read and dot ceilings take the same path.
+  // The process's setting is put back when run_bench returns.
   kernels::cpu::isa isa = kernels::cpu::isa::best;
+  // With a forced path: whether the avx2 path may use AVX-VNNI where the CPU has it (off: what
+  // AVX2 CPUs without it get).
+  bool avx_vnni = true;
   model_bench_params params;
   uint64_t read_buffer_bytes = 0;  // 0: default_read_buffer_bytes()
 };
@@ -32,7 +35,7 @@ struct bench_report {
   std::string type;             // main_weight_type, e.g. "Q4_K"
   uint64_t weight_bytes = 0;    // all tensor data in the file
   int threads = 0;
-  std::string isa;              // kernel path taken: scalar, avx2, avx512
+  std::string isa;              // kernel path taken: scalar, avx2, avxvnni, avx512
   model_bench_params params;
   model_bench_result result;
   // Measured with the same pool: one pass after each decode repetition, then more after the

@@ -32,18 +32,29 @@ struct bench_args {
   bool json = false;
 };
 
-kernels::cpu::isa parse_isa(const std::string& name) {
+// --isa NAME into the path and whether the avx2 path may use AVX-VNNI ("avxvnni": yes).
+void parse_isa(const std::string& name, bench::bench_options& o) {
   using kernels::cpu::isa;
-  for (const isa which : {isa::best, isa::avx512, isa::avx2, isa::scalar})
-    if (name == kernels::cpu::isa_name(which)) return which;
-  throw std::runtime_error("bench: --isa " + name + ": not a path (best, avx512, avx2, scalar)");
+  o.avx_vnni = true;
+  if (name == "avxvnni") {
+    if (!kernels::cpu::cpu_has_avx_vnni()) throw std::runtime_error("bench: --isa avxvnni: this CPU lacks AVX2 with AVX-VNNI");
+    o.isa = isa::avx2;
+    return;
+  }
+  for (const isa which : {isa::best, isa::avx512, isa::avx2, isa::scalar}) {
+    if (name != kernels::cpu::isa_name(which)) continue;
+    if (!kernels::cpu::isa_supported(which))
+      throw std::runtime_error("bench: --isa " + name + ": this CPU lacks " + kernels::cpu::isa_requirement(which));
+    o.isa = which;
+    o.avx_vnni = which != isa::avx2;
+    return;
+  }
+  throw std::runtime_error("bench: --isa " + name + ": not a path (best, avx512, avxvnni, avx2, scalar)");
 }
 
 void run_bench_command(bench_args& a) {
   a.opt.read_buffer_bytes = static_cast<uint64_t>(a.read_mib) << 20;
-  a.opt.isa = parse_isa(a.isa);
-  if (!kernels::cpu::isa_supported(a.opt.isa))
-    throw std::runtime_error("bench: --isa " + a.isa + ": this CPU lacks " + kernels::cpu::isa_requirement(a.opt.isa));
+  parse_isa(a.isa, a.opt);
   const auto r = bench::run_bench(a.opt);
   const std::string out = a.json ? bench::to_json(r).dump() + "\n" : bench::format_table(r);
   std::fwrite(out.data(), 1, out.size(), stdout);
@@ -258,8 +269,8 @@ void add_bench_command(CLI::App& root) {
   cmd->add_option("--read-mib", a->read_mib, "buffer of the memory-read ceiling in MiB (0: four times the last-level cache, at least 256)")
       ->check(CLI::Range(0, 1 << 16))
       ->capture_default_str();
-  cmd->add_option("--isa", a->isa, "kernel path for the whole run, model load included: best, avx512, avx2 or scalar (AVX2: what CPUs without AVX-512 get; no packed weights)")
-      ->check(CLI::IsMember({"best", "avx512", "avx2", "scalar"}))
+  cmd->add_option("--isa", a->isa, "kernel path for the whole run, model load included: best, avx512, avxvnni, avx2 or scalar (avxvnni: AVX2 with AVX-VNNI, as Intel Alder Lake and later without AVX-512; avx2: without it)")
+      ->check(CLI::IsMember({"best", "avx512", "avxvnni", "avx2", "scalar"}))
       ->capture_default_str();
   cmd->add_flag("--fast-prompt", p.fast_prompt_attention,
                 "prefill by the server's arithmetic (tiled attention, SwiGLU's vector e^x, Q4_1/Q5_1 tile order) (default: llama.cpp's, as `tandem run`)");

@@ -168,7 +168,7 @@ void run(const run_args& a) {
 #endif
   if (!a.gpu) {
     st = runtime::generate(*ctx_owner, tok, prompt, opt, print);
-    where = fmt::format("threads {}, {}", pool.size(), kernels::cpu::isa_name(kernels::cpu::active_isa()));
+    where = fmt::format("threads {}, {}", pool.size(), kernels::cpu::active_path_name());
   }
   std::fputc('\n', stdout);
   std::fflush(stdout);

@@ -21,6 +21,7 @@ bool cpu_has_avx512() {
 }
 
 std::atomic<isa> g_isa{isa::best};
+std::atomic<bool> g_avx_vnni{true};
 
 }  // namespace
 
@@ -50,6 +51,20 @@ bool cpu_has_avx512_bf16() {
 bool cpu_has_gfni() {
   static const bool ok = cpu_has_avx512() && __builtin_cpu_supports("gfni");
   return ok;
+}
+
+bool cpu_has_avx_vnni() {
+  static const bool ok = cpu_has_avx2() && __builtin_cpu_supports("avxvnni");
+  return ok;
+}
+
+void set_avx_vnni(bool allowed) { g_avx_vnni.store(allowed, std::memory_order_relaxed); }
+bool avx_vnni_allowed() { return g_avx_vnni.load(std::memory_order_relaxed); }
+bool avx_vnni_active() { return cpu_has_avx_vnni() && avx_vnni_allowed(); }
+
+const char* active_path_name() {
+  const isa which = active_isa();
+  return which == isa::avx2 && avx_vnni_active() ? "avxvnni" : isa_name(which);
 }
 
 void set_isa(isa which) {

@@ -28,5 +28,16 @@ const char* isa_name(isa which);
 bool cpu_has_avx512_bf16();
 // GFNI (vgf2p8affineqb) with AVX-512, used by the avx512 path's packed Q6_K kernel when present.
 bool cpu_has_gfni();
+// AVX-VNNI (vpdpbusd on ymm registers, without AVX-512), used by the avx2 path's packed
+// kernels when present and allowed. set_avx_vnni(false) makes the avx2 path what CPUs without
+// it get (`tandem bench --isa avx2`; --isa avxvnni allows it again); on by default.
+bool cpu_has_avx_vnni();
+void set_avx_vnni(bool allowed);
+bool avx_vnni_allowed();
+// cpu_has_avx_vnni() and allowed.
+bool avx_vnni_active();
+// The path kernels take now, for reports: isa_name(active_isa()), or "avxvnni" for the avx2
+// path with AVX-VNNI active.
+const char* active_path_name();
 
 }  // namespace tandem::kernels::cpu

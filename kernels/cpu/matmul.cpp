@@ -244,6 +244,10 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
           const int64_t o = g * k_panel_rows;
           const int n_w = static_cast<int>(std::min<int64_t>(k_panel_rows, job.rows - o));
           const uint8_t* panel = static_cast<const uint8_t*>(job.w) + g * pb;
+          if (path == isa::avx2) {
+            packed_dot_avx2(job.wt, panel, cols, codes, aux, static_cast<int>(n_x), job.y + o, job.rows, n_w, job.order);
+            continue;
+          }
           if (path != isa::avx512) {
             packed_dot_ref(job.wt, panel, cols, codes, aux, static_cast<int>(n_x), job.y + o, job.rows, n_w);
             continue;

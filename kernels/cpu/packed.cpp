@@ -36,7 +36,7 @@ inline int lane_byte(int r, int c) { return 4 * r + c % 4; }
 
 bool packable(weight_type wt) { return packed_unit_bytes(wt) != 0; }
 
-bool pack_at_load(weight_type wt) { return packable(wt) && active_isa() == isa::avx512; }
+bool pack_at_load(weight_type wt) { return packable(wt) && active_isa() != isa::scalar; }
 
 size_t packed_panel_bytes(weight_type wt, int64_t cols) {
   require_packable(wt);

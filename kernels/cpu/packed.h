@@ -76,8 +76,8 @@ constexpr size_t packed_fifth_at(weight_type wt, int ch) {
 
 // Whether `wt` has a packed form (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
 bool packable(weight_type wt);
-// Whether load-time packing pays: a packed type and the AVX-512 VNNI path active. (Packed
-// weights compute on every path, but elsewhere only through the slow portable kernel.)
+// Whether load-time packing pays: a packed type and the AVX-512 or AVX2 path active. (Packed
+// weights compute on the scalar path too, but only through the slow portable kernel.)
 bool pack_at_load(weight_type wt);
 // Bytes of a packed rows x cols matrix (cols a multiple of the type's block size).
 size_t packed_bytes(weight_type wt, int64_t rows, int64_t cols);
@@ -118,6 +118,17 @@ void packed_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const in
 void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
                        int n_act, float* out, int64_t out_stride, int n_w, bool allow_gfni = true,
                        sum_order order = sum_order::ggml);
+
+// The AVX2 form (packed_avx2.cpp) for CPUs without AVX-512: panel_acts rows, any n_act, in
+// passes of up to 4 rows. The same bits as packed_dot_avx512 in both orders (its integer sums
+// are exact and its float steps are the AVX-512 kernels'), so a model computes alike on both.
+// allow_vnni: take the AVX-VNNI kernels where avx_vnni_active() (the same bits; tests turn it
+// off to compare).
+void packed_dot_avx2(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act,
+                     float* out, int64_t out_stride, int n_w, sum_order order = sum_order::ggml, bool allow_vnni = true);
+// The AVX-VNNI kernels (packed_vnni_avx2.cpp); only call when avx_vnni_active().
+void packed_dot_avxvnni(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
+                        int n_act, float* out, int64_t out_stride, int n_w, sum_order order = sum_order::ggml);
 
 // The tiled form of a group of n_group (1..k_packed_max_act_rows) activation rows, what the
 // AVX-512 tile kernel reads: codes chunk by chunk, code (r, c) at ((c / 32) * n_group + r) *

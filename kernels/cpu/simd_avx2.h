@@ -11,6 +11,11 @@
 
 #include "kernels/cpu/blocks.h"
 
+// As in simd_avx512.h: unrolled, per-row accumulators stay in registers.
+#ifndef TANDEM_UNROLL
+#define TANDEM_UNROLL _Pragma("GCC unroll 16")
+#endif
+
 namespace tandem::kernels::cpu::avx2 {
 
 static inline float half_to_float(const half_bytes& h) { return _cvtsh_ss(load_half(h)); }

@@ -27,16 +27,27 @@ bench::bench_options tiny(isa path) {
 TEST_SUITE("bench") {
   TEST_CASE("run_bench takes the kernel path it is given, then puts the process's back") {
     const isa before = kernels::cpu::requested_isa();
-    for (const isa path : {isa::scalar, isa::avx2}) {
-      if (!kernels::cpu::isa_supported(path)) continue;
-      CAPTURE(kernels::cpu::isa_name(path));
-      const auto r = bench::run_bench(tiny(path));
-      CHECK(r.isa == kernels::cpu::isa_name(path));
+    const bool vnni_before = kernels::cpu::avx_vnni_allowed();
+    struct path_case {
+      isa path;
+      bool avx_vnni;
+      const char* name;
+    };
+    for (const auto& c : {path_case{isa::scalar, true, "scalar"}, path_case{isa::avx2, false, "avx2"},
+                          path_case{isa::avx2, true, "avxvnni"}}) {
+      if (!kernels::cpu::isa_supported(c.path) || (c.path == isa::avx2 && c.avx_vnni && !kernels::cpu::cpu_has_avx_vnni()))
+        continue;
+      CAPTURE(c.name);
+      auto o = tiny(c.path);
+      o.avx_vnni = c.avx_vnni;
+      const auto r = bench::run_bench(o);
+      CHECK(r.isa == c.name);
       CHECK(r.result.decode.median > 0);
       CHECK(kernels::cpu::requested_isa() == before);
+      CHECK(kernels::cpu::avx_vnni_allowed() == vnni_before);
     }
     const auto r = bench::run_bench(tiny(isa::best));
-    CHECK(r.isa == kernels::cpu::isa_name(kernels::cpu::active_isa()));
+    CHECK(r.isa == kernels::cpu::active_path_name());
     CHECK(kernels::cpu::requested_isa() == before);
   }
 
@@ -44,8 +55,11 @@ TEST_SUITE("bench") {
     if (!kernels::cpu::isa_supported(isa::avx2)) return;
     const isa before = kernels::cpu::requested_isa();
     auto o = tiny(isa::avx2);
+    o.avx_vnni = !kernels::cpu::avx_vnni_allowed();
     o.model_path = "/nonexistent.gguf";
+    const bool vnni_before = kernels::cpu::avx_vnni_allowed();
     CHECK_THROWS(bench::run_bench(o));
     CHECK(kernels::cpu::requested_isa() == before);
+    CHECK(kernels::cpu::avx_vnni_allowed() == vnni_before);
   }
 }

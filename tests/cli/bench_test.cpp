@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/test_support.h"
+#include "kernels/cpu/isa.h"
 
 using namespace tandem;
 
@@ -124,6 +125,20 @@ TEST_SUITE("bench") {
     const auto r = test::run_tandem(bench_cmd("--prompt 4 --gen 2 --batch 2 --reps 1 --isa scalar --json"));
     REQUIRE(r.exit_code == 0);
     CHECK(nlohmann::json::parse(r.out)["isa"] == "scalar");
+    if (kernels::cpu::isa_supported(kernels::cpu::isa::avx2)) {
+      // avx2 is what CPUs without AVX-VNNI get, even on one that has it.
+      const auto avx2 = test::run_tandem(bench_cmd("--prompt 4 --gen 2 --batch 2 --reps 1 --isa avx2 --json"));
+      REQUIRE(avx2.exit_code == 0);
+      CHECK(nlohmann::json::parse(avx2.out)["isa"] == "avx2");
+    }
+    const auto vnni = test::run_tandem(bench_cmd("--prompt 4 --gen 2 --batch 2 --reps 1 --isa avxvnni --json"));
+    if (kernels::cpu::cpu_has_avx_vnni()) {
+      REQUIRE(vnni.exit_code == 0);
+      CHECK(nlohmann::json::parse(vnni.out)["isa"] == "avxvnni");
+    } else {
+      CHECK(vnni.exit_code != 0);
+      CHECK(vnni.err.find("AVX-VNNI") != std::string::npos);
+    }
     const auto bad = test::run_tandem(bench_cmd("--isa avx9"));
     CHECK(bad.exit_code != 0);
     CHECK(bad.err.find("--isa") != std::string::npos);

@@ -142,16 +142,21 @@ TEST_CASE("packed products match the exact dot of the dequantized rows, on every
           packed_dot_ref(wt, m.packed.data() + p * pb, cols, a.codes.data(), a.aux.data(), n, ref.data(), stride, n_w);
           if (isa_supported(isa::avx512))
             packed_dot_avx512(wt, m.packed.data() + p * pb, cols, a.codes.data(), a.aux.data(), n, fast.data(), stride, n_w);
+          std::vector<float> avx2(ref);
+          if (isa_supported(isa::avx2))
+            packed_dot_avx2(wt, m.packed.data() + p * pb, cols, a.codes.data(), a.aux.data(), n, avx2.data(), stride, n_w);
           for (int r = 0; r < n; ++r)
             for (int o = 0; o < stride; ++o) {
               const size_t i = static_cast<size_t>(r * stride + o);
               if (o >= n_w) {
                 CHECK(ref[i] == -7.0f);
                 if (isa_supported(isa::avx512)) CHECK(fast[i] == -7.0f);
+                if (isa_supported(isa::avx2)) CHECK(avx2[i] == -7.0f);
                 continue;
               }
               check_dot(m, a, 16 * p + o, r, ref[i]);
               if (isa_supported(isa::avx512)) check_dot(m, a, 16 * p + o, r, fast[i]);
+              if (isa_supported(isa::avx2)) check_dot(m, a, 16 * p + o, r, avx2[i]);
             }
         }
       }
@@ -189,6 +194,67 @@ TEST_CASE("a packed product's row has the same bits however many rows share the 
                             n_w, true, order);
           CHECK(std::memcmp(one.data(), all.data() + r * 16, one.size() * sizeof(float)) == 0);
         }
+      }
+    }
+  }
+}
+
+TEST_CASE("packed AVX2 products, with and without AVX-VNNI: the AVX-512 kernels' bits in both orders, any row count") {
+  // The same integer sums and float steps: a model must compute alike whichever path runs it.
+  // Partial panels too: lanes past n_w are left alone.
+  if (!isa_supported(isa::avx512) || !isa_supported(isa::avx2)) return;
+  for (const weight_type wt : packed_types()) {
+    for (const sum_order order : {sum_order::ggml, sum_order::tile}) {
+      if (order == sum_order::tile && !has_ggml_order(wt)) continue;
+      for (const int64_t cols : col_counts(wt)) {
+        CAPTURE(display_name(wt));
+        CAPTURE(cols);
+        CAPTURE(order == sum_order::tile);
+        const matrix m = make_matrix(wt, 16, cols, static_cast<uint32_t>(cols + 57));
+        const acts a = make_acts(wt, cols, 19, static_cast<uint32_t>(cols + 3));
+        for (const int n : {1, 2, 3, 4, 5, 8, 16, 19}) {
+          for (const int n_w : {16, 9, 8, 3}) {
+            CAPTURE(n);
+            CAPTURE(n_w);
+            std::vector<float> want(static_cast<size_t>(16 * n), -7.0f);
+            packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n, want.data(), 16, n_w, true, order);
+            for (const bool vnni : {false, true}) {
+              if (vnni && !cpu_has_avx_vnni()) continue;
+              CAPTURE(vnni);
+              std::vector<float> got(want.size(), -7.0f);
+              packed_dot_avx2(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n, got.data(), 16, n_w, order, vnni);
+              CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("packed AVX2 Q4_1 and Q5_1 in ggml's order equal the AVX2 row tiles bit for bit") {
+  if (!isa_supported(isa::avx2)) return;
+  for (const weight_type wt : {weight_type::q4_1, weight_type::q5_1}) {
+    for (const int64_t cols : col_counts(wt)) {
+      CAPTURE(display_name(wt));
+      CAPTURE(cols);
+      const matrix m = make_matrix(wt, 16, cols, static_cast<uint32_t>(cols + 13));
+      const int n_act = 3;
+      const acts a = make_acts(wt, cols, n_act, 23);
+      const size_t w_row = static_cast<size_t>(row_bytes(wt, cols));
+      for (const bool vnni : {false, true}) {
+        if (vnni && !cpu_has_avx_vnni()) continue;
+        CAPTURE(vnni);
+        std::vector<float> got(static_cast<size_t>(16 * n_act));
+        packed_dot_avx2(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n_act, got.data(), 16, 16, sum_order::ggml,
+                        vnni);
+        for (int r = 0; r < n_act; ++r)
+          for (int o = 0; o < 16; ++o) {
+            float want = 0;
+            (wt == weight_type::q4_1 ? dot_q4_1_avx2 : dot_q5_1_avx2)(cols, m.w.data() + o * w_row, w_row, 1,
+                                                                      a.converted.data() + r * a.a_row, a.a_row, 1, &want, 1);
+            CHECK(got[static_cast<size_t>(r * 16 + o)] == want);
+          }
       }
     }
   }
