@@ -37,8 +37,8 @@ using avx2::fifth_bits;
 using avx2::load32;
 
 constexpr int R16 = k_panel_rows;
-// Activation rows one pass carries: two float accumulators (the halves) and one integer sum
-// per row, next to the codes, fit the 16 ymm registers up to 4.
+// Activation rows one pass carries: one float and one integer sum per row (a half panel at a
+// time), next to the codes, fit the 16 ymm registers up to 4; 5 and 6 measured no faster.
 constexpr int k_avx2_pass_rows = 4;
 constexpr size_t k_prefetch_ahead = 4096;
 
@@ -137,11 +137,13 @@ static inline void store_lanes(float* p, __m256 v, int n) {
   }
 }
 
-// R activation rows (panel_acts rows: codes cols apart, aux nsub * 3 floats apart) against one
-// packed panel, in the tile kernel's float order (Q4_1 / Q5_1 too: their tile order).
-template <weight_type WT, int R, bool VNNI>
-void packed_rows(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, float* out, int64_t out_stride,
-                 int n_w) {
+// R activation rows (panel_acts rows: codes cols apart, aux nsub * 3 floats apart) against
+// halves [h0, h0 + H) of one packed panel, in the tile kernel's float order (Q4_1 / Q5_1 too:
+// their tile order). Both halves in one pass (H = 2) keep 2R float sums live; one half per
+// pass (H = 1) leaves room for more rows, and the second pass reads the panel from cache.
+template <weight_type WT, int R, bool VNNI, int H>
+void packed_pass(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, float* out, int64_t out_stride,
+                 int n_w, int h0) {
   constexpr int64_t uc = is_k_quant<WT>() ? 256 : 32;
   constexpr int sub = WT == weight_type::q6_k ? 16 : 32;
   constexpr size_t ub = packed_unit_bytes(WT);
@@ -153,41 +155,50 @@ void packed_rows(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
   constexpr int per16 = sums_per_int16<WT>();
   const int64_t nsub = cols / sub;
   const int64_t aux_row = nsub * k_panel_aux_per_sub;
-  __m256 f[2][R];
-  for (int h = 0; h < 2; ++h)
+  __m256 f[H][R];
+  for (int h = 0; h < H; ++h)
     TANDEM_UNROLL for (int r = 0; r < R; ++r) f[h][r] = _mm256_setzero_ps();
   for (int64_t u = 0; u < cols / uc; ++u) {
     const uint8_t* unit = panel + u * ub;
     for (int ch = 0; ch < uc / 32; ++ch) {
       constexpr size_t share = ub / (uc / 32);
-      for (size_t b = 0; b < share; b += 64) prefetch(unit, ch * share + k_prefetch_ahead + b);
+      if (h0 == 0)
+        for (size_t b = 0; b < share; b += 64) prefetch(unit, ch * share + k_prefetch_ahead + b);
       const int64_t col0 = u * uc + ch * 32;
-      for (int h = 0; h < 2; ++h) {
-        // acc0: the chunk's sums (Q6_K: its first 16 columns; acc1 the other 16), int32.
-        __m256i acc0[R], acc1[R];
+      for (int hh = 0; hh < H; ++hh) {
+        const int h = h0 + hh;
+        // The activations are broadcast again for each half: left to itself the compiler keeps
+        // both halves' broadcasts in registers, runs out of them and spills (measured).
+        const int8_t* act = codes;
+        asm("" : "+r"(act));
+        // acc0: the chunk's sums (Q6_K: its first 16 columns; acc1 the other 16), int32. With
+        // VNNI and few rows acc1 also takes half the groups (added before the conversion), so
+        // each vpdpbusd chain is half as long, as the AVX-512 kernel does.
+        constexpr bool k_split = WT == weight_type::q6_k || (VNNI && R <= 2);
+        __m256i acc0[R], acc1[k_split ? R : 1];
         TANDEM_UNROLL for (int r = 0; r < R; ++r) {
           const float* x = aux + r * aux_row + (col0 / sub) * k_panel_aux_per_sub;
           acc0[r] = k_offset ? _mm256_set1_epi32(offset_term(x)) : _mm256_setzero_si256();
-          acc1[r] = WT == weight_type::q6_k ? _mm256_set1_epi32(offset_term(x + k_panel_aux_per_sub)) : _mm256_setzero_si256();
+          if constexpr (WT == weight_type::q6_k) acc1[r] = _mm256_set1_epi32(offset_term(x + k_panel_aux_per_sub));
+          else if constexpr (k_split) acc1[r] = _mm256_setzero_si256();
         }
         if constexpr (VNNI) {
-          // Q8_0: the odd groups in acc1 (the other types: the high groups), added before the
-          // conversion, so each chain is half as long (as the AVX-512 kernel does).
           TANDEM_UNROLL for (int q = 0; q < (WT == weight_type::q8_0 ? 8 : 4); ++q) {
             __m256i lo, hi;
             group_codes<WT, VNNI>(unit, ch, h, q, lo, hi);
             TANDEM_UNROLL for (int r = 0; r < R; ++r) {
-              const int8_t* a = codes + r * cols + col0;
+              const int8_t* a = act + r * cols + col0;
               if constexpr (WT == weight_type::q8_0) {
-                if (q % 2 == 0) acc0[r] = dot_add<VNNI>(acc0[r], lo, bcast4(a + 4 * q));
-                else acc1[r] = dot_add<VNNI>(acc1[r], lo, bcast4(a + 4 * q));
+                if (k_split && q % 2 == 1) acc1[r] = dot_add<VNNI>(acc1[r], lo, bcast4(a + 4 * q));
+                else acc0[r] = dot_add<VNNI>(acc0[r], lo, bcast4(a + 4 * q));
               } else {
                 acc0[r] = dot_add<VNNI>(acc0[r], lo, bcast4(a + 4 * q));
-                acc1[r] = dot_add<VNNI>(acc1[r], hi, bcast4(a + 16 + 4 * q));
+                if constexpr (k_split) acc1[r] = dot_add<VNNI>(acc1[r], hi, bcast4(a + 16 + 4 * q));
+                else acc0[r] = dot_add<VNNI>(acc0[r], hi, bcast4(a + 16 + 4 * q));
               }
             }
           }
-          if constexpr (WT != weight_type::q6_k)
+          if constexpr (k_split && WT != weight_type::q6_k)
             TANDEM_UNROLL for (int r = 0; r < R; ++r) acc0[r] = _mm256_add_epi32(acc0[r], acc1[r]);
         } else if constexpr (WT == weight_type::q8_0) {
           TANDEM_UNROLL for (int q = 0; q < 8; ++q) {
@@ -195,36 +206,36 @@ void packed_rows(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
             group_codes<WT, VNNI>(unit, ch, h, q, w, unused);
             const __m256i abs_w = _mm256_sign_epi8(w, w);
             TANDEM_UNROLL for (int r = 0; r < R; ++r) {
-              const __m256i a = _mm256_sign_epi8(bcast4(codes + r * cols + col0 + 4 * q), w);
+              const __m256i a = _mm256_sign_epi8(bcast4(act + r * cols + col0 + 4 * q), w);
               acc0[r] = _mm256_add_epi32(acc0[r], widen(_mm256_maddubs_epi16(abs_w, a)));
             }
           }
         } else {
-          // Two int16 sums per row: lo groups and hi groups (Q6_K: the two sub-blocks), each
-          // widened every per16 products (a product per group register).
-          __m256i s_lo[R], s_hi[R];
-          // Groups q per int16 sum: each q adds one product to s_lo and one to s_hi, which
-          // (but for Q6_K) end in one int32 sum, so the bound counts both.
-          constexpr int q_per_sum = WT == weight_type::q6_k ? per16 : per16 / 2;
+          // int16 sums per row, widened every q_per_sum groups q: one for both registers of a
+          // group pair (Q6_K: one per register, as they are two sub-blocks).
+          constexpr int k_sums = WT == weight_type::q6_k ? 2 : 1;
+          constexpr int q_per_sum = per16 / (3 - k_sums);
           static_assert(4 % q_per_sum == 0);
+          __m256i s16[k_sums][R];
           TANDEM_UNROLL for (int q = 0; q < 4; ++q) {
             __m256i lo, hi;
             group_codes<WT, VNNI>(unit, ch, h, q, lo, hi);
             TANDEM_UNROLL for (int r = 0; r < R; ++r) {
-              const int8_t* a = codes + r * cols + col0;
+              const int8_t* a = act + r * cols + col0;
               const __m256i pl = _mm256_maddubs_epi16(lo, bcast4(a + 4 * q));
               const __m256i ph = _mm256_maddubs_epi16(hi, bcast4(a + 16 + 4 * q));
-              s_lo[r] = q % q_per_sum == 0 ? pl : _mm256_add_epi16(s_lo[r], pl);
-              s_hi[r] = q % q_per_sum == 0 ? ph : _mm256_add_epi16(s_hi[r], ph);
+              if constexpr (k_sums == 2) {
+                s16[0][r] = q % q_per_sum == 0 ? pl : _mm256_add_epi16(s16[0][r], pl);
+                s16[1][r] = q % q_per_sum == 0 ? ph : _mm256_add_epi16(s16[1][r], ph);
+              } else {
+                const __m256i p = _mm256_add_epi16(pl, ph);
+                s16[0][r] = q % q_per_sum == 0 ? p : _mm256_add_epi16(s16[0][r], p);
+              }
             }
             if (q % q_per_sum == q_per_sum - 1) {
               TANDEM_UNROLL for (int r = 0; r < R; ++r) {
-                if constexpr (WT == weight_type::q6_k) {
-                  acc0[r] = _mm256_add_epi32(acc0[r], widen(s_lo[r]));
-                  acc1[r] = _mm256_add_epi32(acc1[r], widen(s_hi[r]));
-                } else {
-                  acc0[r] = _mm256_add_epi32(acc0[r], widen(_mm256_add_epi16(s_lo[r], s_hi[r])));
-                }
+                acc0[r] = _mm256_add_epi32(acc0[r], widen(s16[0][r]));
+                if constexpr (k_sums == 2) acc1[r] = _mm256_add_epi32(acc1[r], widen(s16[1][r]));
               }
             }
           }
@@ -233,8 +244,8 @@ void packed_rows(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
           TANDEM_UNROLL for (int r = 0; r < R; ++r) {
             const float* x = aux + r * aux_row + s * k_panel_aux_per_sub;
             const __m256 t = _mm256_cvtepi32_ps(acc[r]);
-            f[h][r] = _mm256_fmadd_ps(t, _mm256_mul_ps(scale, _mm256_set1_ps(x[0])), f[h][r]);
-            if constexpr (!k_offset && WT != weight_type::q8_0) f[h][r] = _mm256_fmadd_ps(min, _mm256_set1_ps(x[1]), f[h][r]);
+            f[hh][r] = _mm256_fmadd_ps(t, _mm256_mul_ps(scale, _mm256_set1_ps(x[0])), f[hh][r]);
+            if constexpr (!k_offset && WT != weight_type::q8_0) f[hh][r] = _mm256_fmadd_ps(min, _mm256_set1_ps(x[1]), f[hh][r]);
           }
         };
         const __m256 no_min = _mm256_setzero_ps();
@@ -256,9 +267,21 @@ void packed_rows(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
       }
     }
   }
-  TANDEM_UNROLL for (int r = 0; r < R; ++r) {
-    store_lanes(out + r * out_stride, f[0][r], n_w);
-    store_lanes(out + r * out_stride + 8, f[1][r], n_w - 8);
+  for (int hh = 0; hh < H; ++hh)
+    TANDEM_UNROLL for (int r = 0; r < R; ++r) store_lanes(out + r * out_stride + 8 * (h0 + hh), f[hh][r], n_w - 8 * (h0 + hh));
+}
+
+// R activation rows against one packed panel: up to 2 rows (decode) both halves at once, so
+// the pass over the panel streams it with every line's work next to its load; more rows one
+// half at a time.
+template <weight_type WT, int R, bool VNNI>
+void packed_rows(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, float* out, int64_t out_stride,
+                 int n_w) {
+  if constexpr (R <= 2) {
+    packed_pass<WT, R, VNNI, 2>(panel, cols, codes, aux, out, out_stride, n_w, 0);
+  } else {
+    packed_pass<WT, R, VNNI, 1>(panel, cols, codes, aux, out, out_stride, n_w, 0);
+    packed_pass<WT, R, VNNI, 1>(panel, cols, codes, aux, out, out_stride, n_w, 1);
   }
 }
 
