@@ -42,12 +42,7 @@ constexpr int R16 = k_panel_rows;
 constexpr int k_avx2_pass_rows = 4;
 constexpr size_t k_prefetch_ahead = 4096;
 
-static inline int32_t act4(const int8_t* p) {
-  int32_t a;
-  std::memcpy(&a, p, 4);
-  return a;
-}
-static inline __m256i bcast4(const int8_t* p) { return _mm256_set1_epi32(act4(p)); }
+static inline __m256i bcast4(const int8_t* p) { return _mm256_set1_epi32(panel_act4(p)); }
 static inline __m256 f16x8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 static inline __m256 u8x8(const uint8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
@@ -120,12 +115,6 @@ static inline void group_codes(const uint8_t* unit, int ch, int h, int q, __m256
   }
 }
 
-// The int32 offset term of an activation sub-block (panel.h: the third aux float's bits).
-static inline int32_t offset_term(const float* x) {
-  int32_t v;
-  std::memcpy(&v, x + 2, sizeof v);
-  return v;
-}
 
 // Lanes [0, n) of v to p (n may be 0..8).
 static inline void store_lanes(float* p, __m256 v, int n) {
@@ -178,8 +167,8 @@ void packed_pass(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
         __m256i acc0[R], acc1[k_split ? R : 1];
         TANDEM_UNROLL for (int r = 0; r < R; ++r) {
           const float* x = aux + r * aux_row + (col0 / sub) * k_panel_aux_per_sub;
-          acc0[r] = k_offset ? _mm256_set1_epi32(offset_term(x)) : _mm256_setzero_si256();
-          if constexpr (WT == weight_type::q6_k) acc1[r] = _mm256_set1_epi32(offset_term(x + k_panel_aux_per_sub));
+          acc0[r] = k_offset ? _mm256_set1_epi32(panel_offset_term(x)) : _mm256_setzero_si256();
+          if constexpr (WT == weight_type::q6_k) acc1[r] = _mm256_set1_epi32(panel_offset_term(x + k_panel_aux_per_sub));
           else if constexpr (k_split) acc1[r] = _mm256_setzero_si256();
         }
         if constexpr (VNNI) {

@@ -32,11 +32,7 @@ constexpr __mmask16 k_all16 = 0xFFFF;
 constexpr size_t k_prefetch_ahead = 4096;
 
 // The int32 offset term of an activation sub-block (panel.h: the third aux float's bits).
-static inline int32_t offset_term(const float* x) {
-  int32_t v;
-  std::memcpy(&v, x + 2, sizeof v);
-  return v;
-}
+static inline int32_t offset_term(const float* x) { return panel_offset_term(x); }
 
 // -x, sign of zero included (0 - x would give +0 for x = +0, where the reference's -k * d
 // gives -0).

@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/weight_type.h"
 
@@ -56,6 +57,19 @@ inline constexpr int k_panel_aux_per_sub = 3;
 int panel_code_offset(weight_type wt);
 size_t panel_act_code_bytes(int64_t cols, int64_t n_x);
 size_t panel_act_aux_floats(weight_type wt, int64_t cols, int64_t n_x);
+// The offset term of one sub-block's aux floats, and 4 activation codes as one int32 (what the
+// integer dots broadcast). static: each kernel file compiles its own copy for its own
+// instruction set, so no wide-ISA copy can stand in for baseline code's.
+static inline int32_t panel_offset_term(const float* aux_sub) {
+  int32_t v;
+  std::memcpy(&v, aux_sub + 2, sizeof v);
+  return v;
+}
+static inline int32_t panel_act4(const int8_t* codes) {
+  int32_t a;
+  std::memcpy(&a, codes, sizeof a);
+  return a;
+}
 
 // One weight row as codes (cols bytes), scales and mins (one per sub-block): the decoding
 // both packers share (panel.cpp).

@@ -153,9 +153,7 @@ void panel_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const f
     __m512i acc[R], acc_odd[R];
     TANDEM_UNROLL for (int r = 0; r < R; ++r) {
       if constexpr (Offset) {
-        int32_t term;
-        std::memcpy(&term, aux + (r * nsub + s) * k_panel_aux_per_sub + 2, sizeof term);
-        acc[r] = _mm512_set1_epi32(term);
+        acc[r] = _mm512_set1_epi32(panel_offset_term(aux + (r * nsub + s) * k_panel_aux_per_sub));
       } else {
         acc[r] = _mm512_setzero_si512();
       }

@@ -31,11 +31,7 @@ static inline void with_act_rows(int n, F&& f) {
 }
 
 // The 4 activation bytes at p as one int32 (a vpdpbusd broadcast operand).
-static inline int32_t act4(const int8_t* p) {
-  int32_t a;
-  std::memcpy(&a, p, 4);
-  return a;
-}
+static inline int32_t act4(const int8_t* p) { return panel_act4(p); }
 
 // Q6_K's high bit pairs: bits 2q, 2q+1 of each byte of h moved to bits 4, 5 (q = 0..3; the
 // shifts take literals, so one branch per q).

@@ -232,34 +232,6 @@ TEST_CASE("packed AVX2 products, with and without AVX-VNNI: the AVX-512 kernels'
   }
 }
 
-TEST_CASE("packed AVX2 Q4_1 and Q5_1 in ggml's order equal the AVX2 row tiles bit for bit") {
-  if (!isa_supported(isa::avx2)) return;
-  for (const weight_type wt : {weight_type::q4_1, weight_type::q5_1}) {
-    for (const int64_t cols : col_counts(wt)) {
-      CAPTURE(display_name(wt));
-      CAPTURE(cols);
-      const matrix m = make_matrix(wt, 16, cols, static_cast<uint32_t>(cols + 13));
-      const int n_act = 3;
-      const acts a = make_acts(wt, cols, n_act, 23);
-      const size_t w_row = static_cast<size_t>(row_bytes(wt, cols));
-      for (const bool vnni : {false, true}) {
-        if (vnni && !cpu_has_avx_vnni()) continue;
-        CAPTURE(vnni);
-        std::vector<float> got(static_cast<size_t>(16 * n_act));
-        packed_dot_avx2(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n_act, got.data(), 16, 16, sum_order::ggml,
-                        vnni);
-        for (int r = 0; r < n_act; ++r)
-          for (int o = 0; o < 16; ++o) {
-            float want = 0;
-            (wt == weight_type::q4_1 ? dot_q4_1_avx2 : dot_q5_1_avx2)(cols, m.w.data() + o * w_row, w_row, 1,
-                                                                      a.converted.data() + r * a.a_row, a.a_row, 1, &want, 1);
-            CHECK(got[static_cast<size_t>(r * 16 + o)] == want);
-          }
-      }
-    }
-  }
-}
-
 TEST_CASE("tile_packed_acts lays codes chunk by chunk and aux sub-block by sub-block") {
   for (const weight_type wt : {weight_type::q4_0, weight_type::q6_k}) {
     CAPTURE(display_name(wt));
@@ -291,25 +263,52 @@ TEST_CASE("tile_packed_acts lays codes chunk by chunk and aux sub-block by sub-b
   }
 }
 
-TEST_CASE("packed Q4_1 and Q5_1 equal the row tiles bit for bit (ggml's float order)") {
-  if (!isa_supported(isa::avx512)) return;
-  for (const weight_type wt : {weight_type::q4_1, weight_type::q5_1}) {
-    for (const int64_t cols : col_counts(wt)) {
-      CAPTURE(display_name(wt));
-      CAPTURE(cols);
-      const matrix m = make_matrix(wt, 16, cols, static_cast<uint32_t>(cols + 77));
-      const int n_act = 3;
-      const acts a = make_acts(wt, cols, n_act, 5);
-      std::vector<float> got(static_cast<size_t>(16 * n_act));
-      packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n_act, got.data(), 16, 16);
-      const size_t w_row = static_cast<size_t>(row_bytes(wt, cols));
-      for (int r = 0; r < n_act; ++r)
-        for (int o = 0; o < 16; ++o) {
-          float want = 0;
-          (wt == weight_type::q4_1 ? dot_q4_1_avx512 : dot_q5_1_avx512)(cols, m.w.data() + o * w_row, w_row, 1,
-                                                                        a.converted.data() + r * a.a_row, a.a_row, 1, &want, 1);
-          CHECK(got[static_cast<size_t>(r * 16 + o)] == want);
-        }
+TEST_CASE("packed Q4_1 and Q5_1 equal the row tiles of their path bit for bit (ggml's float order)") {
+  // path: the packed kernel and the row tiles it must equal (AVX2 with and without AVX-VNNI).
+  struct path_case {
+    const char* name;
+    bool runs;
+    void (*packed)(weight_type, const matrix&, const acts&, int, float*);
+    dot_fn q4_1, q5_1;
+  };
+  const path_case paths[] = {
+      {"avx512", isa_supported(isa::avx512),
+       [](weight_type wt, const matrix& m, const acts& a, int n, float* out) {
+         packed_dot_avx512(wt, m.packed.data(), m.cols, a.codes.data(), a.aux.data(), n, out, 16, 16);
+       },
+       dot_q4_1_avx512, dot_q5_1_avx512},
+      {"avx2", isa_supported(isa::avx2),
+       [](weight_type wt, const matrix& m, const acts& a, int n, float* out) {
+         packed_dot_avx2(wt, m.packed.data(), m.cols, a.codes.data(), a.aux.data(), n, out, 16, 16, sum_order::ggml, false);
+       },
+       dot_q4_1_avx2, dot_q5_1_avx2},
+      {"avxvnni", cpu_has_avx_vnni(),
+       [](weight_type wt, const matrix& m, const acts& a, int n, float* out) {
+         packed_dot_avx2(wt, m.packed.data(), m.cols, a.codes.data(), a.aux.data(), n, out, 16, 16, sum_order::ggml, true);
+       },
+       dot_q4_1_avx2, dot_q5_1_avx2},
+  };
+  for (const path_case& path : paths) {
+    if (!path.runs) continue;
+    CAPTURE(path.name);
+    for (const weight_type wt : {weight_type::q4_1, weight_type::q5_1}) {
+      for (const int64_t cols : col_counts(wt)) {
+        CAPTURE(display_name(wt));
+        CAPTURE(cols);
+        const matrix m = make_matrix(wt, 16, cols, static_cast<uint32_t>(cols + 77));
+        const int n_act = 3;
+        const acts a = make_acts(wt, cols, n_act, 5);
+        std::vector<float> got(static_cast<size_t>(16 * n_act));
+        path.packed(wt, m, a, n_act, got.data());
+        const size_t w_row = static_cast<size_t>(row_bytes(wt, cols));
+        for (int r = 0; r < n_act; ++r)
+          for (int o = 0; o < 16; ++o) {
+            float want = 0;
+            (wt == weight_type::q4_1 ? path.q4_1 : path.q5_1)(cols, m.w.data() + o * w_row, w_row, 1,
+                                                              a.converted.data() + r * a.a_row, a.a_row, 1, &want, 1);
+            CHECK(got[static_cast<size_t>(r * 16 + o)] == want);
+          }
+      }
     }
   }
 }
