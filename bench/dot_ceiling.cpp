@@ -53,7 +53,7 @@ double seconds_since(clock_type::time_point t0) { return std::chrono::duration<d
 int64_t dot_chain_macs_per_iteration(isa path) {
   switch (resolve(path)) {
     case isa::avx512: return detail::k_dot_macs_avx512;
-    case isa::avx2: return detail::k_dot_macs_avx2;
+    case isa::avx2: return kernels::cpu::avx_vnni_active() ? detail::k_dot_macs_avxvnni : detail::k_dot_macs_avx2;
     default: return detail::k_dot_macs_scalar;
   }
 }
@@ -64,7 +64,9 @@ int64_t dot_chain(int64_t iterations, isa path) {
     throw std::invalid_argument("dot_chain: iterations must be in [0, 2^28], got " + std::to_string(iterations));
   switch (path) {
     case isa::avx512: return detail::dot_chain_avx512(iterations, k_pattern_a, k_pattern_b);
-    case isa::avx2: return detail::dot_chain_avx2(iterations, k_pattern_a, k_pattern_b);
+    case isa::avx2:
+      if (kernels::cpu::avx_vnni_active()) return detail::dot_chain_avxvnni(iterations, k_pattern_a, k_pattern_b);
+      return detail::dot_chain_avx2(iterations, k_pattern_a, k_pattern_b);
     default: return detail::dot_chain_scalar(iterations, k_pattern_a, k_pattern_b);
   }
 }

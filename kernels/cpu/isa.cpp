@@ -1,5 +1,7 @@
 #include "kernels/cpu/isa.h"
 
+#include <cpuid.h>
+
 #include <atomic>
 #include <stdexcept>
 #include <string>
@@ -54,7 +56,13 @@ bool cpu_has_gfni() {
 }
 
 bool cpu_has_avx_vnni() {
-  static const bool ok = cpu_has_avx2() && __builtin_cpu_supports("avxvnni");
+  // CPUID leaf 7, sub-leaf 1, EAX bit 4, read directly: not every compiler's
+  // __builtin_cpu_supports knows "avxvnni" (clang 14 does not). OS support for ymm state is
+  // part of the AVX2 check.
+  static const bool ok = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return cpu_has_avx2() && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax >> 4 & 1u) != 0;
+  }();
   return ok;
 }
 

@@ -25,7 +25,7 @@ namespace tandem::kernels::cpu {
 // largest n_x * cols seen and is reused, so steady-state calls do not allocate.
 // layout: weight_layout::packed when w holds pack_weights' panels instead of GGUF rows
 // (packed.h; results as the packed kernels round them). order: packed Q4_1/Q5_1 float order on
-// the AVX-512 path (packed.h, sum_order; the portable reference kernel has one order).
+// the AVX-512 and AVX2 paths (packed.h, sum_order; the portable reference kernel has one order).
 void matmul(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
             thread_pool* pool, weight_layout layout = weight_layout::rows, sum_order order = sum_order::ggml);
 
@@ -36,7 +36,7 @@ struct matmul_job {
   int64_t rows;
   float* y;
   weight_layout layout = weight_layout::rows;
-  sum_order order = sum_order::ggml;  // packed Q4_1/Q5_1 on the AVX-512 path (packed.h)
+  sum_order order = sum_order::ggml;  // packed Q4_1/Q5_1 on the AVX-512 and AVX2 paths (packed.h)
 };
 inline constexpr int k_max_matmul_jobs = 4;
 

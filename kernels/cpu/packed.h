@@ -40,8 +40,10 @@ namespace tandem::kernels::cpu {
 enum class weight_layout { rows, packed };
 
 // Where things lie in one packed unit (a 32-column chunk; 256 columns for K-quants), for the
-// packer and every kernel alike. Its size (0: no packed form):
-constexpr size_t packed_unit_bytes(weight_type wt) {
+// packer and every kernel alike (static, as every helper the ISA-specific files share: no copy
+// built for a wider instruction set can stand in for baseline code's). Its size (0: no packed
+// form):
+static constexpr size_t packed_unit_bytes(weight_type wt) {
   constexpr size_t R = 16;  // k_panel_rows (panel.h)
   switch (wt) {
     case weight_type::q4_0: return 4 * 64 + 2 * R;
@@ -56,7 +58,7 @@ constexpr size_t packed_unit_bytes(weight_type wt) {
   }
 }
 // The offset of its scales (after the codes).
-constexpr size_t packed_scales_at(weight_type wt) {
+static constexpr size_t packed_scales_at(weight_type wt) {
   switch (wt) {
     case weight_type::q4_0: case weight_type::q4_1: return 256;
     case weight_type::q5_0: case weight_type::q5_1: return 320;
@@ -67,10 +69,10 @@ constexpr size_t packed_scales_at(weight_type wt) {
   }
 }
 // Whether codes have a fifth bit (Q5_0, Q5_1, Q5_K), and the offset of chunk ch's 8 masks.
-constexpr bool packed_has_fifth_bit(weight_type wt) {
+static constexpr bool packed_has_fifth_bit(weight_type wt) {
   return wt == weight_type::q5_0 || wt == weight_type::q5_1 || wt == weight_type::q5_k;
 }
-constexpr size_t packed_fifth_at(weight_type wt, int ch) {
+static constexpr size_t packed_fifth_at(weight_type wt, int ch) {
   return (wt == weight_type::q5_k ? 2048 : 256) + static_cast<size_t>(ch) * 64;
 }
 
@@ -87,8 +89,8 @@ void pack_weights(weight_type wt, const void* src, int64_t rows, int64_t cols, v
 // Row `row` of a packed matrix as floats: the same values as dequantize_row of the GGUF row.
 void dequantize_packed_row(weight_type wt, const void* packed, int64_t cols, int64_t row, float* out);
 
-// The float order of a packed Q4_1 or Q5_1 product on the AVX-512 path (the other types have
-// one):
+// The float order of a packed Q4_1 or Q5_1 product on the AVX-512 and AVX2 paths (the other
+// types have one):
 //  - ggml: ggml's x86 order, bit for bit the row kernels and llama.cpp (8 float lanes per
 //    row, so a pass carries 2 activation rows): what `tandem run` computes;
 //  - tile: the tile kernel's, one accumulator per row and sub-block as for Q4_0, up to 16 rows
@@ -97,7 +99,7 @@ void dequantize_packed_row(weight_type wt, const void* packed, int64_t cols, int
 enum class sum_order { ggml, tile };
 // Whether `wt` has both orders (Q4_1, Q5_1: the types with a min whose kernel is not repacked
 // in llama.cpp, so its plain kernel's order is what llama.cpp computes).
-inline bool has_ggml_order(weight_type wt) { return wt == weight_type::q4_1 || wt == weight_type::q5_1; }
+static constexpr bool has_ggml_order(weight_type wt) { return wt == weight_type::q4_1 || wt == weight_type::q5_1; }
 
 // Activation rows one AVX-512 call over a packed panel takes. Exactly this many pass over the
 // weights once for every type but Q6_K and ggml-order Q4_1/Q5_1 (one integer sum per row: at 16 rows
@@ -121,7 +123,8 @@ void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const
 
 // The AVX2 form (packed_avx2.cpp) for CPUs without AVX-512: panel_acts rows, any n_act, in
 // passes of up to 4 rows. The same bits as packed_dot_avx512 in both orders (its integer sums
-// are exact and its float steps are the AVX-512 kernels'), so a model computes alike on both.
+// are exact and its float steps are the AVX-512 kernels'), so a product does not depend on which
+// of the two paths computes it.
 // allow_vnni: take the AVX-VNNI kernels where avx_vnni_active() (the same bits; tests turn it
 // off to compare).
 void packed_dot_avx2(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act,

@@ -22,7 +22,6 @@
 
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -270,7 +269,7 @@ void packed_rows(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
     packed_pass<WT, R, VNNI, 2>(panel, cols, codes, aux, out, out_stride, n_w, 0);
   } else {
     packed_pass<WT, R, VNNI, 1>(panel, cols, codes, aux, out, out_stride, n_w, 0);
-    packed_pass<WT, R, VNNI, 1>(panel, cols, codes, aux, out, out_stride, n_w, 1);
+    if (n_w > 8) packed_pass<WT, R, VNNI, 1>(panel, cols, codes, aux, out, out_stride, n_w, 1);
   }
 }
 
@@ -284,7 +283,7 @@ void packed_row_ggml(const uint8_t* panel, int64_t cols, const int8_t* codes, co
   constexpr size_t ub = packed_unit_bytes(WT);
   constexpr size_t sc = packed_scales_at(WT);
   const int64_t nb = cols / 32;
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < (n_w > 8 ? 2 : 1); ++h) {
     __m256 f[8], msum = _mm256_setzero_ps();
     TANDEM_UNROLL for (int g = 0; g < 8; ++g) f[g] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
@@ -319,7 +318,7 @@ void packed_all_rows(const uint8_t* panel, int64_t cols, const int8_t* codes, co
     const int8_t* c = codes + r0 * cols;
     const float* x = aux + r0 * aux_row;
     float* o = out + r0 * out_stride;
-    switch (std::min(k_avx2_pass_rows, n_act - r0)) {
+    switch (n_act - r0 < k_avx2_pass_rows ? n_act - r0 : k_avx2_pass_rows) {  // no std::min: see simd_avx2.h
       case 1: packed_rows<WT, 1, VNNI>(panel, cols, c, x, o, out_stride, n_w); break;
       case 2: packed_rows<WT, 2, VNNI>(panel, cols, c, x, o, out_stride, n_w); break;
       case 3: packed_rows<WT, 3, VNNI>(panel, cols, c, x, o, out_stride, n_w); break;

@@ -26,6 +26,19 @@ TEST_SUITE("bench_dot_ceiling") {
     }
   }
 
+  TEST_CASE("dot_chain on the avx2 path with and without AVX-VNNI") {
+    if (!kernels::cpu::cpu_has_avx_vnni()) return;
+    const bool before = kernels::cpu::avx_vnni_allowed();
+    for (const bool vnni : {false, true}) {
+      CAPTURE(vnni);
+      kernels::cpu::set_avx_vnni(vnni);
+      const int64_t per = bench::dot_chain_macs_per_iteration(isa::avx2);
+      CHECK(per == (vnni ? 12 * 32 : 6 * 32));
+      CHECK(bench::dot_chain(1000, isa::avx2) == -(1000 * per) / 2);
+    }
+    kernels::cpu::set_avx_vnni(before);
+  }
+
   TEST_CASE("the wider paths do more multiply-adds per iteration") {
     if (kernels::cpu::isa_supported(isa::avx2))
       CHECK(bench::dot_chain_macs_per_iteration(isa::avx2) > bench::dot_chain_macs_per_iteration(isa::scalar));

@@ -76,7 +76,10 @@ inline std::vector<float> dequantize_matrix(kernels::weight_type t, const std::v
 
 // Restores the automatic ISA choice when a test ends, whatever it forced.
 struct isa_guard {
-  ~isa_guard() { kernels::cpu::set_isa(kernels::cpu::isa::best); }
+  ~isa_guard() {
+    kernels::cpu::set_isa(kernels::cpu::isa::best);
+    kernels::cpu::set_avx_vnni(true);
+  }
 };
 
 // Every ISA path this CPU can run, the scalar reference first.

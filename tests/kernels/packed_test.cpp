@@ -4,11 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <vector>
 
 #include "kernels/cpu/act_quant.h"
+#include "kernels/cpu/blocks.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/panel.h"
 #include "kernels/cpu/vec_dot.h"
@@ -142,9 +145,14 @@ TEST_CASE("packed products match the exact dot of the dequantized rows, on every
           packed_dot_ref(wt, m.packed.data() + p * pb, cols, a.codes.data(), a.aux.data(), n, ref.data(), stride, n_w);
           if (isa_supported(isa::avx512))
             packed_dot_avx512(wt, m.packed.data() + p * pb, cols, a.codes.data(), a.aux.data(), n, fast.data(), stride, n_w);
-          std::vector<float> avx2(ref);
+          // The AVX2 kernels with and without AVX-VNNI.
+          std::vector<float> avx2(ref.size(), -7.0f), vnni(ref.size(), -7.0f);
           if (isa_supported(isa::avx2))
-            packed_dot_avx2(wt, m.packed.data() + p * pb, cols, a.codes.data(), a.aux.data(), n, avx2.data(), stride, n_w);
+            packed_dot_avx2(wt, m.packed.data() + p * pb, cols, a.codes.data(), a.aux.data(), n, avx2.data(), stride, n_w,
+                            sum_order::ggml, false);
+          if (cpu_has_avx_vnni())
+            packed_dot_avx2(wt, m.packed.data() + p * pb, cols, a.codes.data(), a.aux.data(), n, vnni.data(), stride, n_w,
+                            sum_order::ggml, true);
           for (int r = 0; r < n; ++r)
             for (int o = 0; o < stride; ++o) {
               const size_t i = static_cast<size_t>(r * stride + o);
@@ -152,11 +160,13 @@ TEST_CASE("packed products match the exact dot of the dequantized rows, on every
                 CHECK(ref[i] == -7.0f);
                 if (isa_supported(isa::avx512)) CHECK(fast[i] == -7.0f);
                 if (isa_supported(isa::avx2)) CHECK(avx2[i] == -7.0f);
+                if (cpu_has_avx_vnni()) CHECK(vnni[i] == -7.0f);
                 continue;
               }
               check_dot(m, a, 16 * p + o, r, ref[i]);
               if (isa_supported(isa::avx512)) check_dot(m, a, 16 * p + o, r, fast[i]);
               if (isa_supported(isa::avx2)) check_dot(m, a, 16 * p + o, r, avx2[i]);
+              if (cpu_has_avx_vnni()) check_dot(m, a, 16 * p + o, r, vnni[i]);
             }
         }
       }
@@ -199,6 +209,69 @@ TEST_CASE("a packed product's row has the same bits however many rows share the 
   }
 }
 
+TEST_CASE("packed AVX2 products at the int16 bound: every code at its largest, activations of +-127") {
+  // The plain AVX2 kernels add several vpmaddubsw results in int16 before widening (8 for
+  // 4-bit codes, 4 for 5-bit, 2 for 6-bit: up to 32004 of 32767 for Q6_K) and multiply Q8_0 as
+  // |q| x sign(a, q) (|-128| x 127 twice: 32512). Here every block sits at those bounds, so a
+  // sum that wrapped or saturated would show against the integer-exact reference.
+  if (!isa_supported(isa::avx2)) return;
+  for (const weight_type wt : packed_types()) {
+    CAPTURE(display_name(wt));
+    const int64_t rows = 16, cols = 512;
+    const size_t w_row = static_cast<size_t>(row_bytes(wt, cols));
+    // Every code byte 0xFF (nibbles 15, fifth bits set, Q6_K 63; Q8_0 below: -128), scales 1.
+    std::vector<uint8_t> w(w_row * rows, 0xFF);
+    const size_t bb = static_cast<size_t>(info(wt).block_bytes);
+    const uint16_t one = 0x3C00;  // fp16 1.0
+    for (size_t b = 0; b < w.size(); b += bb) {
+      uint8_t* blk = w.data() + b;
+      switch (wt) {
+        case weight_type::q8_0:
+          std::memset(blk, 0x80, bb);
+          std::memcpy(blk, &one, 2);
+          break;
+        case weight_type::q6_k:
+          std::memcpy(blk + offsetof(block_q6_k, d), &one, 2);
+          break;
+        case weight_type::q4_1:
+        case weight_type::q5_1:
+        case weight_type::q4_k:
+        case weight_type::q5_k:
+          std::memcpy(blk, &one, 2);
+          std::memcpy(blk + 2, &one, 2);
+          break;
+        default:
+          std::memcpy(blk, &one, 2);
+          break;
+      }
+    }
+    std::vector<uint8_t> packed(packed_bytes(wt, rows, cols));
+    pack_weights(wt, w.data(), rows, cols, packed.data());
+    for (const float sign : {1.0f, -1.0f}) {
+      CAPTURE(sign);
+      const weight_type at = activation_type(wt);
+      const size_t a_row = static_cast<size_t>(row_bytes(at, cols));
+      const int n = 5;  // a pass of 4 and one of 1
+      std::vector<uint8_t> converted(a_row * n + 4);
+      const std::vector<float> x(static_cast<size_t>(cols), sign);
+      for (int r = 0; r < n; ++r) quantize_activation_row(at, x.data(), converted.data() + r * a_row, cols);
+      std::vector<int8_t> codes(panel_act_code_bytes(cols, n));
+      std::vector<float> aux(panel_act_aux_floats(wt, cols, n));
+      panel_acts(wt, converted.data(), a_row, n, cols, codes.data(), aux.data());
+      REQUIRE(std::abs(static_cast<int>(codes[0])) == 127);  // Q8_K stores -127 for +1
+      std::vector<float> ref(static_cast<size_t>(16 * n));
+      packed_dot_ref(wt, packed.data(), cols, codes.data(), aux.data(), n, ref.data(), 16, 16);
+      for (const bool vnni : {false, true}) {
+        if (vnni && !cpu_has_avx_vnni()) continue;
+        CAPTURE(vnni);
+        std::vector<float> got(ref.size(), -7.0f);
+        packed_dot_avx2(wt, packed.data(), cols, codes.data(), aux.data(), n, got.data(), 16, 16, sum_order::tile, vnni);
+        for (size_t i = 0; i < ref.size(); ++i) CHECK(got[i] == doctest::Approx(ref[i]).epsilon(1e-5));
+      }
+    }
+  }
+}
+
 TEST_CASE("packed AVX2 products, with and without AVX-VNNI: the AVX-512 kernels' bits in both orders, any row count") {
   // The same integer sums and float steps: a model must compute alike whichever path runs it.
   // Partial panels too: lanes past n_w are left alone.
@@ -223,6 +296,7 @@ TEST_CASE("packed AVX2 products, with and without AVX-VNNI: the AVX-512 kernels'
               CAPTURE(vnni);
               std::vector<float> got(want.size(), -7.0f);
               packed_dot_avx2(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n, got.data(), 16, n_w, order, vnni);
+              if (vnni) REQUIRE(avx_vnni_active());  // else the call above ran the plain kernel
               CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
             }
           }
