@@ -95,6 +95,23 @@ void check_dot(const matrix& m, const acts& a, int64_t o, int r, float got) {
   CHECK(std::fabs(got - dot) <= tol);
 }
 
+// f(wt, order, cols) for every packed type, both orders of Q4_1/Q5_1 (one of the others), and
+// the column counts of col_counts, each captured for a failure's report.
+template <class F>
+void each_type_order_cols(F&& f) {
+  for (const weight_type wt : packed_types()) {
+    for (const sum_order order : {sum_order::ggml, sum_order::tile}) {
+      if (order == sum_order::tile && !has_ggml_order(wt)) continue;
+      for (const int64_t cols : col_counts(wt)) {
+        CAPTURE(display_name(wt));
+        CAPTURE(cols);
+        CAPTURE(order == sum_order::tile);
+        f(wt, order, cols);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("packed sizes: the GGUF size for the legacy types and Q6_K, 64 bytes more per 16 x 256 for Q4_K/Q5_K") {
@@ -179,34 +196,26 @@ TEST_CASE("a packed product's row has the same bits however many rows share the 
   // to 8 with two; integer sums are exact and the float updates run in one order, so no row
   // may tell the difference.
   if (!isa_supported(isa::avx512)) return;
-  for (const weight_type wt : packed_types()) {
-    for (const sum_order order : {sum_order::ggml, sum_order::tile}) {
-      if (order == sum_order::tile && !has_ggml_order(wt)) continue;
-      for (const int64_t cols : col_counts(wt)) {
-        CAPTURE(display_name(wt));
-        CAPTURE(cols);
-        CAPTURE(order == sum_order::tile);
-        const matrix m = make_matrix(wt, 16, cols, static_cast<uint32_t>(cols + 31));
-        const int n_act = k_packed_max_act_rows;
-        const acts a = make_acts(wt, cols, n_act, static_cast<uint32_t>(cols + 41));
-        const auto per_row = static_cast<int64_t>(panel_act_aux_floats(wt, cols, 1));
-        const int n_w = 14;
-        std::vector<float> all(static_cast<size_t>(16 * n_act), -7.0f), eights(all);
-        packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n_act, all.data(), 16, n_w, true, order);
-        for (int r0 = 0; r0 < n_act; r0 += k_panel_max_act_rows)
-          packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data() + r0 * cols, a.aux.data() + r0 * per_row,
-                            k_panel_max_act_rows, eights.data() + r0 * 16, 16, n_w, true, order);
-        CHECK(std::memcmp(all.data(), eights.data(), all.size() * sizeof(float)) == 0);
-        for (const int r : {0, 5, n_act - 1}) {
-          CAPTURE(r);
-          std::vector<float> one(16, -7.0f);
-          packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data() + r * cols, a.aux.data() + r * per_row, 1, one.data(), 16,
-                            n_w, true, order);
-          CHECK(std::memcmp(one.data(), all.data() + r * 16, one.size() * sizeof(float)) == 0);
-        }
-      }
+  each_type_order_cols([](weight_type wt, sum_order order, int64_t cols) {
+    const matrix m = make_matrix(wt, 16, cols, static_cast<uint32_t>(cols + 31));
+    const int n_act = k_packed_max_act_rows;
+    const acts a = make_acts(wt, cols, n_act, static_cast<uint32_t>(cols + 41));
+    const auto per_row = static_cast<int64_t>(panel_act_aux_floats(wt, cols, 1));
+    const int n_w = 14;
+    std::vector<float> all(static_cast<size_t>(16 * n_act), -7.0f), eights(all);
+    packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n_act, all.data(), 16, n_w, true, order);
+    for (int r0 = 0; r0 < n_act; r0 += k_panel_max_act_rows)
+      packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data() + r0 * cols, a.aux.data() + r0 * per_row,
+                        k_panel_max_act_rows, eights.data() + r0 * 16, 16, n_w, true, order);
+    CHECK(std::memcmp(all.data(), eights.data(), all.size() * sizeof(float)) == 0);
+    for (const int r : {0, 5, n_act - 1}) {
+      CAPTURE(r);
+      std::vector<float> one(16, -7.0f);
+      packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data() + r * cols, a.aux.data() + r * per_row, 1, one.data(), 16,
+                        n_w, true, order);
+      CHECK(std::memcmp(one.data(), all.data() + r * 16, one.size() * sizeof(float)) == 0);
     }
-  }
+  });
 }
 
 TEST_CASE("packed AVX2 products at the int16 bound: every code at its largest, activations of +-127") {
@@ -276,34 +285,26 @@ TEST_CASE("packed AVX2 products, with and without AVX-VNNI: the AVX-512 kernels'
   // The same integer sums and float steps: a model must compute alike whichever path runs it.
   // Partial panels too: lanes past n_w are left alone.
   if (!isa_supported(isa::avx512) || !isa_supported(isa::avx2)) return;
-  for (const weight_type wt : packed_types()) {
-    for (const sum_order order : {sum_order::ggml, sum_order::tile}) {
-      if (order == sum_order::tile && !has_ggml_order(wt)) continue;
-      for (const int64_t cols : col_counts(wt)) {
-        CAPTURE(display_name(wt));
-        CAPTURE(cols);
-        CAPTURE(order == sum_order::tile);
-        const matrix m = make_matrix(wt, 16, cols, static_cast<uint32_t>(cols + 57));
-        const acts a = make_acts(wt, cols, 19, static_cast<uint32_t>(cols + 3));
-        for (const int n : {1, 2, 3, 4, 5, 8, 16, 19}) {
-          for (const int n_w : {16, 9, 8, 3}) {
-            CAPTURE(n);
-            CAPTURE(n_w);
-            std::vector<float> want(static_cast<size_t>(16 * n), -7.0f);
-            packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n, want.data(), 16, n_w, true, order);
-            for (const bool vnni : {false, true}) {
-              if (vnni && !cpu_has_avx_vnni()) continue;
-              CAPTURE(vnni);
-              std::vector<float> got(want.size(), -7.0f);
-              packed_dot_avx2(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n, got.data(), 16, n_w, order, vnni);
-              if (vnni) REQUIRE(avx_vnni_active());  // else the call above ran the plain kernel
-              CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
-            }
-          }
+  each_type_order_cols([](weight_type wt, sum_order order, int64_t cols) {
+    const matrix m = make_matrix(wt, 16, cols, static_cast<uint32_t>(cols + 57));
+    const acts a = make_acts(wt, cols, 19, static_cast<uint32_t>(cols + 3));
+    for (const int n : {1, 2, 3, 4, 5, 8, 16, 19}) {
+      for (const int n_w : {16, 9, 8, 3}) {
+        CAPTURE(n);
+        CAPTURE(n_w);
+        std::vector<float> want(static_cast<size_t>(16 * n), -7.0f);
+        packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n, want.data(), 16, n_w, true, order);
+        for (const bool vnni : {false, true}) {
+          if (vnni && !cpu_has_avx_vnni()) continue;
+          CAPTURE(vnni);
+          std::vector<float> got(want.size(), -7.0f);
+          packed_dot_avx2(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n, got.data(), 16, n_w, order, vnni);
+          if (vnni) REQUIRE(avx_vnni_active());  // else the call above ran the plain kernel
+          CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
         }
       }
     }
-  }
+  });
 }
 
 TEST_CASE("tile_packed_acts lays codes chunk by chunk and aux sub-block by sub-block") {
