@@ -117,7 +117,6 @@ static inline void group_codes(const uint8_t* unit, int ch, int h, int q, __m256
   }
 }
 
-
 // Lanes [0, n) of v to p (n may be 0..8).
 static inline void store_lanes(float* p, __m256 v, int n) {
   if (n >= 8) {
