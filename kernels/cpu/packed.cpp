@@ -17,7 +17,6 @@ namespace {
 constexpr int R = k_panel_rows;
 static_assert(k_panel_rows == 16, "packed_unit_bytes (packed.h) counts 16-row panels");
 
-int64_t unit_cols(weight_type wt) { return info(wt).block_elems == 256 ? 256 : 32; }
 
 void require_packable(weight_type wt) {
   if (!packable(wt)) throw std::invalid_argument("packed weights: no packed form for " + display_name(wt));
@@ -40,7 +39,7 @@ bool pack_at_load(weight_type wt) { return packable(wt) && active_isa() != isa::
 
 size_t packed_panel_bytes(weight_type wt, int64_t cols) {
   require_packable(wt);
-  return static_cast<size_t>(cols / unit_cols(wt)) * packed_unit_bytes(wt);
+  return static_cast<size_t>(cols / packed_unit_cols(wt)) * packed_unit_bytes(wt);
 }
 
 size_t packed_bytes(weight_type wt, int64_t rows, int64_t cols) {
@@ -53,7 +52,7 @@ void pack_weights(weight_type wt, const void* src, int64_t rows, int64_t cols, v
   auto* d = static_cast<uint8_t*>(dst);
   const size_t w_row = static_cast<size_t>(row_bytes(wt, cols));
   const size_t pb = packed_panel_bytes(wt, cols), ub = packed_unit_bytes(wt);
-  const int64_t uc = unit_cols(wt);
+  const int64_t uc = packed_unit_cols(wt);
   std::memset(d, 0, packed_bytes(wt, rows, cols));
   // Codes come from the per-call panel packer (one byte per code, tested against the GGUF
   // decoders); scales straight from the blocks, as raw fp16 where they are fp16.
@@ -161,7 +160,7 @@ void dequantize_packed_row(weight_type wt, const void* packed, int64_t cols, int
   const uint8_t* panel = static_cast<const uint8_t*>(packed) + (row / R) * packed_panel_bytes(wt, cols);
   const int r = static_cast<int>(row % R);
   const size_t ub = packed_unit_bytes(wt);
-  const int64_t uc = unit_cols(wt);
+  const int64_t uc = packed_unit_cols(wt);
   // The formulas of the GGUF dequantizers (quants_legacy.cpp, quants_k.cpp), so the values match.
   for (int64_t u = 0; u < cols / uc; ++u) {
     const uint8_t* unit = panel + u * ub;
@@ -212,7 +211,7 @@ void packed_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const in
   const int sub = panel_sub_elems(wt);
   const int64_t nsub = cols / sub;
   const size_t ub = packed_unit_bytes(wt);
-  const int64_t uc = unit_cols(wt);
+  const int64_t uc = packed_unit_cols(wt);
   for (int o = 0; o < n_w; ++o) {
     // Scale and min per sub-block as panel_decode_row defines them.
     for (int r = 0; r < n_act; ++r) {

@@ -57,6 +57,10 @@ static constexpr size_t packed_unit_bytes(weight_type wt) {
     default: return 0;
   }
 }
+// Columns per unit: 256 for the K-quants (one super-block), 32 for the rest.
+static constexpr int64_t packed_unit_cols(weight_type wt) {
+  return wt == weight_type::q4_k || wt == weight_type::q5_k || wt == weight_type::q6_k ? 256 : 32;
+}
 // The offset of its scales (after the codes).
 static constexpr size_t packed_scales_at(weight_type wt) {
   switch (wt) {

@@ -22,7 +22,7 @@ namespace {
 // the wide codes instead of unpacking them on every pass.
 template <weight_type WT>
 void expand(const uint8_t* packed, int64_t cols, uint8_t* panel) {
-  constexpr int64_t uc = is_k_quant<WT>() ? 256 : 32;
+  constexpr int64_t uc = packed_unit_cols(WT);
   constexpr int sub = WT == weight_type::q6_k ? 16 : 32;
   constexpr size_t ub = packed_unit_bytes(WT);
   constexpr size_t sc = packed_scales_at(WT);

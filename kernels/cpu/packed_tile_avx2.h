@@ -82,10 +82,6 @@ static inline __m256i q6_high_pair(__m256i h, int q) {
   }
 }
 
-template <weight_type WT>
-constexpr bool is_k_quant() {
-  return WT == weight_type::q4_k || WT == weight_type::q5_k || WT == weight_type::q6_k;
-}
 // vpmaddubsw results one int16 sum may take before it is widened (see the top).
 template <weight_type WT>
 constexpr int sums_per_int16() {
@@ -134,7 +130,7 @@ static inline void store_lanes(float* p, __m256 v, int n) {
 template <weight_type WT, int R, bool VNNI, int H>
 void packed_pass(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, float* out, int64_t out_stride,
                  int n_w, int h0) {
-  constexpr int64_t uc = is_k_quant<WT>() ? 256 : 32;
+  constexpr int64_t uc = packed_unit_cols(WT);
   constexpr int sub = WT == weight_type::q6_k ? 16 : 32;
   constexpr size_t ub = packed_unit_bytes(WT);
   constexpr size_t sc = packed_scales_at(WT);

@@ -45,10 +45,6 @@ static inline __m512 i8x16(const uint8_t* p) {
   return _mm512_maskz_cvtepi32_ps(k_all16, _mm512_maskz_cvtepi8_epi32(k_all16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
-template <weight_type WT>
-constexpr bool is_k_quant() {
-  return WT == weight_type::q4_k || WT == weight_type::q5_k || WT == weight_type::q6_k;
-}
 
 // Bit 4 of the codes of group g of a chunk whose fifth-bit masks start at `fifth` (Q5 types:
 // 8 masks of 64 bits, bit 4r + e of mask g for row r, column 4g + e) set in `codes`, whose bits
@@ -87,7 +83,7 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
   // Two integer sums per row up to 8 rows; one at 16, where a pass over all rows takes longer
   // than one sum's chain of 8 latencies and the registers hold no second set.
   constexpr bool k_split = R <= k_panel_max_act_rows && WT != weight_type::q6_k;
-  constexpr int64_t uc = is_k_quant<WT>() ? 256 : 32;
+  constexpr int64_t uc = packed_unit_cols(WT);
   constexpr int sub = WT == weight_type::q6_k ? 16 : 32;
   constexpr size_t ub = packed_unit_bytes(WT);
   constexpr size_t sc = packed_scales_at(WT);
