@@ -234,10 +234,10 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
         const auto aux_per_row = static_cast<int64_t>(panel_act_aux_floats(job.wt, cols, 1));
         const size_t pb = packed_panel_bytes(job.wt, cols);
         {
-          // The kernels ask for each line a few KiB ahead of where they read, which leaves a
-          // piece's first KiB to demand misses: ask for them all at once.
+          // The kernels ask for each line k_packed_prefetch_ahead bytes ahead of where they
+          // read, which leaves a piece's first bytes to demand misses: ask for them all at once.
           const char* first = static_cast<const char*>(job.w) + g_begin * pb;
-          const size_t bytes = std::min<size_t>(static_cast<size_t>(g_end - g_begin) * pb, 4096);
+          const size_t bytes = std::min<size_t>(static_cast<size_t>(g_end - g_begin) * pb, k_packed_prefetch_ahead);
           for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(first + off, _MM_HINT_T0);
         }
         for (int64_t g = g_begin; g < g_end; ++g) {

@@ -39,10 +39,9 @@ constexpr int R16 = k_panel_rows;
 // Activation rows one pass carries: one float and one integer sum per row (a half panel at a
 // time), next to the codes, fit the 16 ymm registers up to 4; 5 and 6 measured no faster.
 constexpr int k_avx2_pass_rows = 4;
-// Farther ahead than the AVX-512 kernels' 4 KiB: one thread's decode, tandem bench -t 1, two
-// rounds: SmolLM2 Q4_1 263-267 -> 295-303 tok/s, 250M Q4_K 239 -> 270-291 (16 KiB no better;
-// at two threads in a contended spell all within noise).
-constexpr size_t k_prefetch_ahead = 8192;
+// 8 KiB rather than 4: one thread's decode, tandem bench -t 1, two rounds: SmolLM2 Q4_1
+// 263-267 -> 295-303 tok/s, 250M Q4_K 239 -> 270-291 (16 KiB no better).
+constexpr size_t k_prefetch_ahead = k_packed_prefetch_ahead;
 
 static inline __m256i bcast4(const int8_t* p) { return _mm256_set1_epi32(panel_act4(p)); }
 static inline __m256 f16x8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }

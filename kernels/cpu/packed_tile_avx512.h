@@ -7,8 +7,8 @@
 // (nibble masks and shifts, Q6_K's high pairs moved into bits 4-5, the Q5 types' fifth bits
 // added under a byte mask), each row's activation
 // bytes meet them as vpdpbusd broadcasts, and per sub-block one conversion and a few FMAs apply
-// the 16 rows' scales. The panel is one sequential stream; decode still asks for every line a
-// few KiB ahead (the hardware prefetcher alone leaves it waiting on memory, measured).
+// the 16 rows' scales. The panel is one sequential stream; decode still asks for every line
+// k_packed_prefetch_ahead bytes ahead (the hardware prefetcher alone leaves it waiting on memory, measured).
 #pragma once
 
 #include <immintrin.h>
@@ -29,7 +29,7 @@ using avx512::q6_high_pair;
 
 constexpr int R16 = k_panel_rows;
 constexpr __mmask16 k_all16 = 0xFFFF;
-constexpr size_t k_prefetch_ahead = 4096;
+constexpr size_t k_prefetch_ahead = k_packed_prefetch_ahead;
 
 // The int32 offset term of an activation sub-block (panel.h: the third aux float's bits).
 static inline int32_t offset_term(const float* x) { return panel_offset_term(x); }
