@@ -39,12 +39,13 @@ class thread_pool {
 
   int size() const;
   // Splits [0, n) into contiguous chunks of at least `grain` items (one chunk, run on the
-  // caller, when n < 2 * grain), body(begin, end): one of half an even share per
-  // participating thread (at most 128 take part), then smaller ones toward the end (half an
-  // even share of what is left, down to grain; at most 4096 chunks). A given (n, grain,
-  // size()) always makes the same chunks; which thread runs which is decided as they go (a
-  // thread that finishes early takes the next untaken one), so a body must not depend on it. The first exception a chunk throws is rethrown here
-  // after all chunks end. Does not allocate.
+  // caller, when n < 2 * grain), body(begin, end). Each participating thread (at most 128
+  // take part, at most one per grain) has an even share of the range, cut into chunks that
+  // halve toward the share's end (never under grain; at most 64 a share). A thread runs its
+  // own share's chunks front to back, then takes chunks of other shares that nobody has
+  // started. A given (n, grain, size()) always makes the same chunks; which thread runs which
+  // is decided as they go, so a body must not depend on it. The first exception a chunk
+  // throws is rethrown here after all chunks end. Does not allocate.
   // Nesting: a call made from inside a chunk of this pool, directly or through chunks of
   // other pools on the same thread, runs inline on that thread. A chunk may use another pool
   // B; B's chunks must not then call back into this pool (B's workers would wait for this

@@ -52,6 +52,30 @@ void within_seconds(int seconds, F&& body) {
   finish();
 }
 
+// Holds each arriving chunk until `count` distinct threads have arrived (at most 30 s): while
+// they wait none can finish its own share and take another's, so each runs a chunk of its own.
+class rendezvous {
+ public:
+  explicit rendezvous(size_t count) : count_(count) {}
+  // The threads seen so far, this one included; false when the others did not come in time.
+  bool arrive() {
+    std::unique_lock lock(m_);
+    ids_.insert(std::this_thread::get_id());
+    cv_.notify_all();
+    return cv_.wait_for(lock, std::chrono::seconds(30), [&] { return ids_.size() >= count_; });
+  }
+  std::set<std::thread::id> ids() {
+    std::lock_guard lock(m_);
+    return ids_;
+  }
+
+ private:
+  size_t count_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::set<std::thread::id> ids_;
+};
+
 }  // namespace
 
 TEST_SUITE("thread_pool") {
@@ -77,12 +101,24 @@ TEST_SUITE("thread_pool") {
           CHECK(chunks.size() <= 256);
           if (chunks.size() > 1)
             for (const auto& [b, e] : chunks) CHECK(e - b >= grain);
-          // The end of the range is cut finest: its chunk is at most a remainder under two
-          // grains, or a share of the first pieces when they cover everything.
+          // Each participant's share of the range is cut on its own, finest at its end: no
+          // chunk crosses a share's boundary, and the chunk that ends a share is under two
+          // grains.
           std::sort(chunks.begin(), chunks.end());
-          const int64_t last = chunks.back().second - chunks.back().first;
-          if (chunks.size() > static_cast<size_t>(threads))
-            CHECK(last <= std::max<int64_t>(2 * grain - 1, (n + 2 * threads - 1) / (2 * threads)));
+          const int64_t shares = std::min<int64_t>(threads, std::max<int64_t>(1, n / grain));
+          if (shares > 1) {
+            for (int64_t i = 0; i < shares; ++i) {
+              const int64_t begin = n * i / shares, end = n * (i + 1) / shares;
+              int64_t in_share = 0;
+              for (const auto& [b, e] : chunks) {
+                CHECK_FALSE((b < begin && e > begin));  // crosses the share's start
+                if (b >= begin && e <= end) ++in_share;
+                if (e == end) CHECK(e - b < 2 * grain);
+              }
+              CHECK(in_share >= 1);
+              CHECK(in_share <= 64);
+            }
+          }
           // The same call makes the same chunks.
           std::vector<std::pair<int64_t, int64_t>> again;
           pool.parallel_for(n, grain, [&](int64_t b, int64_t e) {
@@ -97,8 +133,8 @@ TEST_SUITE("thread_pool") {
   }
 
   TEST_CASE("with many threads and a long range the tail is still cut finest") {
-    // 64 participants over a million items take thousands of pieces before the grain: the
-    // piece table must neither overflow nor leave a large remainder to the last piece.
+    // 64 or 128 shares over a million items: the piece table must not overflow, and the last
+    // piece must be small.
     for (int threads : {64, 200}) {
       CAPTURE(threads);
       thread_pool pool(threads);
@@ -125,16 +161,14 @@ TEST_SUITE("thread_pool") {
 
   TEST_CASE("chunks spread over distinct threads, small jobs stay on the caller") {
     thread_pool pool(4);
+    rendezvous all(4);
+    within_seconds(60, [&] { pool.parallel_for(4, 1, [&](int64_t, int64_t) { CHECK(all.arrive()); }); });
+    const auto ids_seen = all.ids();
+    CHECK(ids_seen.size() == 4);
+    CHECK(ids_seen.count(std::this_thread::get_id()) == 1);  // the caller takes a chunk
+
     std::mutex m;
     std::set<std::thread::id> ids;
-    pool.parallel_for(4, 1, [&](int64_t, int64_t) {
-      std::lock_guard lock(m);
-      ids.insert(std::this_thread::get_id());
-    });
-    CHECK(ids.size() == 4);
-    CHECK(ids.count(std::this_thread::get_id()) == 1);  // the caller takes a chunk
-
-    ids.clear();
     pool.parallel_for(100, 1000, [&](int64_t b, int64_t e) {
       CHECK(b == 0);
       CHECK(e == 100);
@@ -144,29 +178,67 @@ TEST_SUITE("thread_pool") {
   }
 
   TEST_CASE("a free thread takes the chunks a busy one has not started") {
-    // The caller's first chunk blocks until every other index has run: with a fixed share per
-    // thread that could never happen; here the worker must take the caller's remaining chunks.
+    // The chunk at 0 blocks until every other index has run: with a fixed share per thread
+    // that could never happen; here the other thread must take the rest of its share too.
+    // (Usually the caller runs it, but a worker that wakes first may take it.)
     thread_pool pool(2);
     std::mutex m;
     std::condition_variable cv;
     int others_done = 0;
+    std::thread::id blocked;
     std::set<std::thread::id> other_ids;
-    const auto caller = std::this_thread::get_id();
-    pool.parallel_for(8, 1, [&](int64_t b, int64_t e) {
-      std::unique_lock lock(m);
-      if (b == 0) {
-        CHECK(std::this_thread::get_id() == caller);
-        CHECK(e < 8);
-        CHECK(cv.wait_for(lock, std::chrono::seconds(30), [&] { return others_done == 8 - e; }));
-      } else {
-        others_done += static_cast<int>(e - b);
-        other_ids.insert(std::this_thread::get_id());
-        cv.notify_all();
-      }
+    within_seconds(60, [&] {
+      pool.parallel_for(8, 1, [&](int64_t b, int64_t e) {
+        std::unique_lock lock(m);
+        if (b == 0) {
+          blocked = std::this_thread::get_id();
+          CHECK(e < 4);  // half of its share
+          CHECK(cv.wait_for(lock, std::chrono::seconds(30), [&] { return others_done == 8 - e; }));
+        } else {
+          others_done += static_cast<int>(e - b);
+          other_ids.insert(std::this_thread::get_id());
+          cv.notify_all();
+        }
+      });
     });
     CHECK(others_done > 0);
     REQUIRE(other_ids.size() == 1);
-    CHECK(*other_ids.begin() != caller);
+    CHECK(*other_ids.begin() != blocked);
+  }
+
+  TEST_CASE("each thread starts on its own share and walks shares front to back") {
+    // While the first chunks wait for each other no thread can take another's share, so they
+    // are the shares' first pieces (half a share each). Each thread claims in order, so its
+    // chunks within any one share ascend.
+    thread_pool pool(3);
+    constexpr int64_t n = 3000;
+    rendezvous all(3);
+    std::mutex m;
+    std::vector<std::pair<std::thread::id, std::pair<int64_t, int64_t>>> order;
+    std::vector<std::pair<int64_t, int64_t>> firsts;
+    within_seconds(60, [&] {
+      pool.parallel_for(n, 1, [&](int64_t b, int64_t e) {
+        bool first = false;
+        {
+          std::lock_guard lock(m);
+          first = std::none_of(order.begin(), order.end(), [](const auto& o) { return o.first == std::this_thread::get_id(); });
+          order.push_back({std::this_thread::get_id(), {b, e}});
+          if (first) firsts.emplace_back(b, e);
+        }
+        if (first) CHECK(all.arrive());
+      });
+    });
+    std::sort(firsts.begin(), firsts.end());
+    CHECK(firsts == std::vector<std::pair<int64_t, int64_t>>{{0, 500}, {1000, 1500}, {2000, 2500}});
+    for (const auto& id : all.ids()) {
+      int64_t last_begin[3] = {-1, -1, -1};
+      for (const auto& [who, chunk] : order) {
+        if (who != id) continue;
+        const auto share = static_cast<size_t>(chunk.first * 3 / n);
+        CHECK(chunk.first > last_begin[share]);
+        last_begin[share] = chunk.first;
+      }
+    }
   }
 
   TEST_CASE("a pool of one runs inline") {
@@ -278,13 +350,9 @@ TEST_SUITE("thread_pool") {
       }
     });
     // And the pools still split work over their threads afterwards.
-    std::mutex m;
-    std::set<std::thread::id> ids;
-    a.parallel_for(2, 1, [&](int64_t, int64_t) {
-      std::lock_guard lock(m);
-      ids.insert(std::this_thread::get_id());
-    });
-    CHECK(ids.size() == 2);
+    rendezvous both(2);
+    within_seconds(60, [&] { a.parallel_for(2, 1, [&](int64_t, int64_t) { CHECK(both.arrive()); }); });
+    CHECK(both.ids().size() == 2);
   }
 
   TEST_CASE("the body is taken by reference, whatever callable it is") {
