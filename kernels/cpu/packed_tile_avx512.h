@@ -8,7 +8,8 @@
 // added under a byte mask), each row's activation
 // bytes meet them as vpdpbusd broadcasts, and per sub-block one conversion and a few FMAs apply
 // the 16 rows' scales. The panel is one sequential stream; decode still asks for every line
-// k_packed_prefetch_ahead bytes ahead (the hardware prefetcher alone leaves it waiting on memory, measured).
+// k_packed_prefetch_ahead bytes ahead (the hardware prefetcher alone leaves it waiting on
+// memory, measured).
 #pragma once
 
 #include <immintrin.h>

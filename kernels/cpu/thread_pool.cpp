@@ -65,17 +65,19 @@ constexpr int64_t k_max_participants = 128;
 constexpr int64_t k_max_share_pieces = 64;
 constexpr int64_t k_max_pieces = k_max_share_pieces * k_max_participants;
 
-// Share i is items [n * i / participants, n * (i + 1) / participants), and its pieces are
-// [bounds[p], bounds[p + 1]) for p in [first[i], first[i + 1]): half of what is left of the
-// share each, never under grain; a remainder under grain joins the piece before it (at most
-// k_max_share_pieces a share, the last taking what is left). Depends on n, grain and participants only. participants <= n / grain, so every share holds
-// at least one grain.
+// Share i is items [n * i / participants, n * (i + 1) / participants) (computed without the
+// product, which could overflow), and its pieces are [bounds[p], bounds[p + 1]) for p in
+// [first[i], first[i + 1]): half of what is left of the share each, never under grain; a
+// remainder under grain joins the piece before it (at most k_max_share_pieces a share, the
+// last taking what is left). Depends on n, grain and participants only. participants <=
+// n / grain, so every share holds at least one grain.
 void plan_pieces(int64_t n, int64_t grain, int64_t participants, int64_t* bounds, int64_t* first) {
+  auto share_start = [&](int64_t i) { return n / participants * i + n % participants * i / participants; };
   int64_t k = 0;
   for (int64_t i = 0; i < participants; ++i) {
     first[i] = k;
-    const int64_t end = n * (i + 1) / participants;
-    for (int64_t cur = n * i / participants; cur < end;) {
+    const int64_t end = share_start(i + 1);
+    for (int64_t cur = share_start(i); cur < end;) {
       bounds[k++] = cur;
       const int64_t rest = end - cur;
       int64_t size = std::max(grain, rest / 2);
@@ -148,7 +150,8 @@ struct thread_pool::impl {
   void run_pieces(int index) {
     for (int d = 0; d < participants; ++d) {
       share_cursor& c = cursors[(index + d) % participants];
-      for (int64_t p = c.next.fetch_add(1, std::memory_order_relaxed); p < c.end; p = c.next.fetch_add(1, std::memory_order_relaxed))
+      for (int64_t p = c.next.fetch_add(1, std::memory_order_relaxed); p < c.end;
+           p = c.next.fetch_add(1, std::memory_order_relaxed))
         run_piece(p);
     }
   }

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -159,6 +160,24 @@ TEST_SUITE("thread_pool") {
     }
   }
 
+  TEST_CASE("a range near the top of int64 is cut into shares without overflow") {
+    // Share bounds are n * i / participants: computed as a product they would overflow here.
+    thread_pool pool(4);
+    const int64_t n = std::numeric_limits<int64_t>::max() / 2 + 12345;
+    std::mutex m;
+    std::vector<std::pair<int64_t, int64_t>> chunks;
+    pool.parallel_for(n, n / 8, [&](int64_t b, int64_t e) {
+      std::lock_guard lock(m);
+      chunks.emplace_back(b, e);
+    });
+    std::sort(chunks.begin(), chunks.end());
+    REQUIRE(chunks.size() >= 4);
+    CHECK(chunks.front().first == 0);
+    for (size_t i = 1; i < chunks.size(); ++i) CHECK(chunks[i].first == chunks[i - 1].second);
+    CHECK(chunks.back().second == n);
+    for (const auto& [b, e] : chunks) CHECK(e - b >= n / 8);
+  }
+
   TEST_CASE("chunks spread over distinct threads, small jobs stay on the caller") {
     thread_pool pool(4);
     rendezvous all(4);
@@ -221,7 +240,8 @@ TEST_SUITE("thread_pool") {
         bool first = false;
         {
           std::lock_guard lock(m);
-          first = std::none_of(order.begin(), order.end(), [](const auto& o) { return o.first == std::this_thread::get_id(); });
+          const auto me = std::this_thread::get_id();
+          first = std::none_of(order.begin(), order.end(), [&](const auto& o) { return o.first == me; });
           order.push_back({std::this_thread::get_id(), {b, e}});
           if (first) firsts.emplace_back(b, e);
         }
