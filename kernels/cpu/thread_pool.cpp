@@ -103,11 +103,10 @@ struct thread_pool::impl {
 
   std::mutex submit_mutex;  // one parallel_for at a time per pool
 
-  // The current job. body and n are written before job_word is published (release) and are
-  // only read by the workers that job_word names as participants; the job cannot end, and
-  // the next one cannot overwrite them, until each participant has finished its chunk.
+  // The current job. body, the pieces and the cursors are written before job_word is published
+  // (release) and are only read by the workers that job_word names as participants; the job
+  // cannot end, and the next one cannot overwrite them, until each participant has finished.
   const range_fn* body = nullptr;
-  int64_t n = 0;
   int64_t bounds[k_max_pieces + 1] = {};
   int64_t first_piece[k_max_participants + 1] = {};  // share i: pieces [first_piece[i], first_piece[i + 1])
   // Share i's next untaken piece, on a cache line of its own: its participant's claims stay on
@@ -117,7 +116,6 @@ struct thread_pool::impl {
     int64_t end = 0;
   };
   share_cursor cursors[k_max_participants];
-  int participants = 0;
   // generation << 16 | participant count, in one word so a worker that wakes late never pairs
   // one job's generation with another job's participant count.
   std::atomic<uint64_t> job_word{0};
@@ -146,8 +144,9 @@ struct thread_pool::impl {
     if (bounds[p] < bounds[p + 1]) (*body)(bounds[p], bounds[p + 1]);
   }
 
-  // Participant `index` takes its own share's pieces, then those left in the shares after it.
-  void run_pieces(int index) {
+  // Participant `index` of `participants` takes its own share's pieces, then those left in the
+  // shares after it.
+  void run_pieces(int index, int participants) {
     for (int d = 0; d < participants; ++d) {
       share_cursor& c = cursors[(index + d) % participants];
       for (int64_t p = c.next.fetch_add(1, std::memory_order_relaxed); p < c.end;
@@ -176,7 +175,7 @@ struct thread_pool::impl {
       if (index >= participants_of(word)) continue;  // this job has fewer pieces than threads
       try {
         const running_scope running(this);
-        run_pieces(index);
+        run_pieces(index, participants_of(word));
       } catch (...) {
         std::lock_guard lock(error_mutex);
         if (!error) error = std::current_exception();
@@ -212,8 +211,8 @@ int thread_pool::size() const { return impl_->threads; }
 void thread_pool::parallel_for(int64_t n, int64_t grain, range_fn body) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
-  // A participant per grain at most, so that each one's first piece is at least grain, and
-  // k_max_participants at most, so that the piece table keeps room for the tail after them.
+  // A participant per grain at most, so that each share holds at least a grain, and
+  // k_max_participants at most (the piece and cursor tables are sized for them).
   const int participants = static_cast<int>(
       std::min<int64_t>({impl_->threads, std::max<int64_t>(1, n / grain), k_max_participants}));
   if (participants <= 1 || running_on_this_thread(impl_.get())) {
@@ -223,9 +222,7 @@ void thread_pool::parallel_for(int64_t n, int64_t grain, range_fn body) {
 
   std::lock_guard submit(impl_->submit_mutex);
   impl_->body = &body;
-  impl_->n = n;
   plan_pieces(n, grain, participants, impl_->bounds, impl_->first_piece);
-  impl_->participants = participants;
   for (int i = 0; i < participants; ++i) {
     impl_->cursors[i].next.store(impl_->first_piece[i], std::memory_order_relaxed);
     impl_->cursors[i].end = impl_->first_piece[i + 1];
@@ -244,7 +241,7 @@ void thread_pool::parallel_for(int64_t n, int64_t grain, range_fn body) {
   std::exception_ptr own_error;
   try {
     const running_scope running(impl_.get());
-    impl_->run_pieces(0);
+    impl_->run_pieces(0, participants);
   } catch (...) {
     own_error = std::current_exception();
   }
