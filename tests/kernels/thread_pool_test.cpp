@@ -58,7 +58,8 @@ void within_seconds(int seconds, F&& body) {
 class rendezvous {
  public:
   explicit rendezvous(size_t count) : count_(count) {}
-  // The threads seen so far, this one included; false when the others did not come in time.
+  // Records this thread and waits until `count` threads have arrived; false when they did not
+  // within 30 s. ids(): the threads that have arrived.
   bool arrive() {
     std::unique_lock lock(m_);
     ids_.insert(std::this_thread::get_id());
