@@ -57,14 +57,15 @@ void project(const weight_view& w, const float* x, int64_t n, float* y, kernels:
   matmul(w.type, w.data, w.rows, w.cols, x, n, y, pool, w.layout, order);
 }
 
-// Projections of one input through two or three matrices (gate/up, Q/K/V) in one pass over the
-// pool; the matrices share their column count (the input width).
-void project2(const weight_view& a, float* ya, const weight_view& b, float* yb, const float* x, int64_t n,
-              kernels::cpu::thread_pool* pool, sum_order order) {
-  const kernels::cpu::matmul_job jobs[2] = {{a.type, a.data, a.rows, ya, a.layout, order},
-                                            {b.type, b.data, b.rows, yb, b.layout, order}};
-  kernels::cpu::matmul_many(jobs, 2, a.cols, x, n, pool);
+// The gate and up projections of x and their SwiGLU, in one pass over the pool (into ya).
+void project_swiglu(const weight_view& a, float* ya, const weight_view& b, float* yb, const float* x, int64_t n,
+                    kernels::cpu::thread_pool* pool, sum_order order, kernels::cpu::swiglu_exp exp) {
+  kernels::cpu::matmul_swiglu({a.type, a.data, a.rows, ya, a.layout, order}, {b.type, b.data, b.rows, yb, b.layout, order},
+                              a.cols, x, n, pool, exp);
 }
+
+// Projections of one input through three matrices (Q, K, V) in one pass over the pool; the
+// matrices share their column count (the input width).
 void project3(const weight_view& a, float* ya, const weight_view& b, float* yb, const weight_view& c, float* yc,
               const float* x, int64_t n, kernels::cpu::thread_pool* pool, sum_order order) {
   const kernels::cpu::matmul_job jobs[3] = {{a.type, a.data, a.rows, ya, a.layout, order},
@@ -575,12 +576,9 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
     // Feed-forward block (SwiGLU).
     for (int64_t r = 0; r < n; ++r) kernels::cpu::rms_norm(x_ + r * D, L.ffn_norm, xb_ + r * D, D, c.rms_eps);
     by_arithmetic(n, fast, [&](int64_t r0, int64_t r1, bool f) {
-      project2(L.w_gate, ff_gate_ + r0 * F, L.w_up, ff_up_ + r0 * F, xb_ + r0 * D, r1 - r0, pool_, order_for(f));
       // The server's rows take the vector e^x, the rest expf as llama.cpp does.
-      if (f)
-        kernels::cpu::swiglu_fast(ff_gate_ + r0 * F, ff_up_ + r0 * F, (r1 - r0) * F, pool_);
-      else
-        kernels::cpu::swiglu(ff_gate_ + r0 * F, ff_up_ + r0 * F, (r1 - r0) * F, pool_);
+      project_swiglu(L.w_gate, ff_gate_ + r0 * F, L.w_up, ff_up_ + r0 * F, xb_ + r0 * D, r1 - r0, pool_, order_for(f),
+                     f ? kernels::cpu::swiglu_exp::vector : kernels::cpu::swiglu_exp::expf);
       project(L.w_down, ff_gate_ + r0 * F, r1 - r0, xb_ + r0 * D, pool_, order_for(f));
     });
     for (int64_t i = 0; i < n * D; ++i) x_[i] += xb_[i];

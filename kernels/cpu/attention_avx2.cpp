@@ -9,6 +9,7 @@ namespace {
 struct avx2_lanes {
   using vec = __m256;
   static constexpr int W = 8;
+  static constexpr int fold_slices = 8;  // value-accumulator registers a fold may hold (attention_simd.h)
   static vec load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, vec a) { _mm256_storeu_ps(p, a); }
   static vec zero() { return _mm256_setzero_ps(); }

@@ -13,6 +13,7 @@ namespace {
 struct avx512_lanes {
   using vec = __m512;
   static constexpr int W = 16;
+  static constexpr int fold_slices = 16;  // value-accumulator registers a fold may hold (attention_simd.h)
   // Conversions use the zero-masking forms with every lane selected, which are the plain
   // instructions: GCC 12 warns (wrongly) that the unmasked intrinsics' undefined pass-through
   // may be uninitialized.

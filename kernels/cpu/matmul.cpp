@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cpu/act_quant.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/panel.h"
 #include "kernels/cpu/vec_dot.h"
 #include "kernels/op_table.h"
@@ -59,7 +60,13 @@ void matmul(weight_type wt, const void* w, int64_t rows, int64_t cols, const flo
   matmul_many(&job, 1, cols, x, n_x, pool);
 }
 
-void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, int64_t n_x, thread_pool* pool) {
+namespace {
+
+// What a gated call applies to each chunk's rows once both products are in (matmul_swiglu).
+enum class epilogue { none, swiglu_expf, swiglu_vector };
+
+void multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, int64_t n_x, thread_pool* pool,
+              epilogue gate) {
   if (n_jobs < 0 || n_jobs > k_max_matmul_jobs)
     throw std::invalid_argument("matmul: " + std::to_string(n_jobs) + " jobs, at most " + std::to_string(k_max_matmul_jobs));
   if (cols < 0 || n_x < 0)
@@ -133,6 +140,15 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
   if (cols == 0) {
     for (int j = 0; j < n_jobs; ++j) std::fill(jobs[j].y, jobs[j].y + jobs[j].rows * n_x, 0.0f);
     return;
+  }
+  // A gated call numbers row groups once for both matrices: group g is the gate's group g and
+  // the up's, so every chunk holds both products of its rows when the activation runs. That
+  // needs both to cut rows alike; a gate and up on different paths (one packed, one not) run
+  // as two products and a separate pass instead.
+  const bool paired = gate != epilogue::none && plans[0].groups == plans[1].groups && plans[0].panel == plans[1].panel;
+  if (paired) {
+    plans[1].first_group = 0;
+    total_groups = plans[0].groups;
   }
 
   // Convert each activation row once per activation type; every weight row then reuses it.
@@ -325,12 +341,45 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
         }
       }
     }
+    if (paired) {
+      // The chunk's rows of both products are still in cache: gate = silu(gate) * up.
+      const int64_t rows = jobs[0].rows, group_rows = plans[0].panel ? k_panel_rows : k_max_weight_rows;
+      const int64_t o0 = b * group_rows, o1 = std::min(e * group_rows, rows);
+      for (int64_t r = 0; r < n_x; ++r) {
+        float* g = jobs[0].y + r * rows + o0;
+        const float* u = jobs[1].y + r * rows + o0;
+        if (gate == epilogue::swiglu_expf)
+          swiglu(g, u, o1 - o0);
+        else
+          swiglu_fast(g, u, o1 - o0, nullptr);
+      }
+    }
   };
   // Rows per group over the whole call: 16 on the panel paths, 4 on the row kernels, between
   // them when one call mixes the two.
   int64_t total_rows = 0;
   for (int j = 0; j < n_jobs; ++j) total_rows += jobs[j].rows;
   run(pool, total_groups, matmul_chunk_groups(cols, n_x, std::max<int64_t>(1, total_rows / total_groups)), body);
+  if (gate != epilogue::none && !paired) {
+    if (gate == epilogue::swiglu_expf)
+      swiglu(jobs[0].y, jobs[1].y, jobs[0].rows * n_x, pool);
+    else
+      swiglu_fast(jobs[0].y, jobs[1].y, jobs[0].rows * n_x, pool);
+  }
+}
+
+}  // namespace
+
+void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, int64_t n_x, thread_pool* pool) {
+  multiply(jobs, n_jobs, cols, x, n_x, pool, epilogue::none);
+}
+
+void matmul_swiglu(const matmul_job& gate, const matmul_job& up, int64_t cols, const float* x, int64_t n_x,
+                   thread_pool* pool, swiglu_exp exp) {
+  if (gate.rows != up.rows)
+    throw std::invalid_argument("matmul_swiglu: gate has " + std::to_string(gate.rows) + " rows, up " + std::to_string(up.rows));
+  const matmul_job jobs[2] = {gate, up};
+  multiply(jobs, 2, cols, x, n_x, pool, exp == swiglu_exp::expf ? epilogue::swiglu_expf : epilogue::swiglu_vector);
 }
 
 }  // namespace tandem::kernels::cpu

@@ -49,6 +49,19 @@ inline constexpr int k_max_matmul_jobs = 4;
 // too many jobs.
 void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, int64_t n_x, thread_pool* pool);
 
+// Which e^x the SwiGLU of matmul_swiglu uses: expf, as swiglu (ops.h) and llama.cpp, or the
+// vector one of swiglu_fast.
+enum class swiglu_exp { expf, vector };
+
+// The gate and up projections of x and their SwiGLU in one pass over the pool: gate.y receives
+// silu(gate · x) * (up · x), up.y holds up · x. Each pool chunk computes the same rows of both
+// products and applies the activation to them while they are in cache, so the activation takes
+// no pass of its own and is split over the cores. Results equal matmul_many of the two jobs
+// followed by swiglu (exp: expf) or swiglu_fast (vector) bit for bit. Throws
+// std::invalid_argument as matmul_many does, or when gate and up differ in rows.
+void matmul_swiglu(const matmul_job& gate, const matmul_job& up, int64_t cols, const float* x, int64_t n_x,
+                   thread_pool* pool, swiglu_exp exp);
+
 // The smallest share of a matmul_many call a pool chunk takes, in row groups of group_rows
 // rows (k_panel_rows on the packed and panel paths, k_max_weight_rows on the row kernels):
 // about a fixed number of multiply-adds. A call of fewer than twice this many groups runs on

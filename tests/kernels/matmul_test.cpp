@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cpu/act_quant.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/panel.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/vec_dot.h"
@@ -448,6 +449,65 @@ TEST_SUITE("matmul") {
     std::vector<float> y0(67, -7.0f);
     const matmul_job bad[2] = {{weight_type::q4_0, ps[0].w.data(), 67, y0.data()}, {weight_type::q2_k, ps[0].w.data(), 1, y0.data()}};
     CHECK_THROWS_WITH_AS(matmul_many(bad, 2, cols, ps[0].x.data(), 1, nullptr), doctest::Contains("Q2_K"), std::invalid_argument);
+    CHECK(y0[0] == -7.0f);
+  }
+
+  TEST_CASE("matmul_swiglu equals matmul_many then swiglu, bit for bit") {
+    // The activation runs per pool chunk on that chunk's rows: the results must not depend on
+    // where chunks end, on the ISA's swiglu body or tail, on the row count's path (decode,
+    // tiles, expanded panels), or on the pairing falling back when gate and up take different
+    // paths (packed gate, row-layout up).
+    const int64_t cols = 256, rows = 67;  // 67: the last panel and row group are partial
+    const problem gate = make_problem(weight_type::q4_0, rows, cols, 31), up = make_problem(weight_type::q4_0, rows, cols, 32);
+    const problem gate_k = make_problem(weight_type::q4_k, rows, cols, 33), up_k = make_problem(weight_type::q6_k, rows, cols, 34);
+    std::vector<uint8_t> gate_packed(packed_bytes(gate.wt, rows, cols)), up_packed(packed_bytes(up.wt, rows, cols));
+    pack_weights(gate.wt, gate.w.data(), rows, cols, gate_packed.data());
+    pack_weights(up.wt, up.w.data(), rows, cols, up_packed.data());
+    struct pair {
+      const char* name;
+      matmul_job g, u;
+    };
+    const pair pairs[] = {
+        {"rows", {gate.wt, gate.w.data(), rows, nullptr}, {up.wt, up.w.data(), rows, nullptr}},
+        {"K-quants", {gate_k.wt, gate_k.w.data(), rows, nullptr}, {up_k.wt, up_k.w.data(), rows, nullptr}},
+        {"packed", {gate.wt, gate_packed.data(), rows, nullptr, weight_layout::packed}, {up.wt, up_packed.data(), rows, nullptr, weight_layout::packed}},
+        {"packed gate, row up", {gate.wt, gate_packed.data(), rows, nullptr, weight_layout::packed}, {up.wt, up.w.data(), rows, nullptr}},
+    };
+    tandem::test::isa_guard guard;
+    thread_pool pool(3);
+    for (const isa path : tandem::test::supported_isas()) {
+      set_isa(path);
+      CAPTURE(isa_name(path));
+      for (const auto& pr : pairs) {
+        CAPTURE(pr.name);
+        for (thread_pool* pl : {static_cast<thread_pool*>(nullptr), &pool}) {
+          for (const int64_t n_x : {int64_t{1}, int64_t{5}, k_max_x}) {
+            CAPTURE(n_x);
+            for (const swiglu_exp e : {swiglu_exp::expf, swiglu_exp::vector}) {
+              CAPTURE(e == swiglu_exp::expf);
+              std::vector<float> want_g(static_cast<size_t>(rows * n_x), -7.0f), want_u(want_g), got_g(want_g), got_u(want_g);
+              matmul_job jobs[2] = {pr.g, pr.u};
+              jobs[0].y = want_g.data();
+              jobs[1].y = want_u.data();
+              matmul_many(jobs, 2, cols, gate.x.data(), n_x, pl);
+              if (e == swiglu_exp::expf)
+                swiglu(want_g.data(), want_u.data(), rows * n_x, pl);
+              else
+                swiglu_fast(want_g.data(), want_u.data(), rows * n_x, pl);
+              jobs[0].y = got_g.data();
+              jobs[1].y = got_u.data();
+              matmul_swiglu(jobs[0], jobs[1], cols, gate.x.data(), n_x, pl, e);
+              CHECK(got_u == want_u);
+              CHECK(got_g == want_g);
+            }
+          }
+        }
+      }
+    }
+    std::vector<float> y0(static_cast<size_t>(rows), -7.0f), y1(16, -7.0f);
+    const matmul_job g{gate.wt, gate.w.data(), rows, y0.data()}, u{up.wt, up.w.data(), 16, y1.data()};
+    CHECK_THROWS_WITH_AS(matmul_swiglu(g, u, cols, gate.x.data(), 1, nullptr, swiglu_exp::expf), doctest::Contains("67 rows, up 16"),
+                         std::invalid_argument);
     CHECK(y0[0] == -7.0f);
   }
 
