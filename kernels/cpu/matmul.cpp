@@ -5,9 +5,11 @@
 #include <xmmintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/cpu/act_quant.h"
@@ -161,18 +163,21 @@ void multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, 
     act[k] = act_types[k] == weight_type::f32 ? reinterpret_cast<const uint8_t*>(x) : scratch.data() + act_offsets[k];
     any_convert = any_convert || act_types[k] != weight_type::f32;
   }
-  if (any_convert) {
-    uint8_t* base = scratch.data();
-    run(pool, n_x * n_act_types, std::max<int64_t>(1, k_min_chunk_convert / cols), [&](int64_t b, int64_t e) {
+  // The conversions write through these pointers only: thread_local names inside a lambda
+  // would mean the running thread's buffers.
+  uint8_t* const act_base = scratch.data();
+  auto convert_rows = [&](thread_pool* on) {
+    if (!any_convert) return;
+    run(on, n_x * n_act_types, std::max<int64_t>(1, k_min_chunk_convert / cols), [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         const auto k = static_cast<int>(i / n_x);
         const int64_t r = i % n_x;
         if (act_types[k] == weight_type::f32) continue;
         const size_t a_row = static_cast<size_t>(row_bytes(act_types[k], cols));
-        quantize_activation_row(act_types[k], x + r * cols, base + act_offsets[k] + r * a_row, cols);
+        quantize_activation_row(act_types[k], x + r * cols, act_base + act_offsets[k] + r * a_row, cols);
       }
     });
-  }
+  };
 
   // Whether a packed job reads its activations in the tiled form (tile_packed_acts): the
   // AVX-512 tile kernel with several rows and no expansion.
@@ -208,7 +213,10 @@ void multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, 
         base += code_bytes + aux_bytes(k);
       }
     }
-    run(pool, n_x * n_panel_slots, std::max<int64_t>(1, k_min_chunk_convert / cols), [&](int64_t b, int64_t e) {
+  }
+  auto convert_panels = [&](thread_pool* on) {
+    if (n_panel_slots == 0) return;
+    run(on, n_x * n_panel_slots, std::max<int64_t>(1, k_min_chunk_convert / cols), [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         const auto k = static_cast<int>(i / n_x);
         const int64_t r = i % n_x;
@@ -227,7 +235,33 @@ void multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, 
         }
       }
     });
+  };
+
+  // A decode product converts its one activation row inside the pool job: the submitter does
+  // it in its first chunk while every other thread asks memory for the start of its own chunk
+  // and waits on `converted`, so the weights' first lines arrive during the conversion and the
+  // workers' wakeup instead of after them. Batches convert first, split over the pool.
+  const bool convert_in_job = n_x == 1 && pool != nullptr && pool->size() > 1;
+  const std::thread::id submitter = std::this_thread::get_id();
+  std::atomic<bool> converted{false};
+  if (!convert_in_job) {
+    convert_rows(pool);
+    convert_panels(pool);
   }
+  // Asks for the first bytes of chunk [b, e)'s weights.
+  auto prefetch_start = [&](int64_t b, int64_t e) {
+    for (int j = 0; j < n_jobs; ++j) {
+      const plan& p = plans[j];
+      const int64_t g_begin = std::max(b, p.first_group) - p.first_group;
+      const int64_t g_end = std::min(e, p.first_group + p.groups) - p.first_group;
+      if (g_begin >= g_end) continue;
+      const size_t group_bytes = p.packed ? packed_panel_bytes(jobs[j].wt, cols) : p.w_row * k_max_weight_rows;
+      const char* first = static_cast<const char*>(jobs[j].w) + static_cast<size_t>(g_begin) * group_bytes;
+      const size_t bytes = std::min<size_t>(static_cast<size_t>(g_end - g_begin) * group_bytes, k_packed_prefetch_ahead);
+      for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(first + off, _MM_HINT_T0);
+      return;
+    }
+  };
 
   // Row groups [b, e) of the joint numbering, job by job. Decode (one activation row)
   // streams each group's weights once; prefill walks each job's part in tiles small enough to
@@ -237,6 +271,16 @@ void multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, 
   // against every activation row, k_panel_max_act_rows at a time (packed panels:
   // k_packed_max_act_rows).
   auto body = [&](int64_t b, int64_t e) {
+    if (convert_in_job && !converted.load(std::memory_order_acquire)) {
+      prefetch_start(b, e);
+      if (std::this_thread::get_id() == submitter) {
+        convert_rows(nullptr);
+        convert_panels(nullptr);
+        converted.store(true, std::memory_order_release);
+      } else {
+        while (!converted.load(std::memory_order_acquire)) _mm_pause();
+      }
+    }
     thread_local std::vector<uint8_t> panel_scratch;
     for (int j = 0; j < n_jobs; ++j) {
       const plan& p = plans[j];
