@@ -184,16 +184,17 @@ void multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, 
     int8_t* tiled_codes[k_max_matmul_jobs] = {};
     float* tiled_aux[k_max_matmul_jobs] = {};
   };
-  // Lays f out in act_buf and panel_buf (grown as needed, then reused) and converts every row
-  // into it, split over `on` (null: on this thread). The buffers are passed in, not named: a
-  // thread_local named here would be the running thread's.
-  auto prepare = [&](std::vector<uint8_t>& act_buf, std::vector<uint8_t>& panel_buf, forms& f, thread_pool* on) {
-    if (act_buf.size() < act_offsets[n_act_types]) act_buf.resize(act_offsets[n_act_types]);
-    uint8_t* const act_base = act_buf.data();
+  // Bytes of one set of forms: the converted rows, then (at a 64-byte boundary) the panel forms.
+  const size_t act_total = (act_offsets[n_act_types] + 63) / 64 * 64;
+  const size_t forms_bytes = act_total + panel_total;
+  // Lays f out at `at` (64-byte aligned, forms_bytes long) and converts every row into it,
+  // split over `on` (null: on this thread).
+  auto prepare = [&](uint8_t* at, forms& f, thread_pool* on) {
+    uint8_t* const act_base = at;
     for (int k = 0; k < n_act_types; ++k)
       f.act[k] = act_types[k] == weight_type::f32 ? reinterpret_cast<const uint8_t*>(x) : act_base + act_offsets[k];
     if (n_panel_slots > 0) {
-      uint8_t* base = aligned_scratch(panel_buf, panel_total);
+      uint8_t* base = at + act_total;
       for (int k = 0; k < n_panel_slots; ++k) {
         f.panel_codes[k] = reinterpret_cast<int8_t*>(base);
         f.panel_aux[k] = reinterpret_cast<float*>(base + code_bytes);
@@ -250,16 +251,19 @@ void multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, 
   const bool on_pool = pool != nullptr && pool->size() > 1;
   const bool shared_in_job = on_pool && n_x == 1;
   const bool own_forms = on_pool && n_x > 1 && n_x <= k_own_forms_max_rows;
-  thread_local std::vector<uint8_t> act_buf, panel_buf;  // the caller's, grown to the largest call
+  // All of a call's forms live in the caller's buffer, grown here (so only the caller ever
+  // allocates, and a warm call never does): one set, or with own_forms one set per thread of
+  // the pool, thread i's at set i (the caller's first; the others in the order they arrive).
+  thread_local std::vector<uint8_t> buf;
+  const size_t sets = own_forms ? static_cast<size_t>(pool->size()) : 1;
+  uint8_t* const base = aligned_scratch(buf, forms_bytes * sets);
+  std::atomic<size_t> next_set{1};
   forms shared;
-  if (!own_forms && !shared_in_job) prepare(act_buf, panel_buf, shared, pool);
-  // The caller's buffers for its conversion inside the job (taken here, on the caller).
-  std::vector<uint8_t>& caller_act = act_buf;
-  std::vector<uint8_t>& caller_panel = panel_buf;
+  if (!own_forms && !shared_in_job) prepare(base, shared, pool);
   const std::thread::id caller = std::this_thread::get_id();
-  std::atomic<bool> converted{false};
+  std::atomic<bool> converted{false};  // the caller has converted (which cannot throw: no allocation)
   static std::atomic<uint64_t> calls{0};
-  const uint64_t call = calls.fetch_add(1, std::memory_order_relaxed) + 1;  // tells a thread's forms stale
+  const uint64_t call = own_forms ? calls.fetch_add(1, std::memory_order_relaxed) + 1 : 0;  // tells a thread's forms stale
   // Asks for the first bytes of chunk [b, e)'s weights.
   auto prefetch_start = [&](int64_t b, int64_t e) {
     for (int j = 0; j < n_jobs; ++j) {
@@ -287,19 +291,19 @@ void multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, 
     if (shared_in_job && !converted.load(std::memory_order_acquire)) {
       prefetch_start(b, e);
       if (std::this_thread::get_id() == caller) {
-        prepare(caller_act, caller_panel, shared, nullptr);
+        prepare(base, shared, nullptr);
         converted.store(true, std::memory_order_release);
       } else {
         while (!converted.load(std::memory_order_acquire)) _mm_pause();
       }
     }
     if (own_forms) {
-      thread_local std::vector<uint8_t> act_buf, panel_buf;
       thread_local forms own;
       thread_local uint64_t own_call = 0;
       if (own_call != call) {
         prefetch_start(b, e);
-        prepare(act_buf, panel_buf, own, nullptr);
+        const size_t set = std::this_thread::get_id() == caller ? 0 : next_set.fetch_add(1, std::memory_order_relaxed);
+        prepare(base + set * forms_bytes, own, nullptr);
         own_call = call;
       }
       fp = &own;
