@@ -21,8 +21,9 @@ namespace tandem::kernels::cpu {
 // anyway, since waking workers would cost more than the work.
 // w needs no particular alignment; x and y are float arrays.
 // Throws std::invalid_argument (naming the type) when wt has no kernels or cols is not a
-// multiple of its block size. Activation scratch is a per-thread buffer that grows to the
-// largest n_x * cols seen and is reused, so steady-state calls do not allocate.
+// multiple of its block size. Activation scratch is a buffer of the calling thread's that
+// grows to the largest call seen (for 2-16 rows on a pool, one converted copy per pool
+// thread) and is reused, so steady-state calls do not allocate.
 // layout: weight_layout::packed when w holds pack_weights' panels instead of GGUF rows
 // (packed.h; results as the packed kernels round them). order: packed Q4_1/Q5_1 float order on
 // the AVX-512 and AVX2 paths (packed.h, sum_order; the portable reference kernel has one order).
