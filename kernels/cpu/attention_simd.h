@@ -11,12 +11,12 @@
 //   made it into a following add; fold_slices, how many W-lane accumulators one fold holds.
 //
 // Arithmetic contract: attention_impl.h. Per key block the keys and values are widened into
-// scratch once for every head of the group; each head scores the block (eight keys at a time,
-// so eight dot chains overlap), then each finds its online-softmax weights (key by key here, or
-// by an L's own online_weights: AVX-512's takes 16 keys at once); the running sums advance four heads
-// to a register; then the value rows are folded into the accumulators, up to L::fold_slices
-// W-lane slices of whole heads held in registers across the block, so that their f16 round trips
-// overlap.
+// scratch once for every head of the group; each head scores the block (eight keys at a
+// time, so eight dot chains overlap), then each finds its online-softmax weights (key by key
+// here, or by an L's own online_weights: AVX-512's takes 16 keys at once); the running sums
+// advance four heads to a register; then the value rows are folded into the accumulators, up
+// to L::fold_slices W-lane slices of whole heads held in registers across the block, so that
+// their f16 round trips overlap.
 #pragma once
 
 #include <immintrin.h>
