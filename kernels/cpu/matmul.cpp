@@ -264,18 +264,22 @@ void multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, 
   std::atomic<bool> converted{false};  // the caller has converted (which cannot throw: no allocation)
   static std::atomic<uint64_t> calls{0};
   const uint64_t call = own_forms ? calls.fetch_add(1, std::memory_order_relaxed) + 1 : 0;  // tells a thread's forms stale
-  // Asks for the first bytes of chunk [b, e)'s weights.
+  // Asks for the first k_packed_prefetch_ahead bytes of job j's groups [g_begin, g_end) at
+  // once: the kernels ask for each line that far ahead of where they read, which leaves a
+  // run's first bytes to demand misses.
+  auto prefetch_groups = [&](int j, int64_t g_begin, int64_t g_end) {
+    const plan& p = plans[j];
+    const size_t group_bytes = p.packed ? packed_panel_bytes(jobs[j].wt, cols) : p.w_row * k_max_weight_rows;
+    const char* first = static_cast<const char*>(jobs[j].w) + static_cast<size_t>(g_begin) * group_bytes;
+    const size_t bytes = std::min<size_t>(static_cast<size_t>(g_end - g_begin) * group_bytes, k_packed_prefetch_ahead);
+    for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(first + off, _MM_HINT_T0);
+  };
+  // The same for the start of chunk [b, e): its first job's part.
   auto prefetch_start = [&](int64_t b, int64_t e) {
     for (int j = 0; j < n_jobs; ++j) {
-      const plan& p = plans[j];
-      const int64_t g_begin = std::max(b, p.first_group) - p.first_group;
-      const int64_t g_end = std::min(e, p.first_group + p.groups) - p.first_group;
-      if (g_begin >= g_end) continue;
-      const size_t group_bytes = p.packed ? packed_panel_bytes(jobs[j].wt, cols) : p.w_row * k_max_weight_rows;
-      const char* first = static_cast<const char*>(jobs[j].w) + static_cast<size_t>(g_begin) * group_bytes;
-      const size_t bytes = std::min<size_t>(static_cast<size_t>(g_end - g_begin) * group_bytes, k_packed_prefetch_ahead);
-      for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(first + off, _MM_HINT_T0);
-      return;
+      const int64_t g_begin = std::max(b, plans[j].first_group) - plans[j].first_group;
+      const int64_t g_end = std::min(e, plans[j].first_group + plans[j].groups) - plans[j].first_group;
+      if (g_begin < g_end) return prefetch_groups(j, g_begin, g_end);
     }
   };
 
@@ -321,13 +325,7 @@ void multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, 
         const float* aux = f.panel_aux[p.panel_slot];
         const auto aux_per_row = static_cast<int64_t>(panel_act_aux_floats(job.wt, cols, 1));
         const size_t pb = packed_panel_bytes(job.wt, cols);
-        {
-          // The kernels ask for each line k_packed_prefetch_ahead bytes ahead of where they
-          // read, which leaves a piece's first bytes to demand misses: ask for them all at once.
-          const char* first = static_cast<const char*>(job.w) + g_begin * pb;
-          const size_t bytes = std::min<size_t>(static_cast<size_t>(g_end - g_begin) * pb, k_packed_prefetch_ahead);
-          for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(first + off, _MM_HINT_T0);
-        }
+        prefetch_groups(j, g_begin, g_end);
         for (int64_t g = g_begin; g < g_end; ++g) {
           const int64_t o = g * k_panel_rows;
           const int n_w = static_cast<int>(std::min<int64_t>(k_panel_rows, job.rows - o));
