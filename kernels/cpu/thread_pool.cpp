@@ -52,41 +52,65 @@ constexpr int k_spin_iterations = 2000;
 
 // A job is cut into shares, one per participant, and each share into pieces. A participant
 // runs the pieces of its own share front to back, so each core reads one sequential stream
-// per product and each claim touches a counter on the core's own cache line. Then it takes
-// the pieces of other shares that nobody has started: on a shared machine one core often runs
-// slower for a while (another tenant, an interrupt), and with a fixed share per thread the
-// other core would wait for it at every call. The pieces halve toward the end of each share,
-// so what is left to take, and the wait of a thread that finishes first, are small.
+// per product. Then it takes the pieces of other shares that nobody has started: on a shared
+// machine one core often runs slower for a while (another tenant, an interrupt), and with a
+// fixed share per thread the other core would wait for it at every call. The pieces halve
+// toward the end of each share down to an eighth of it, so what is left to take, and the wait
+// of a thread that finishes first, are small.
 // A single queue of shrinking pieces over the whole range interleaved the two cores' pieces
 // and moved one counter between them at every claim: two threads' decode of the 250M
 // synthetic Q4_0 model read 68 GB/s of weights with it and 77 with shares, in-process A/B
-// alternating every 16 tokens, where two cores could read ~84.
+// alternating every 16 tokens, where two cores could read ~84. Pieces halving down to the
+// grain (~36 KiB of weights in decode) cost another 1-2% where the two cores sit on different
+// dies: each small piece pays a claim and, at the end, claims that move a counter between
+// the dies.
 constexpr int64_t k_max_participants = 128;
-constexpr int64_t k_max_share_pieces = 64;
-constexpr int64_t k_max_pieces = k_max_share_pieces * k_max_participants;
+constexpr int k_max_share_pieces = 64;
+constexpr int64_t k_finest_of_share = 8;
 
-// Share i is items [n * i / participants, n * (i + 1) / participants) (computed without the
-// product, which could overflow), and its pieces are [bounds[p], bounds[p + 1]) for p in
-// [first[i], first[i + 1]): half of what is left of the share each, never under grain; a
-// remainder under grain joins the piece before it (at most k_max_share_pieces a share, the
-// last taking what is left). Depends on n, grain and participants only. participants <=
-// n / grain, so every share holds at least one grain.
-void plan_pieces(int64_t n, int64_t grain, int64_t participants, int64_t* bounds, int64_t* first) {
-  auto share_start = [&](int64_t i) { return n / participants * i + n % participants * i / participants; };
-  int64_t k = 0;
-  for (int64_t i = 0; i < participants; ++i) {
-    first[i] = k;
-    const int64_t end = share_start(i + 1);
-    for (int64_t cur = share_start(i); cur < end;) {
-      bounds[k++] = cur;
-      const int64_t rest = end - cur;
-      int64_t size = std::max(grain, rest / 2);
-      if (rest - size < grain || k - first[i] == k_max_share_pieces) size = rest;
-      cur += size;
-    }
+// Everything here is laid out for two cores that may sit on different dies of a server CPU
+// (a cloud VM's two vCPUs often do: that doubles their memory bandwidth, and a cache line then
+// takes ~0.2 us to move between them, against ~0.04 us on one die). A decode step runs ~80
+// jobs, so each line a job moves between the cores on its critical path costs ~1% of a token:
+// - the job (generation, participants, range, grain, body) is one line, read with one miss;
+// - each thread computes the pieces itself from (n, grain, participants): no table to read;
+// - the first piece of each share is its owner's, so a worker can never come late to a job
+//   whose fields were already overwritten; the rest are claimed from a cursor on the owner's
+//   own line, tagged with the job's generation, so no one resets it between jobs;
+// - a worker reports the pieces it finished on its own line, and the submitter returns once
+//   the counts add up, without waiting for the worker to look for more work;
+// - no mutex or condition variable is touched unless a thread actually sleeps.
+// Measured on the 250M synthetic models' decode where the two cores were on different dies
+// (~85 GB/s ceiling): see docs/cpu-kernels.md, "The pool on two dies".
+
+// Share i of n items over `participants`: [share_start(i), share_start(i + 1)), computed
+// without the product n * i, which could overflow.
+int64_t share_start(int64_t n, int64_t participants, int64_t i) {
+  return n / participants * i + n % participants * i / participants;
+}
+
+// The pieces of one share: [bounds[p], bounds[p + 1]) for p < count. Each is half of what is
+// left of the share, never under `finest` (the grain, or an eighth of the share if larger); a
+// remainder under `finest` joins the piece before it. Depends on n, grain, participants and
+// the share only, so every thread computes the same pieces.
+struct share_plan {
+  int64_t bounds[k_max_share_pieces + 1];
+  int count = 0;
+};
+
+void plan_share(int64_t n, int64_t grain, int64_t participants, int64_t share, share_plan& plan) {
+  const int64_t begin = share_start(n, participants, share), end = share_start(n, participants, share + 1);
+  const int64_t finest = std::max(grain, (end - begin) / k_finest_of_share);
+  int k = 0;
+  for (int64_t cur = begin; cur < end;) {
+    plan.bounds[k++] = cur;
+    const int64_t rest = end - cur;
+    int64_t size = std::max(finest, rest / 2);
+    if (rest - size < finest || k == k_max_share_pieces) size = rest;
+    cur += size;
   }
-  first[participants] = k;
-  bounds[k] = n;
+  plan.bounds[k] = end;
+  plan.count = k;
 }
 
 inline void cpu_relax() {
@@ -94,6 +118,11 @@ inline void cpu_relax() {
   __builtin_ia32_pause();
 #endif
 }
+
+// Tags: the low 32 bits of a job's generation, packed with a count into one word.
+inline uint64_t tagged(uint32_t tag, uint64_t count) { return uint64_t{tag} << 32 | count; }
+inline uint32_t tag_of(uint64_t word) { return static_cast<uint32_t>(word >> 32); }
+inline int64_t count_of(uint64_t word) { return static_cast<int64_t>(word & 0xffffffffu); }
 
 }  // namespace
 
@@ -103,29 +132,39 @@ struct thread_pool::impl {
 
   std::mutex submit_mutex;  // one parallel_for at a time per pool
 
-  // The current job. body, the pieces and the cursors are written before job_word is published
-  // (release) and are only read by the workers that job_word names as participants; the job
-  // cannot end, and the next one cannot overwrite them, until each participant has finished.
-  const range_fn* body = nullptr;
-  int64_t bounds[k_max_pieces + 1] = {};
-  int64_t first_piece[k_max_participants + 1] = {};  // share i: pieces [first_piece[i], first_piece[i + 1])
-  // Share i's next untaken piece, on a cache line of its own: its participant's claims stay on
-  // that core until another thread comes to take what is left.
-  struct alignas(64) share_cursor {
-    std::atomic<int64_t> next{0};
-    int64_t end = 0;
+  // The current job. n, grain and body are written before word is published (release) and
+  // stay until the job ends; the job cannot end before every participant has run the first
+  // piece of its share, so each participant reads them while they are this job's.
+  struct alignas(64) job_line {
+    std::atomic<uint64_t> word{0};  // generation << 16 | participants
+    std::atomic<int64_t> n{0};
+    std::atomic<int64_t> grain{0};
+    std::atomic<const range_fn*> body{nullptr};
   };
-  share_cursor cursors[k_max_participants];
-  // generation << 16 | participant count, in one word so a worker that wakes late never pairs
-  // one job's generation with another job's participant count.
-  std::atomic<uint64_t> job_word{0};
-  std::atomic<int> pending{0};  // participating workers not yet done with the job
-  std::exception_ptr error;     // first exception thrown by a worker chunk
+  job_line job;
+
+  // Share i's next unclaimed piece, tagged with the job it belongs to. A word tagged with an
+  // earlier job means no piece after the first has been claimed yet in this one.
+  struct alignas(64) cursor_line {
+    std::atomic<uint64_t> word{0};
+  };
+  cursor_line cursors[k_max_participants];
+
+  // Pieces participant i (a worker) has finished in the job its tag names.
+  struct alignas(64) progress_line {
+    std::atomic<uint64_t> word{0};
+  };
+  progress_line progress[k_max_participants];
+
+  alignas(64) std::atomic<int> sleepers{0};         // workers asleep on `wake`, or about to be
+  alignas(64) std::atomic<bool> submitter_waiting{false};  // the submitter is asleep on `done`
+
+  std::exception_ptr error;  // first exception thrown by a worker chunk
   std::mutex error_mutex;
 
   std::mutex wake_mutex;
   std::condition_variable wake;  // workers sleep here between jobs
-  std::condition_variable done;  // the submitter sleeps here until pending == 0
+  std::condition_variable done;  // the submitter sleeps here until the pieces are finished
   bool stopping = false;
 
   void shutdown() {
@@ -140,51 +179,135 @@ struct thread_pool::impl {
   static uint64_t generation_of(uint64_t word) { return word >> 16; }
   static int participants_of(uint64_t word) { return static_cast<int>(word & 0xffff); }
 
-  void run_piece(int64_t p) {
-    if (bounds[p] < bounds[p + 1]) (*body)(bounds[p], bounds[p + 1]);
+  // Claims the next piece of share j in the job tagged `tag`, whose share has `count` pieces;
+  // -1 when none is left. A thread may still be looking here after its job has ended (others
+  // finished the pieces while it looked), so a tag later than its own means "nothing left";
+  // once a job ends, every share with more than one piece is tagged with it.
+  int64_t claim(int j, uint32_t tag, int count) {
+    std::atomic<uint64_t>& c = cursors[j].word;
+    uint64_t cur = c.load(std::memory_order_acquire);
+    for (;;) {
+      int64_t next;
+      if (tag_of(cur) == tag)
+        next = count_of(cur);
+      else if (static_cast<int32_t>(tag_of(cur) - tag) < 0)
+        next = 1;  // nothing claimed yet in this job; the first piece is the owner's
+      else
+        return -1;
+      if (next >= count) return -1;
+      if (c.compare_exchange_weak(cur, tagged(tag, static_cast<uint64_t>(next + 1)), std::memory_order_acq_rel,
+                                  std::memory_order_acquire))
+        return next;
+    }
   }
 
-  // Participant `index` of `participants` takes its own share's pieces, then those left in the
-  // shares after it.
-  void run_pieces(int index, int participants) {
+  // Before its first piece the owner knows its job is current (the job cannot end without
+  // that piece), so a tag that looks later than the job's is one left 2^31 jobs ago; it is
+  // marked as this job's before anyone could mistake it for the end of the job.
+  void refresh_cursor(int j, uint32_t tag) {
+    std::atomic<uint64_t>& c = cursors[j].word;
+    uint64_t cur = c.load(std::memory_order_relaxed);
+    if (tag_of(cur) != tag && static_cast<int32_t>(tag_of(cur) - tag) > 0)
+      c.compare_exchange_strong(cur, tagged(tag, 1), std::memory_order_acq_rel, std::memory_order_relaxed);
+  }
+
+  // Runs one piece; an exception is kept (the first one) and the piece still counts as done.
+  void run_piece(const range_fn& body, int64_t b, int64_t e, std::exception_ptr& own_error) {
+    if (b >= e) return;
+    try {
+      body(b, e);
+    } catch (...) {
+      if (!own_error) own_error = std::current_exception();
+    }
+  }
+
+  // Participant `index` runs the first piece of its share, the rest of its share, then the
+  // pieces of the shares after it that nobody has claimed. report(k) is called with the count
+  // of pieces finished so far after each one; after_first() once, after the first piece.
+  template <class Report, class AfterFirst>
+  void run_pieces(int index, int participants, uint32_t tag, int64_t n, int64_t grain, const range_fn& body,
+                  std::exception_ptr& own_error, Report&& report, AfterFirst&& after_first) {
+    share_plan plan;
+    plan_share(n, grain, participants, index, plan);
+    int64_t finished = 0;
+    if (plan.count > 1) refresh_cursor(index, tag);
+    run_piece(body, plan.bounds[0], plan.bounds[1], own_error);
+    report(++finished);
+    after_first();
     for (int d = 0; d < participants; ++d) {
-      share_cursor& c = cursors[(index + d) % participants];
-      for (int64_t p = c.next.fetch_add(1, std::memory_order_relaxed); p < c.end;
-           p = c.next.fetch_add(1, std::memory_order_relaxed))
-        run_piece(p);
+      const int j = (index + d) % participants;
+      if (d > 0) plan_share(n, grain, participants, j, plan);
+      if (plan.count < 2) continue;
+      for (int64_t p = claim(j, tag, plan.count); p >= 0; p = claim(j, tag, plan.count)) {
+        run_piece(body, plan.bounds[p], plan.bounds[p + 1], own_error);
+        report(++finished);
+      }
     }
   }
 
   void worker_loop(int index) {
     uint64_t seen = 0;
     for (;;) {
-      uint64_t word = job_word.load(std::memory_order_acquire);
+      uint64_t word = job.word.load(std::memory_order_acquire);
       for (int i = 0; generation_of(word) == seen && i < k_spin_iterations; ++i) {
         cpu_relax();
-        word = job_word.load(std::memory_order_acquire);
+        word = job.word.load(std::memory_order_acquire);
       }
       if (generation_of(word) == seen) {
         std::unique_lock lock(wake_mutex);
+        // seq_cst against the submitter's publish-then-check: either it sees this sleeper or
+        // this thread sees its job.
+        sleepers.fetch_add(1, std::memory_order_seq_cst);
         wake.wait(lock, [&] {
-          word = job_word.load(std::memory_order_acquire);
+          word = job.word.load(std::memory_order_seq_cst);
           return stopping || generation_of(word) != seen;
         });
+        sleepers.fetch_sub(1, std::memory_order_relaxed);
         if (stopping) return;
       }
       seen = generation_of(word);
-      if (index >= participants_of(word)) continue;  // this job has fewer pieces than threads
-      try {
+      const int participants = participants_of(word);
+      if (index >= participants) continue;  // this job has fewer pieces than threads
+      const auto tag = static_cast<uint32_t>(seen);
+      const int64_t n = job.n.load(std::memory_order_relaxed), grain = job.grain.load(std::memory_order_relaxed);
+      const range_fn& body = *job.body.load(std::memory_order_relaxed);
+      std::exception_ptr own_error;
+      bool error_kept = false;
+      std::atomic<uint64_t>& mine = progress[index].word;
+      {
         const running_scope running(this);
-        run_pieces(index, participants_of(word));
-      } catch (...) {
-        std::lock_guard lock(error_mutex);
-        if (!error) error = std::current_exception();
+        run_pieces(index, participants, tag, n, grain, body, own_error,
+                   [&](int64_t finished) {
+                     // The error first: once the counts add up the submitter reads it.
+                     if (own_error && !error_kept) {
+                       keep_error(own_error);
+                       error_kept = true;
+                     }
+                     mine.store(tagged(tag, static_cast<uint64_t>(finished)), std::memory_order_release);
+                     if (submitter_waiting.load(std::memory_order_relaxed)) wake_submitter();
+                   },
+                   [] {});
       }
-      if (pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        std::lock_guard lock(wake_mutex);
-        done.notify_one();
-      }
+      // The submitter may have gone to sleep just before this thread's last report: the fence
+      // orders that report before the check, as the submitter orders its flag before its own.
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      if (submitter_waiting.load(std::memory_order_relaxed)) wake_submitter();
     }
+  }
+
+  void keep_error(const std::exception_ptr& e) {
+    std::lock_guard lock(error_mutex);
+    if (!error) error = e;
+  }
+
+  void wake_submitter() {
+    { std::lock_guard lock(wake_mutex); }
+    done.notify_one();
+  }
+
+  void wake_workers() {
+    { std::lock_guard lock(wake_mutex); }
+    wake.notify_all();
   }
 };
 
@@ -212,7 +335,7 @@ void thread_pool::parallel_for(int64_t n, int64_t grain, range_fn body) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
   // A participant per grain at most, so that each share holds at least a grain, and
-  // k_max_participants at most (the piece and cursor tables are sized for them).
+  // k_max_participants at most (the cursor and progress lines are sized for them).
   const int participants = static_cast<int>(
       std::min<int64_t>({impl_->threads, std::max<int64_t>(1, n / grain), k_max_participants}));
   if (participants <= 1 || running_on_this_thread(impl_.get())) {
@@ -221,39 +344,60 @@ void thread_pool::parallel_for(int64_t n, int64_t grain, range_fn body) {
   }
 
   std::lock_guard submit(impl_->submit_mutex);
-  impl_->body = &body;
-  plan_pieces(n, grain, participants, impl_->bounds, impl_->first_piece);
-  for (int i = 0; i < participants; ++i) {
-    impl_->cursors[i].next.store(impl_->first_piece[i], std::memory_order_relaxed);
-    impl_->cursors[i].end = impl_->first_piece[i + 1];
-  }
-  impl_->error = nullptr;
-  impl_->pending.store(participants - 1, std::memory_order_relaxed);
+  impl& p = *impl_;
+  const uint64_t generation = impl::generation_of(p.job.word.load(std::memory_order_relaxed)) + 1;
+  const auto tag = static_cast<uint32_t>(generation);
+  p.error = nullptr;
+  p.job.n.store(n, std::memory_order_relaxed);
+  p.job.grain.store(grain, std::memory_order_relaxed);
+  p.job.body.store(&body, std::memory_order_relaxed);
+  p.job.word.store(generation << 16 | static_cast<uint64_t>(participants), std::memory_order_release);
+  // Workers that have been asleep a while: wake them now. One that is just falling asleep is
+  // caught after the first piece, where the fence costs nothing (the publish has long left
+  // this core), instead of here on every job's critical path.
+  if (p.sleepers.load(std::memory_order_relaxed) > 0) p.wake_workers();
+
+  int64_t total = 0;  // pieces in the job
   {
-    // Publish under the lock so a worker between its predicate check and its wait cannot miss it.
-    std::lock_guard lock(impl_->wake_mutex);
-    const uint64_t next = impl::generation_of(impl_->job_word.load(std::memory_order_relaxed)) + 1;
-    impl_->job_word.store(next << 16 | static_cast<uint64_t>(participants), std::memory_order_release);
+    share_plan plan;
+    for (int i = 0; i < participants; ++i) {
+      plan_share(n, grain, participants, i, plan);
+      total += plan.count;
+    }
   }
-  impl_->wake.notify_all();
 
   // The caller is participant 0.
   std::exception_ptr own_error;
-  try {
+  int64_t own_finished = 0;
+  {
     const running_scope running(impl_.get());
-    impl_->run_pieces(0, participants);
-  } catch (...) {
-    own_error = std::current_exception();
+    p.run_pieces(0, participants, tag, n, grain, body, own_error, [&](int64_t finished) { own_finished = finished; },
+                 [&] {
+                   std::atomic_thread_fence(std::memory_order_seq_cst);
+                   if (p.sleepers.load(std::memory_order_relaxed) > 0) p.wake_workers();
+                 });
   }
 
-  for (int i = 0; i < k_spin_iterations && impl_->pending.load(std::memory_order_acquire) != 0; ++i) cpu_relax();
-  if (impl_->pending.load(std::memory_order_acquire) != 0) {
-    std::unique_lock lock(impl_->wake_mutex);
-    impl_->done.wait(lock, [&] { return impl_->pending.load(std::memory_order_acquire) == 0; });
+  auto finished = [&] {
+    int64_t sum = own_finished;
+    for (int i = 1; i < participants; ++i) {
+      const uint64_t w = p.progress[i].word.load(std::memory_order_acquire);
+      if (tag_of(w) == tag) sum += count_of(w);
+    }
+    return sum == total;
+  };
+  for (int i = 0; i < k_spin_iterations && !finished(); ++i) cpu_relax();
+  if (!finished()) {
+    std::unique_lock lock(p.wake_mutex);
+    p.submitter_waiting.store(true, std::memory_order_relaxed);
+    // Pairs with the worker's fence after its last report: either it sees this flag or this
+    // thread sees its report.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    p.done.wait(lock, finished);
+    p.submitter_waiting.store(false, std::memory_order_relaxed);
   }
-  impl_->body = nullptr;
   if (own_error) std::rethrow_exception(own_error);
-  if (impl_->error) std::rethrow_exception(impl_->error);
+  if (p.error) std::rethrow_exception(p.error);
 }
 
 int default_thread_count() {

@@ -41,11 +41,13 @@ class thread_pool {
   // Splits [0, n) into contiguous chunks of at least `grain` items (one chunk, run on the
   // caller, when n < 2 * grain), body(begin, end). Each participating thread (at most 128
   // take part, at most one per grain) has an even share of the range, cut into chunks that
-  // halve toward the share's end (never under grain; at most 64 a share). A thread runs its
-  // own share's chunks front to back, then takes chunks of other shares that nobody has
-  // started. A given (n, grain, size()) always makes the same chunks; which thread runs which
-  // is decided as they go, so a body must not depend on it. The first exception a chunk
-  // throws is rethrown here after all chunks end. Does not allocate.
+  // halve toward the share's end, down to the grain or an eighth of the share, whichever is
+  // larger. A thread runs its own share's chunks front to back, then takes chunks of other
+  // shares that nobody has started, except their first, which the share's own thread always
+  // runs (so a job waits for every participating worker to wake). A given (n, grain, size())
+  // always makes the same chunks; which thread runs the others is decided as they go, so a
+  // body must not depend on it. The first exception a chunk throws is rethrown here after
+  // all chunks end. Does not allocate.
   // Nesting: a call made from inside a chunk of this pool, directly or through chunks of
   // other pools on the same thread, runs inline on that thread. A chunk may use another pool
   // B; B's chunks must not then call back into this pool (B's workers would wait for this

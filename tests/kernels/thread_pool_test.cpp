@@ -104,8 +104,8 @@ TEST_SUITE("thread_pool") {
           if (chunks.size() > 1)
             for (const auto& [b, e] : chunks) CHECK(e - b >= grain);
           // Each participant's share of the range is cut on its own, finest at its end: no
-          // chunk crosses a share's boundary, and the chunk that ends a share is under two
-          // grains.
+          // chunk crosses a share's boundary, and the chunk that ends a share is under twice
+          // the finest piece (the grain, or an eighth of the share if that is larger).
           std::sort(chunks.begin(), chunks.end());
           const int64_t shares = std::min<int64_t>(threads, std::max<int64_t>(1, n / grain));
           if (shares > 1) {
@@ -115,7 +115,7 @@ TEST_SUITE("thread_pool") {
               for (const auto& [b, e] : chunks) {
                 CHECK_FALSE((b < begin && e > begin));  // crosses the share's start
                 if (b >= begin && e <= end) ++in_share;
-                if (e == end) CHECK(e - b < 2 * grain);
+                if (e == end) CHECK(e - b < 2 * std::max(grain, (end - begin) / 8));
               }
               CHECK(in_share >= 1);
               CHECK(in_share <= 64);
@@ -292,6 +292,69 @@ TEST_SUITE("thread_pool") {
       });
       REQUIRE(sum.load() == n * (n + 1) / 2);
     }
+  }
+
+  TEST_CASE("a thread still looking for work after its job ended never runs a piece of it") {
+    // Shares of several pieces, bodies of uneven length: one thread often takes the other's
+    // last pieces and the job ends while the other is still claiming. A claim that landed then
+    // would run a piece twice (or of the next job's share with this one's bounds), which the
+    // per-index counts catch. Found as a hang in "concurrent submitters are serialized". Two
+    // busy threads besides the pool's make the scheduler preempt pool threads mid-claim,
+    // which is how the window opens.
+    thread_pool pool(2);
+    constexpr int64_t n = 64;
+    std::vector<std::atomic<int>> hits(n);
+    std::atomic<bool> stop{false};
+    auto busy = [&] {
+      while (!stop.load(std::memory_order_relaxed)) std::atomic_signal_fence(std::memory_order_seq_cst);
+    };
+    std::thread noise1(busy), noise2(busy);
+    within_seconds(120, [&] {
+      for (int iter = 0; iter < 20000; ++iter) {
+        for (auto& h : hits) h.store(0, std::memory_order_relaxed);
+        pool.parallel_for(n, 1, [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)].fetch_add(1, std::memory_order_relaxed);
+          if ((b + iter) % 5 == 0)
+            for (int spin = 0; spin < 200; ++spin) std::atomic_signal_fence(std::memory_order_seq_cst);
+        });
+        int64_t wrong = 0;
+        for (const auto& h : hits) wrong += h.load(std::memory_order_relaxed) != 1;
+        if (wrong != 0) {
+          stop = true;
+          noise1.join();
+          noise2.join();
+          FAIL("job " << iter << ": " << wrong << " indices not run exactly once");
+        }
+      }
+    });
+    stop = true;
+    noise1.join();
+    noise2.join();
+  }
+
+  TEST_CASE("a share's first piece is run by its own thread") {
+    // The first chunk of the worker's share waits until the caller has run every other chunk:
+    // the caller must not take it (it would wait on itself), and can take the rest.
+    thread_pool pool(2);
+    constexpr int64_t n = 16;  // shares [0, 8) and [8, 16); the worker's first piece is [8, 12)
+    std::mutex m;
+    std::condition_variable cv;
+    int64_t others = 0;
+    std::thread::id first_runner;
+    within_seconds(60, [&] {
+      pool.parallel_for(n, 1, [&](int64_t b, int64_t e) {
+        std::unique_lock lock(m);
+        if (b == 8) {
+          first_runner = std::this_thread::get_id();
+          CHECK(cv.wait_for(lock, std::chrono::seconds(30), [&] { return others == n - (e - b); }));
+        } else {
+          others += e - b;
+          cv.notify_all();
+        }
+      });
+    });
+    CHECK(first_runner != std::this_thread::get_id());
+    CHECK(others == n - 4);
   }
 
   TEST_CASE("nested calls on the same pool run inline") {
