@@ -65,8 +65,10 @@ constexpr int k_spin_iterations = 2000;
 // dies: each small piece pays a claim and, at the end, claims that move a counter between
 // the dies.
 constexpr int64_t k_max_participants = 128;
-constexpr int k_max_share_pieces = 64;
 constexpr int64_t k_finest_of_share = 8;
+// Halving down to an eighth makes 4 or 5 pieces a share (1/2, 1/4, 1/8, the rest); the cap
+// only bounds share_plan.
+constexpr int k_max_share_pieces = 8;
 
 // Everything here is laid out for two cores that may sit on different dies of a server CPU
 // (a cloud VM's two vCPUs often do: that doubles their memory bandwidth, and a cache line then
