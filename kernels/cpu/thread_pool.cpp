@@ -126,13 +126,54 @@ inline uint64_t tagged(uint32_t tag, uint64_t count) { return uint64_t{tag} << 3
 inline uint32_t tag_of(uint64_t word) { return static_cast<uint32_t>(word >> 32); }
 inline int64_t count_of(uint64_t word) { return static_cast<int64_t>(word & 0xffffffffu); }
 
+// Pause iterations a member waits in team::sync before it starts yielding its core: a member
+// waits there for the other's share of a product (microseconds), but on a shared machine the
+// other may have lost its core for a while, and spinning on would keep it off.
+constexpr int k_team_spin_iterations = 20000;
+
+// A barrier word: the team's id above the count of syncs its member has made.
+constexpr int k_sync_bits = 24;
+
 }  // namespace
+
+// One line per member, each written by its member only: a member arriving at a barrier moves
+// only its own line, and the others read it, one transfer between two dies rather than the
+// two of a shared counter (fetch-and-add, then the waiter's read).
+struct team::state {
+  struct alignas(64) line {
+    std::atomic<uint64_t> word{0};
+  };
+  std::unique_ptr<line[]> lines;
+  alignas(64) std::atomic<uint64_t> aborted{0};  // id of the last team a member's exception ended
+};
+
+void team::sync(int member) {
+  if (!state_) return;
+  std::atomic<uint64_t>& mine = state_->lines[static_cast<size_t>(member)].word;
+  const uint64_t w = mine.load(std::memory_order_relaxed);
+  const uint64_t next = (w >> k_sync_bits) == id_ ? w + 1 : (id_ << k_sync_bits | 1);
+  mine.store(next, std::memory_order_release);
+  for (int m = 0; m < members_; ++m) {
+    if (m == member) continue;
+    const std::atomic<uint64_t>& other = state_->lines[static_cast<size_t>(m)].word;
+    // Words of earlier teams are smaller (ids only grow), so they read as "not arrived".
+    for (int spins = 0; other.load(std::memory_order_acquire) < next;) {
+      if (state_->aborted.load(std::memory_order_relaxed) == id_) throw team_aborted{};
+      if (++spins < k_team_spin_iterations)
+        cpu_relax();
+      else
+        std::this_thread::yield();
+    }
+  }
+}
 
 struct thread_pool::impl {
   int threads = 1;
   std::vector<std::thread> workers;
 
-  std::mutex submit_mutex;  // one parallel_for at a time per pool
+  std::mutex submit_mutex;  // one parallel_for or run_team at a time per pool
+  team::state team_state;   // barrier lines of run_team
+  uint64_t team_ids = 0;    // the last run_team's id (under submit_mutex)
 
   // The current job. n, grain and body are written before word is published (release) and
   // stay until the job ends; the job cannot end before every participant has run the first
@@ -317,6 +358,7 @@ thread_pool::thread_pool(int threads) : impl_(std::make_unique<impl>()) {
   if (threads < 1 || threads > 0xffff)
     throw std::invalid_argument("thread_pool: thread count must be in 1..65535, got " + std::to_string(threads));
   impl_->threads = threads;
+  impl_->team_state.lines = std::make_unique<team::state::line[]>(static_cast<size_t>(threads));
   impl* const self = impl_.get();
   try {
     self->workers.reserve(static_cast<size_t>(threads - 1));
@@ -346,6 +388,45 @@ void thread_pool::parallel_for(int64_t n, int64_t grain, range_fn body) {
   }
 
   std::lock_guard submit(impl_->submit_mutex);
+  run_locked(n, grain, body);
+}
+
+void thread_pool::run_team(team_fn body) {
+  if (impl_->threads <= 1 || running_on_this_thread(impl_.get())) {
+    team alone(1, 0, nullptr);
+    body(0, alone);
+    return;
+  }
+  std::lock_guard submit(impl_->submit_mutex);
+  team::state& st = impl_->team_state;
+  const uint64_t id = ++impl_->team_ids;
+  const int members = static_cast<int>(std::min<int64_t>(impl_->threads, k_max_participants));
+  team t(members, id, &st);
+  // One item per thread and a grain of one: every share is a single piece, which its own
+  // thread runs (parallel_for's contract), so member b runs on thread b, all at once.
+  auto member = [&](int64_t b, int64_t) {
+    // run_locked catches a worker that was just falling asleep at the publish only after the
+    // caller's first piece; here that piece waits in sync for the others, so it would wait
+    // for a sleeper forever. The caller checks before its piece instead.
+    if (b == 0) {
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      if (impl_->sleepers.load(std::memory_order_relaxed) > 0) impl_->wake_workers();
+    }
+    try {
+      body(static_cast<int>(b), t);
+    } catch (const team_aborted&) {
+      // Another member's exception ended the team; that one is rethrown.
+    } catch (...) {
+      st.aborted.store(id, std::memory_order_relaxed);
+      throw;
+    }
+  };
+  run_locked(members, 1, member);
+}
+
+void thread_pool::run_locked(int64_t n, int64_t grain, const range_fn& body) {
+  const int participants = static_cast<int>(
+      std::min<int64_t>({impl_->threads, std::max<int64_t>(1, n / grain), k_max_participants}));
   impl& p = *impl_;
   const uint64_t generation = impl::generation_of(p.job.word.load(std::memory_order_relaxed)) + 1;
   const auto tag = static_cast<uint32_t>(generation);

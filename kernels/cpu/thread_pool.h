@@ -27,6 +27,43 @@ class range_fn {
   void (*call_)(void*, int64_t, int64_t);
 };
 
+// What the members of one thread_pool::run_team call share: their count and a barrier.
+class team {
+ public:
+  int members() const { return members_; }
+  // Returns once every member has made its k-th call, for the k-th call of this member: the
+  // steps between two syncs see everything written before the first. Every member must make
+  // the same number of calls. If another member's body ended by an exception, throws
+  // team_aborted instead (run_team swallows it and rethrows the original). Does not allocate.
+  void sync(int member);
+
+ private:
+  friend class thread_pool;
+  struct state;  // the pool's barrier lines (thread_pool.cpp)
+  team(int members, uint64_t id, state* s) : members_(members), id_(id), state_(s) {}
+  int members_;
+  uint64_t id_;     // unique per run_team call on its pool: tags the barrier words
+  state* state_;    // null for a team of one
+};
+
+// Thrown by team::sync in the members that outlive one whose body threw.
+struct team_aborted {};
+
+// A non-owning reference to body(member, team&), as range_fn.
+class team_fn {
+ public:
+  template <class F>
+    requires(!std::is_same_v<std::remove_cvref_t<F>, team_fn> && std::is_invocable_v<F&, int, team&>)
+  team_fn(F&& f) noexcept  // NOLINT: implicit, so call sites pass lambdas directly
+      : object_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
+        call_([](void* object, int member, team& t) { (*static_cast<std::remove_reference_t<F>*>(object))(member, t); }) {}
+  void operator()(int member, team& t) const { call_(object_, member, t); }
+
+ private:
+  void* object_;
+  void (*call_)(void*, int, team&);
+};
+
 // Owns n-1 worker threads; the calling thread is the n-th worker, so a pool of 1 runs
 // everything inline. parallel_for blocks until every chunk has run; calls from several
 // threads at once are serialized. Threads persist for the pool's life (no per-call spawn).
@@ -54,7 +91,18 @@ class thread_pool {
   // pool, which waits for them).
   void parallel_for(int64_t n, int64_t grain, range_fn body);
 
+  // Runs body(member, t) once on every thread of the pool at the same time (member 0 on the
+  // caller), for work that is cheaper split into fixed parts with barriers (t.sync) than as a
+  // parallel_for per step: a decode layer's five products and attention pay one job hand-off
+  // instead of five. Called from inside a chunk or member of this pool, or on a pool of one,
+  // runs as a team of one on the calling thread. The first exception a member throws is
+  // rethrown here after every member has returned; members waiting in sync then leave by
+  // team_aborted. Calls from several threads at once are serialized. Does not allocate.
+  void run_team(team_fn body);
+
  private:
+  void run_locked(int64_t n, int64_t grain, const range_fn& body);
+
   struct impl;
   std::unique_ptr<impl> impl_;
 };
