@@ -134,8 +134,13 @@ void attention(const float* q, int64_t n_q, int64_t pos0, const void* k_cache, c
   attention_many(&run, 1, kt, n_heads, n_kv_heads, head_dim, scale, pool);
 }
 
-void attention_many(const attention_run* runs, int64_t n_runs, kv_type kt, int n_heads, int n_kv_heads, int head_dim,
-                    float scale, thread_pool* pool) {
+namespace {
+
+// attention_many, or with part (pool then unused) only that member's share of the tasks.
+void attend_runs(const attention_run* runs, int64_t n_runs, kv_type kt, int n_heads, int n_kv_heads, int head_dim,
+                 float scale, thread_pool* pool, const team_part* part) {
+  if (part && (part->count < 1 || part->index < 0 || part->index >= part->count))
+    throw std::invalid_argument("attention: team part " + std::to_string(part->index) + " of " + std::to_string(part->count));
   if (n_runs <= 0 || n_heads <= 0) return;
   for (int64_t i = 0; i < n_runs; ++i)
     if (runs[i].pages.table && (runs[i].pages.block_tokens <= 0 || runs[i].pages.block_tokens % k_attention_key_block != 0))
@@ -148,7 +153,7 @@ void attention_many(const attention_run* runs, int64_t n_runs, kv_type kt, int n
   }
   if (total_rows == 0) return;
   const int group = n_heads / n_kv_heads;
-  const int threads = pool ? pool->size() : 1;
+  const int threads = part ? part->count : pool ? pool->size() : 1;
   // A task is (run, rows, KV head, part of its query heads). Heads sharing a KV head stay in
   // one task unless that leaves threads idle (decode of one sequence: one row); then the group
   // is split into `parts` equal parts.
@@ -315,11 +320,28 @@ void attention_many(const attention_run* runs, int64_t n_runs, kv_type kt, int n
       attend(t, s);
     }
   };
-  if (pool && pool->size() > 1 && units > 1) {
+  if (part) {
+    const int64_t count = part->count, i = part->index;
+    const int64_t b = units / count * i + units % count * i / count;
+    const int64_t e = units / count * (i + 1) + units % count * (i + 1) / count;
+    if (b < e) body(b, e);
+  } else if (pool && pool->size() > 1 && units > 1) {
     pool->parallel_for(units, 1, body);
   } else {
     body(0, units);
   }
+}
+
+}  // namespace
+
+void attention_many(const attention_run* runs, int64_t n_runs, kv_type kt, int n_heads, int n_kv_heads, int head_dim,
+                    float scale, thread_pool* pool) {
+  attend_runs(runs, n_runs, kt, n_heads, n_kv_heads, head_dim, scale, pool, nullptr);
+}
+
+void attention_many_part(const attention_run* runs, int64_t n_runs, kv_type kt, int n_heads, int n_kv_heads,
+                         int head_dim, float scale, team_part part) {
+  attend_runs(runs, n_runs, kt, n_heads, n_kv_heads, head_dim, scale, nullptr, &part);
 }
 
 }  // namespace tandem::kernels::cpu

@@ -70,8 +70,14 @@ namespace {
 // What a gated call applies to each chunk's rows once both products are in (matmul_swiglu).
 enum class epilogue { none, swiglu_expf, swiglu_vector };
 
-void multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, int64_t n_x, thread_pool* pool,
-              epilogue gate) {
+// Share i of n over `count`, as the pool cuts shares.
+int64_t part_start(int64_t n, int64_t count, int64_t i) { return n / count * i + n % count * i / count; }
+
+// With part: only that member's share, on this thread (pool is then null).
+row_span multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, int64_t n_x, thread_pool* pool,
+                  epilogue gate, const team_part* part = nullptr) {
+  if (part && (part->count < 1 || part->index < 0 || part->index >= part->count))
+    throw std::invalid_argument("matmul: team part " + std::to_string(part->index) + " of " + std::to_string(part->count));
   if (n_jobs < 0 || n_jobs > k_max_matmul_jobs)
     throw std::invalid_argument("matmul: " + std::to_string(n_jobs) + " jobs, at most " + std::to_string(k_max_matmul_jobs));
   if (cols < 0 || n_x < 0)
@@ -141,10 +147,20 @@ void multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, 
     p.groups = (job.rows + group_rows - 1) / group_rows;
     total_groups += p.groups;
   }
-  if (n_x == 0 || total_groups == 0) return;
+  if (n_x == 0 || total_groups == 0) return {};
   if (cols == 0) {
+    // A part zeroes its share of the first job's rows and all of the others' when it is the
+    // first (nothing reads them before the team syncs).
+    if (part) {
+      const int64_t r0 = part_start(jobs[0].rows, part->count, part->index);
+      const int64_t r1 = part_start(jobs[0].rows, part->count, part->index + 1);
+      for (int64_t r = 0; r < n_x; ++r) std::fill(jobs[0].y + r * jobs[0].rows + r0, jobs[0].y + r * jobs[0].rows + r1, 0.0f);
+      if (part->index == 0)
+        for (int j = 1; j < n_jobs; ++j) std::fill(jobs[j].y, jobs[j].y + jobs[j].rows * n_x, 0.0f);
+      return {r0, r1};
+    }
     for (int j = 0; j < n_jobs; ++j) std::fill(jobs[j].y, jobs[j].y + jobs[j].rows * n_x, 0.0f);
-    return;
+    return {0, jobs[0].rows};
   }
   // A gated call numbers row groups once for both matrices: group g is the gate's group g and
   // the up's, so every chunk holds both products of its rows when the activation runs. That
@@ -248,6 +264,7 @@ void multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, 
   // other threads wait and then read it from the caller's cache, line by line: 4.7 µs a
   // product for a batch of 8 on two threads against 2.9 on one. Larger batches convert
   // first, split over the pool.
+  if (part) pool = nullptr;
   const bool on_pool = pool != nullptr && pool->size() > 1;
   const bool shared_in_job = on_pool && n_x == 1;
   const bool own_forms = on_pool && n_x > 1 && n_x <= k_own_forms_max_rows;
@@ -259,7 +276,7 @@ void multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, 
   uint8_t* const base = aligned_scratch(buf, forms_bytes * sets);
   std::atomic<size_t> next_set{1};
   forms shared;
-  if (!own_forms && !shared_in_job) prepare(base, shared, pool);
+  if (!part && !own_forms && !shared_in_job) prepare(base, shared, pool);
   const std::thread::id caller = std::this_thread::get_id();
   std::atomic<bool> converted{false};  // the caller has converted (which cannot throw: no allocation)
   static std::atomic<uint64_t> calls{0};
@@ -425,6 +442,41 @@ void multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, 
       }
     }
   };
+  if (part) {
+    if (gate != epilogue::none && !paired) {
+      // Gate and up cut rows differently (16 or 4 a group): the share is whole units of
+      // k_panel_rows rows, a whole number of groups of either, so both products of its rows
+      // are here for the activation.
+      const int64_t rows = jobs[0].rows, units = (rows + k_panel_rows - 1) / k_panel_rows;
+      const int64_t r0 = std::min(rows, part_start(units, part->count, part->index) * k_panel_rows);
+      const int64_t r1 = std::min(rows, part_start(units, part->count, part->index + 1) * k_panel_rows);
+      if (r0 >= r1) return {r0, r0};
+      auto groups_of = [&](int j) {
+        const int64_t gr = plans[j].panel ? k_panel_rows : k_max_weight_rows;
+        return std::pair{plans[j].first_group + r0 / gr, plans[j].first_group + (r1 + gr - 1) / gr};
+      };
+      prefetch_start(groups_of(0).first, groups_of(0).second);
+      prepare(base, shared, nullptr);
+      for (int j = 0; j < 2; ++j) body(groups_of(j).first, groups_of(j).second);
+      for (int64_t r = 0; r < n_x; ++r) {
+        if (gate == epilogue::swiglu_expf)
+          swiglu(jobs[0].y + r * rows + r0, jobs[1].y + r * rows + r0, r1 - r0);
+        else
+          swiglu_fast(jobs[0].y + r * rows + r0, jobs[1].y + r * rows + r0, r1 - r0, nullptr);
+      }
+      return {r0, r1};
+    }
+    const int64_t b = part_start(total_groups, part->count, part->index);
+    const int64_t e = part_start(total_groups, part->count, part->index + 1);
+    if (b < e) {
+      prefetch_start(b, e);
+      prepare(base, shared, nullptr);
+      body(b, e);
+    }
+    const int64_t gr = plans[0].panel ? k_panel_rows : k_max_weight_rows;
+    const int64_t g0 = std::clamp<int64_t>(b, 0, plans[0].groups), g1 = std::clamp<int64_t>(e, 0, plans[0].groups);
+    return {std::min(g0 * gr, jobs[0].rows), std::min(g1 * gr, jobs[0].rows)};
+  }
   // Rows per group over the whole call: 16 on the panel paths, 4 on the row kernels, between
   // them when one call mixes the two.
   int64_t total_rows = 0;
@@ -436,6 +488,7 @@ void multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, 
     else
       swiglu_fast(jobs[0].y, jobs[1].y, jobs[0].rows * n_x, pool);
   }
+  return {0, jobs[0].rows};
 }
 
 }  // namespace
@@ -450,6 +503,19 @@ void matmul_swiglu(const matmul_job& gate, const matmul_job& up, int64_t cols, c
     throw std::invalid_argument("matmul_swiglu: gate has " + std::to_string(gate.rows) + " rows, up " + std::to_string(up.rows));
   const matmul_job jobs[2] = {gate, up};
   multiply(jobs, 2, cols, x, n_x, pool, exp == swiglu_exp::expf ? epilogue::swiglu_expf : epilogue::swiglu_vector);
+}
+
+row_span matmul_many_part(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, int64_t n_x, team_part part) {
+  return multiply(jobs, n_jobs, cols, x, n_x, nullptr, epilogue::none, &part);
+}
+
+row_span matmul_swiglu_part(const matmul_job& gate, const matmul_job& up, int64_t cols, const float* x, int64_t n_x,
+                            team_part part, swiglu_exp exp) {
+  if (gate.rows != up.rows)
+    throw std::invalid_argument("matmul_swiglu: gate has " + std::to_string(gate.rows) + " rows, up " + std::to_string(up.rows));
+  const matmul_job jobs[2] = {gate, up};
+  return multiply(jobs, 2, cols, x, n_x, nullptr, exp == swiglu_exp::expf ? epilogue::swiglu_expf : epilogue::swiglu_vector,
+                  &part);
 }
 
 }  // namespace tandem::kernels::cpu

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/packed.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/weight_type.h"
@@ -62,6 +63,22 @@ enum class swiglu_exp { expf, vector };
 // std::invalid_argument as matmul_many does, or when gate and up differ in rows.
 void matmul_swiglu(const matmul_job& gate, const matmul_job& up, int64_t cols, const float* x, int64_t n_x,
                    thread_pool* pool, swiglu_exp exp);
+
+// Team parts (team_part, ops.h) of the products: member `index` of `count` computes a fixed
+// share of the rows on its own thread, converting the activations itself into buffers of its
+// own. The parts of all members together write exactly what the whole call writes, bit for
+// bit, and no two write the same output element.
+// Rows [begin, end) of the first job's output that a part wrote (every activation row).
+struct row_span {
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+// matmul_many, one member's part; rows of jobs[0] it wrote. Throws as matmul_many does.
+row_span matmul_many_part(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, int64_t n_x, team_part part);
+// matmul_swiglu, one member's part: the same rows of gate and up, and their SwiGLU.
+row_span matmul_swiglu_part(const matmul_job& gate, const matmul_job& up, int64_t cols, const float* x, int64_t n_x,
+                            team_part part, swiglu_exp exp);
 
 // The smallest share of a matmul_many call a pool chunk takes, in row groups of group_rows
 // rows (k_panel_rows on the packed and panel paths, k_max_weight_rows on the row kernels):

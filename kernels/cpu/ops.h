@@ -122,6 +122,18 @@ struct attention_run {
 void attention_many(const attention_run* runs, int64_t n_runs, kv_type kt, int n_heads, int n_kv_heads, int head_dim,
                     float scale, thread_pool* pool);
 
+// One member's part of a kernel call split by a team (thread_pool::run_team): member `index`
+// of `count` runs a fixed share of the call on its own thread.
+struct team_part {
+  int index = 0;
+  int count = 1;
+};
+
+// attention_many, one member's part: a fixed share of the (run, rows, KV head) tasks, cut as
+// for a pool of `count` threads. All parts together write what attention_many writes, bit for bit.
+void attention_many_part(const attention_run* runs, int64_t n_runs, kv_type kt, int n_heads, int n_kv_heads,
+                         int head_dim, float scale, team_part part);
+
 // Writes n rows of row_elems (= n_kv_heads * head_dim) floats into a cache at positions
 // pos .. pos+n-1, converting to the cache type (f16: round to nearest even).
 void kv_store(void* cache, kv_type kt, int64_t pos, const float* rows, int64_t n, int64_t row_elems);

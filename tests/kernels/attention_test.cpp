@@ -341,6 +341,57 @@ TEST_SUITE("attention") {
     }
   }
 
+  TEST_CASE("team parts of attention_many together write its result, bit for bit") {
+    // One sequence's decode (one row: its query heads are split between members), a batched
+    // decode step and a prompt chunk beside decode rows, each cut into 1..4 parts run one
+    // after another on this thread.
+    std::mt19937 rng(78);
+    tandem::test::isa_guard guard;
+    for (const isa path : tandem::test::supported_isas()) {
+      set_isa(path);
+      CAPTURE(isa_name(path));
+      for (const kv_type kt : {kv_type::f16, kv_type::f32}) {
+        for (const std::vector<std::pair<int64_t, int64_t>>& lens :
+             {std::vector<std::pair<int64_t, int64_t>>{{1, 37}},
+              std::vector<std::pair<int64_t, int64_t>>{{1, 0}, {1, 5}, {1, 40}, {1, 17}, {1, 3}},
+              std::vector<std::pair<int64_t, int64_t>>{{7, 0}, {1, 30}, {3, 12}}}) {
+          std::vector<problem> ps;
+          std::vector<shape> shapes;
+          for (const auto& [n_q, pos0] : lens) {
+            shapes.push_back({8, 2, 64, n_q, pos0});
+            ps.push_back(make_problem(rng, shapes.back(), kt));
+          }
+          auto runs_into = [&](std::vector<std::vector<float>>& outs) {
+            outs.clear();
+            outs.reserve(ps.size());
+            std::vector<attention_run> runs;
+            for (size_t i = 0; i < ps.size(); ++i) {
+              outs.emplace_back(ps[i].q.size(), -1.0f);
+              runs.push_back({ps[i].q.data(), shapes[i].n_q, shapes[i].pos0, ps[i].k.data(), ps[i].v.data(), outs.back().data()});
+            }
+            return runs;
+          };
+          std::vector<std::vector<float>> want, got;
+          const auto whole = runs_into(want);
+          attention_many(whole.data(), static_cast<int64_t>(whole.size()), kt, 8, 2, 64, ps[0].scale, nullptr);
+          for (const int count : {1, 2, 3, 4}) {
+            CAPTURE(count);
+            const auto parts = runs_into(got);
+            for (int i = 0; i < count; ++i)
+              attention_many_part(parts.data(), static_cast<int64_t>(parts.size()), kt, 8, 2, 64, ps[0].scale, {i, count});
+            CHECK(got == want);
+          }
+        }
+      }
+    }
+    std::vector<float> q(64), out(64, -1.0f);
+    std::vector<float> kv(64);
+    const attention_run one{q.data(), 1, 0, kv.data(), kv.data(), out.data()};
+    CHECK_THROWS_WITH_AS(attention_many_part(&one, 1, kv_type::f32, 1, 1, 64, 1.0f, {1, 1}), doctest::Contains("team part"),
+                         std::invalid_argument);
+    CHECK(out[0] == -1.0f);
+  }
+
   TEST_CASE("a paged cache gives the contiguous result bit for bit, on every path") {
     // The rows of each problem copied into blocks of a pool in a scrambled order, with a gap
     // between blocks; every path must read position p from block table[p / block_tokens].

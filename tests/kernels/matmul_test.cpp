@@ -511,6 +511,113 @@ TEST_SUITE("matmul") {
     CHECK(y0[0] == -7.0f);
   }
 
+  TEST_CASE("team parts together write what the whole call writes, bit for bit, each its own rows") {
+    // A decode layer on a team (thread_pool::run_team) calls every member's part of each
+    // product. The parts must add up to the whole call on every ISA and path (row kernels,
+    // K-quants, F16, packed, the panel path for 5 rows), write disjoint rows, and report the
+    // rows of the first job each one wrote, which the caller then reads back alone.
+    const int64_t cols = 256;
+    const std::vector<problem> ps = {make_problem(weight_type::q4_0, 67, cols, 41), make_problem(weight_type::q6_k, 16, cols, 42),
+                                     make_problem(weight_type::f16, 9, cols, 43), make_problem(weight_type::q4_k, 33, cols, 44)};
+    std::vector<uint8_t> packed(packed_bytes(ps[0].wt, ps[0].rows, cols));
+    pack_weights(ps[0].wt, ps[0].w.data(), ps[0].rows, cols, packed.data());
+    const problem up = make_problem(weight_type::q4_0, 67, cols, 45), up_k = make_problem(weight_type::q6_k, 67, cols, 46);
+    const problem gate_k = make_problem(weight_type::q4_k, 67, cols, 47);
+    std::vector<uint8_t> up_packed(packed_bytes(up.wt, up.rows, cols));
+    pack_weights(up.wt, up.w.data(), up.rows, cols, up_packed.data());
+    tandem::test::isa_guard guard;
+    for (const isa path : tandem::test::supported_isas()) {
+      set_isa(path);
+      CAPTURE(isa_name(path));
+      for (const int64_t n_x : {int64_t{1}, int64_t{5}}) {
+        CAPTURE(n_x);
+        for (const bool pack_first : {false, true}) {
+          CAPTURE(pack_first);
+          std::vector<std::vector<float>> want, got;
+          std::vector<matmul_job> jobs;
+          for (size_t j = 0; j < ps.size(); ++j) {
+            want.emplace_back(static_cast<size_t>(ps[j].rows * n_x), -7.0f);
+            jobs.push_back({ps[j].wt, ps[j].w.data(), ps[j].rows, want.back().data()});
+          }
+          if (pack_first) jobs[0] = {ps[0].wt, packed.data(), ps[0].rows, want[0].data(), weight_layout::packed};
+          matmul_many(jobs.data(), static_cast<int>(jobs.size()), cols, ps[0].x.data(), n_x, nullptr);
+          for (const int count : {1, 2, 3, 5}) {
+            CAPTURE(count);
+            got = std::vector<std::vector<float>>(ps.size());
+            for (size_t j = 0; j < ps.size(); ++j) {
+              got[j].assign(static_cast<size_t>(ps[j].rows * n_x), -7.0f);
+              jobs[j].y = got[j].data();
+            }
+            int64_t next_row = 0;
+            for (int i = 0; i < count; ++i) {
+              const row_span rows = matmul_many_part(jobs.data(), static_cast<int>(jobs.size()), cols, ps[0].x.data(), n_x, {i, count});
+              CHECK(rows.begin == next_row);  // in order, no gap, no overlap
+              CHECK(rows.end >= rows.begin);
+              next_row = rows.end;
+            }
+            CHECK(next_row == ps[0].rows);
+            for (size_t j = 0; j < ps.size(); ++j) {
+              CAPTURE(j);
+              CHECK(got[j] == want[j]);
+            }
+          }
+        }
+        // Gate and up with their SwiGLU: paired (same path) and not (packed gate, row up).
+        struct pair {
+          const char* name;
+          matmul_job g, u;
+        };
+        const pair pairs[] = {
+            {"rows", {ps[0].wt, ps[0].w.data(), 67, nullptr}, {up.wt, up.w.data(), 67, nullptr}},
+            {"K-quants", {gate_k.wt, gate_k.w.data(), 67, nullptr}, {up_k.wt, up_k.w.data(), 67, nullptr}},
+            {"packed", {ps[0].wt, packed.data(), 67, nullptr, weight_layout::packed}, {up.wt, up_packed.data(), 67, nullptr, weight_layout::packed}},
+            {"packed gate, row up", {ps[0].wt, packed.data(), 67, nullptr, weight_layout::packed}, {up.wt, up.w.data(), 67, nullptr}},
+        };
+        for (const auto& pr : pairs) {
+          CAPTURE(pr.name);
+          for (const swiglu_exp e : {swiglu_exp::expf, swiglu_exp::vector}) {
+            CAPTURE(e == swiglu_exp::expf);
+            std::vector<float> want_g(static_cast<size_t>(67 * n_x), -7.0f), want_u(want_g);
+            matmul_job g = pr.g, u = pr.u;
+            g.y = want_g.data();
+            u.y = want_u.data();
+            matmul_swiglu(g, u, cols, ps[0].x.data(), n_x, nullptr, e);
+            for (const int count : {2, 3}) {
+              CAPTURE(count);
+              std::vector<float> got_g(want_g.size(), -7.0f), got_u(want_g.size(), -7.0f);
+              g.y = got_g.data();
+              u.y = got_u.data();
+              int64_t next_row = 0;
+              for (int i = 0; i < count; ++i) {
+                const row_span rows = matmul_swiglu_part(g, u, cols, ps[0].x.data(), n_x, {i, count}, e);
+                CHECK(rows.begin == next_row);
+                next_row = rows.end;
+              }
+              CHECK(next_row == 67);
+              CHECK(got_u == want_u);
+              CHECK(got_g == want_g);
+            }
+          }
+        }
+      }
+    }
+    // No columns: the parts zero the outputs between them.
+    std::vector<float> y0(8, -7.0f), y1(3, -7.0f);
+    const matmul_job empty[2] = {{weight_type::f32, nullptr, 8, y0.data()}, {weight_type::f32, nullptr, 3, y1.data()}};
+    for (int i = 0; i < 3; ++i) matmul_many_part(empty, 2, 0, ps[0].x.data(), 1, {i, 3});
+    CHECK(y0 == std::vector<float>(8, 0.0f));
+    CHECK(y1 == std::vector<float>(3, 0.0f));
+    // A part outside its team is refused before anything is written.
+    std::vector<float> y(67, -7.0f);
+    const matmul_job one{ps[0].wt, ps[0].w.data(), 67, y.data()};
+    for (const team_part bad : {team_part{2, 2}, team_part{-1, 2}, team_part{0, 0}}) {
+      CHECK_THROWS_WITH_AS(matmul_many_part(&one, 1, cols, ps[0].x.data(), 1, bad), doctest::Contains("team part"),
+                           std::invalid_argument);
+      CHECK_THROWS_AS(matmul_swiglu_part(one, one, cols, ps[0].x.data(), 1, bad, swiglu_exp::expf), std::invalid_argument);
+    }
+    CHECK(y[0] == -7.0f);
+  }
+
   TEST_CASE("chunks carry the same work whether a group is a panel or a row group") {
     // Groups of the panel paths hold k_panel_rows rows, those of the row kernels
     // k_max_weight_rows: a chunk of either is about the same number of multiply-adds, so a
