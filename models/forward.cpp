@@ -483,6 +483,49 @@ void forward_context::step(std::span<const int32_t> tokens, std::span<const int6
   eval_chunk(tokens.data(), row_seq_.data(), row_pos_.data(), n, logits_.data(), step_out_.data(), runs);
 }
 
+template <class Inputs>
+void forward_context::decode_layer_team(const layer_weights& L, bool fast, float attn_scale, Inputs& attention_inputs) {
+  const auto& c = model_.config();
+  const int64_t D = c.n_embd, Q = c.q_dim(), F = c.n_ff;
+  const sum_order order = order_for(fast);
+  using kernels::cpu::matmul_job;
+  const matmul_job qkv[3] = {{L.wq.type, L.wq.data, L.wq.rows, q_, L.wq.layout, order},
+                             {L.wk.type, L.wk.data, L.wk.rows, k_, L.wk.layout, order},
+                             {L.wv.type, L.wv.data, L.wv.rows, v_, L.wv.layout, order}};
+  const matmul_job wo{L.wo.type, L.wo.data, L.wo.rows, xb_, L.wo.layout, order};
+  const matmul_job gate{L.w_gate.type, L.w_gate.data, L.w_gate.rows, ff_gate_, L.w_gate.layout, order};
+  const matmul_job up{L.w_up.type, L.w_up.data, L.w_up.rows, ff_up_, L.w_up.layout, order};
+  const matmul_job down{L.w_down.type, L.w_down.data, L.w_down.rows, xb_, L.w_down.layout, order};
+  const auto exp = fast ? kernels::cpu::swiglu_exp::vector : kernels::cpu::swiglu_exp::expf;
+  // Each member norms x into a buffer of its own and keeps its own copy of the residual
+  // stream between the blocks, so no step waits for one thread to norm for all; x_ is
+  // written only in the last step, each member its rows of the down product, after every
+  // member has read it.
+  pool_->run_team([&](int member, kernels::cpu::team& t) {
+    const kernels::cpu::team_part part{member, t.members()};
+    thread_local std::vector<float> own;
+    if (own.size() < static_cast<size_t>(2 * D)) own.resize(static_cast<size_t>(2 * D));
+    float* const xn = own.data();
+    float* const xr = xn + D;
+    kernels::cpu::rms_norm(x_, L.attn_norm, xn, D, c.rms_eps);
+    kernels::cpu::matmul_many_part(qkv, 3, D, xn, 1, part);
+    t.sync(member);
+    if (member == 0) attention_inputs();
+    t.sync(member);
+    kernels::cpu::attention_many_part(runs_.data(), static_cast<int64_t>(runs_.size()), kv_type_, static_cast<int>(c.n_head),
+                                      static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), attn_scale, part);
+    t.sync(member);
+    kernels::cpu::matmul_many_part(&wo, 1, Q, attn_, 1, part);
+    t.sync(member);
+    for (int64_t i = 0; i < D; ++i) xr[i] = x_[i] + xb_[i];
+    kernels::cpu::rms_norm(xr, L.ffn_norm, xn, D, c.rms_eps);
+    kernels::cpu::matmul_swiglu_part(gate, up, D, xn, 1, part, exp);
+    t.sync(member);
+    const kernels::cpu::row_span rows = kernels::cpu::matmul_many_part(&down, 1, F, ff_gate_, 1, part);
+    for (int64_t i = rows.begin; i < rows.end; ++i) x_[i] = xr[i] + xb_[i];
+  });
+}
+
 void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n,
                                  float* logits, const int64_t* out_rows, int64_t n_out) {
   const auto& c = model_.config();
@@ -527,61 +570,71 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
       for (int d = 1; d <= depth && seg + d <= plan.last_segment(); ++d) residency_->prefetch(seg + d);
     }
     const auto& L = residency_ ? leased : w.layers[l];
-    // Attention block.
-    for (int64_t r = 0; r < n; ++r) kernels::cpu::rms_norm(x_ + r * D, L.attn_norm, xb_ + r * D, D, c.rms_eps);
-    by_arithmetic(n, fast, [&](int64_t r0, int64_t r1, bool f) {
-      project3(L.wq, q_ + r0 * Q, L.wk, k_ + r0 * KV, L.wv, v_ + r0 * KV, xb_ + r0 * D, r1 - r0, pool_, order_for(f));
-    });
-    add_bias(q_, L.bq, n, Q);
-    add_bias(k_, L.bk, n, KV);
-    add_bias(v_, L.bv, n, KV);
-    for (int64_t r = 0; r < n; ++r) {
-      float* q = q_ + r * Q;
-      float* k = k_ + r * KV;
-      if (L.q_norm) {
-        for (int64_t h = 0; h < c.n_head; ++h) kernels::cpu::rms_norm(q + h * hd, L.q_norm, q + h * hd, hd, c.rms_eps);
-        for (int64_t h = 0; h < c.n_head_kv; ++h) kernels::cpu::rms_norm(k + h * hd, L.k_norm, k + h * hd, hd, c.rms_eps);
+    // Everything between the Q/K/V products and attention: biases, QK norms, RoPE, the KV
+    // store, and one attention run per run of rows of one sequence (the whole chunk for a
+    // prompt, one row per sequence in a batched decode).
+    auto attention_inputs = [&] {
+      add_bias(q_, L.bq, n, Q);
+      add_bias(k_, L.bk, n, KV);
+      add_bias(v_, L.bv, n, KV);
+      for (int64_t r = 0; r < n; ++r) {
+        float* q = q_ + r * Q;
+        float* k = k_ + r * KV;
+        if (L.q_norm) {
+          for (int64_t h = 0; h < c.n_head; ++h) kernels::cpu::rms_norm(q + h * hd, L.q_norm, q + h * hd, hd, c.rms_eps);
+          for (int64_t h = 0; h < c.n_head_kv; ++h) kernels::cpu::rms_norm(k + h * hd, L.k_norm, k + h * hd, hd, c.rms_eps);
+        }
+        const float* cs = rope_cs_ + r * hd;
+        kernels::cpu::rope_apply(q, static_cast<int>(c.n_head), static_cast<int>(hd), cs, rope_);
+        kernels::cpu::rope_apply(k, static_cast<int>(c.n_head_kv), static_cast<int>(hd), cs, rope_);
       }
-      const float* cs = rope_cs_ + r * hd;
-      kernels::cpu::rope_apply(q, static_cast<int>(c.n_head), static_cast<int>(hd), cs, rope_);
-      kernels::cpu::rope_apply(k, static_cast<int>(c.n_head_kv), static_cast<int>(hd), cs, rope_);
-    }
-    // Attention per run of rows of one sequence (the whole chunk for a prompt, one row per
-    // sequence in a batched decode), all runs in one pass over the pool.
-    runs_.clear();
-    for (int64_t r0 = 0; r0 < n;) {
-      int64_t r1 = r0 + 1;
-      while (r1 < n && seqs[r1] == seqs[r0]) ++r1;
-      const int64_t s = seqs[r0], len = r1 - r0, p0 = positions[r0];
-      if (kv_pool_) {
-        paged_store(s, l, p0, r0, len);
-        const int64_t elem = static_cast<int64_t>(kv_elem_bytes(kv_type_));
-        const kernels::cpu::kv_pages pages{kv_pool_->table(s).data(), kv_pool_->block_tokens(), static_cast<int64_t>(kv_pool_->block_bytes()) / elem};
-        runs_.push_back({q_ + r0 * Q, len, p0, kv_pool_->data() + paged_offset(l, 0), kv_pool_->data() + paged_offset(l, 1), attn_ + r0 * Q, pages});
-      } else {
-        kernels::cpu::kv_store(k_cache(s, l), kv_type_, p0, k_ + r0 * KV, len, KV);
-        kernels::cpu::kv_store(v_cache(s, l), kv_type_, p0, v_ + r0 * KV, len, KV);
-        runs_.push_back({q_ + r0 * Q, len, p0, k_cache(s, l), v_cache(s, l), attn_ + r0 * Q});
+      // Attention per run of rows of one sequence (the whole chunk for a prompt, one row per
+      // sequence in a batched decode), all runs in one pass over the pool.
+      runs_.clear();
+      for (int64_t r0 = 0; r0 < n;) {
+        int64_t r1 = r0 + 1;
+        while (r1 < n && seqs[r1] == seqs[r0]) ++r1;
+        const int64_t s = seqs[r0], len = r1 - r0, p0 = positions[r0];
+        if (kv_pool_) {
+          paged_store(s, l, p0, r0, len);
+          const int64_t elem = static_cast<int64_t>(kv_elem_bytes(kv_type_));
+          const kernels::cpu::kv_pages pages{kv_pool_->table(s).data(), kv_pool_->block_tokens(), static_cast<int64_t>(kv_pool_->block_bytes()) / elem};
+          runs_.push_back({q_ + r0 * Q, len, p0, kv_pool_->data() + paged_offset(l, 0), kv_pool_->data() + paged_offset(l, 1), attn_ + r0 * Q, pages});
+        } else {
+          kernels::cpu::kv_store(k_cache(s, l), kv_type_, p0, k_ + r0 * KV, len, KV);
+          kernels::cpu::kv_store(v_cache(s, l), kv_type_, p0, v_ + r0 * KV, len, KV);
+          runs_.push_back({q_ + r0 * Q, len, p0, k_cache(s, l), v_cache(s, l), attn_ + r0 * Q});
+        }
+        runs_.back().prompt_rows = std::clamp<int64_t>(prompt_end_[static_cast<size_t>(s)] - p0, 0, len);
+        r0 = r1;
       }
-      runs_.back().prompt_rows = std::clamp<int64_t>(prompt_end_[static_cast<size_t>(s)] - p0, 0, len);
-      r0 = r1;
-    }
-    kernels::cpu::attention_many(runs_.data(), static_cast<int64_t>(runs_.size()), kv_type_, static_cast<int>(c.n_head),
-                                 static_cast<int>(c.n_head_kv), static_cast<int>(hd), attn_scale, pool_);
-    by_arithmetic(n, fast, [&](int64_t r0, int64_t r1, bool f) {
-      project(L.wo, attn_ + r0 * Q, r1 - r0, xb_ + r0 * D, pool_, order_for(f));
-    });
-    for (int64_t i = 0; i < n * D; ++i) x_[i] += xb_[i];
+    };
+    if (n == 1 && pool_ && pool_->size() > 1) {
+      decode_layer_team(L, fast(0), attn_scale, attention_inputs);
+    } else {
+      // Attention block.
+      for (int64_t r = 0; r < n; ++r) kernels::cpu::rms_norm(x_ + r * D, L.attn_norm, xb_ + r * D, D, c.rms_eps);
+      by_arithmetic(n, fast, [&](int64_t r0, int64_t r1, bool f) {
+        project3(L.wq, q_ + r0 * Q, L.wk, k_ + r0 * KV, L.wv, v_ + r0 * KV, xb_ + r0 * D, r1 - r0, pool_, order_for(f));
+      });
+      attention_inputs();
+      kernels::cpu::attention_many(runs_.data(), static_cast<int64_t>(runs_.size()), kv_type_, static_cast<int>(c.n_head),
+                                   static_cast<int>(c.n_head_kv), static_cast<int>(hd), attn_scale, pool_);
+      by_arithmetic(n, fast, [&](int64_t r0, int64_t r1, bool f) {
+        project(L.wo, attn_ + r0 * Q, r1 - r0, xb_ + r0 * D, pool_, order_for(f));
+      });
+      for (int64_t i = 0; i < n * D; ++i) x_[i] += xb_[i];
 
-    // Feed-forward block (SwiGLU).
-    for (int64_t r = 0; r < n; ++r) kernels::cpu::rms_norm(x_ + r * D, L.ffn_norm, xb_ + r * D, D, c.rms_eps);
-    by_arithmetic(n, fast, [&](int64_t r0, int64_t r1, bool f) {
-      // The server's rows take the vector e^x, the rest expf as llama.cpp does.
-      project_swiglu(L.w_gate, ff_gate_ + r0 * F, L.w_up, ff_up_ + r0 * F, xb_ + r0 * D, r1 - r0, pool_, order_for(f),
-                     f ? kernels::cpu::swiglu_exp::vector : kernels::cpu::swiglu_exp::expf);
-      project(L.w_down, ff_gate_ + r0 * F, r1 - r0, xb_ + r0 * D, pool_, order_for(f));
-    });
-    for (int64_t i = 0; i < n * D; ++i) x_[i] += xb_[i];
+      // Feed-forward block (SwiGLU).
+      for (int64_t r = 0; r < n; ++r) kernels::cpu::rms_norm(x_ + r * D, L.ffn_norm, xb_ + r * D, D, c.rms_eps);
+      by_arithmetic(n, fast, [&](int64_t r0, int64_t r1, bool f) {
+        // The server's rows take the vector e^x, the rest expf as llama.cpp does.
+        project_swiglu(L.w_gate, ff_gate_ + r0 * F, L.w_up, ff_up_ + r0 * F, xb_ + r0 * D, r1 - r0, pool_, order_for(f),
+                       f ? kernels::cpu::swiglu_exp::vector : kernels::cpu::swiglu_exp::expf);
+        project(L.w_down, ff_gate_ + r0 * F, r1 - r0, xb_ + r0 * D, pool_, order_for(f));
+      });
+      for (int64_t i = 0; i < n * D; ++i) x_[i] += xb_[i];
+    }
     if (l + 1 < c.n_layer) {
       layer_held.reset();
       if (between_layers_) between_layers_();

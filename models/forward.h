@@ -158,6 +158,12 @@ class forward_context final : public forward_pass {
   void eval_chunk(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, float* logits,
                   const int64_t* out_rows, int64_t n_out);
   void check_seq(int64_t seq) const;
+  // One layer of a one-row decode as a team of the pool's threads (thread_pool::run_team):
+  // each product split in fixed row shares, attention in fixed task shares, with a barrier
+  // between steps instead of a pool job per step. attention_inputs (biases, RoPE, the KV
+  // store, runs_) runs on member 0. Results equal the per-step path bit for bit.
+  template <class Inputs>
+  void decode_layer_team(const layer_weights& L, bool fast, float attn_scale, Inputs& attention_inputs);
 
   // The device bytes of segment `seg` from residency_ (throws std::logic_error when the
   // residency cannot provide them: the caller did not prepare streaming).

@@ -201,6 +201,49 @@ TEST_SUITE("synth_forward") {
     }
   }
 
+  TEST_CASE("a one-row decode on a team of threads gives the inline logits bit for bit") {
+    // A decode row on a pool of several threads runs each layer as one team job
+    // (forward_context::decode_layer_team): products and attention in fixed parts with
+    // barriers. Biases (qwen2), q/k norms and head_dim != dim / heads (qwen3), packed and row
+    // weights, both KV types and both arithmetics (set_prompt_end) must come out exactly as
+    // the one-thread pass computes them.
+    kernels::cpu::thread_pool two(2), three(3);
+    for (const std::string arch : {"llama", "qwen2", "qwen3"}) {
+      for (const weight_type type : {weight_type::q4_0, weight_type::q4_1, weight_type::q6_k}) {
+        CAPTURE(arch);
+        CAPTURE(kernels::display_name(type));
+        test::scratch_dir dir;
+        const auto path = (dir / "m.gguf").string();
+        models::synth_model(small_model(arch, type), path);
+        const models::model m(path);
+        for (const kv_type kv : {kv_type::f32, kv_type::f16}) {
+          for (const bool fast : {false, true}) {
+            CAPTURE(kv == kv_type::f32 ? "kv f32" : "kv f16");
+            CAPTURE(fast);
+            std::vector<std::vector<float>> runs;
+            for (kernels::cpu::thread_pool* pool : {static_cast<kernels::cpu::thread_pool*>(nullptr), &two, &three}) {
+              models::forward_context ctx(m, {.n_ctx = 32, .kv = kv}, pool);
+              if (fast) ctx.set_prompt_end(0, 1 << 20);
+              ctx.eval(k_tokens);
+              std::vector<float> seen;
+              int32_t next = 300;
+              for (int step = 0; step < 6; ++step) {
+                const int32_t tok[1] = {next};
+                ctx.eval(tok);
+                const auto l = ctx.logits();
+                seen.insert(seen.end(), l.begin(), l.end());
+                next = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+              }
+              runs.push_back(std::move(seen));
+            }
+            CHECK(runs[1] == runs[0]);
+            CHECK(runs[2] == runs[0]);
+          }
+        }
+      }
+    }
+  }
+
   TEST_CASE("the bounds are far below the error of a wrong model") {
     // Another seed's weights give an error of order 1, so the bounds above (at most 4.5%) do
     // tell a correct forward pass from a broken one.
