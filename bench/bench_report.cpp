@@ -34,6 +34,17 @@ double bench_report::decode_vs_ceiling() const {
   if (!decode_vs_ceiling_samples.empty()) return summarize(decode_vs_ceiling_samples).median;
   return ratio(result.decode_gb.median, ceiling.gb_s_summary.median);
 }
+std::vector<double> bench_report::layer_teams_vs_step_jobs_samples() const {
+  std::vector<double> out;
+  const auto& teams = result.decode_layer_teams_tok_s;
+  const auto& steps = result.decode_tok_s;
+  for (size_t i = 0; i < teams.size() && i < steps.size(); ++i) out.push_back(ratio(teams[i], steps[i]));
+  return out;
+}
+double bench_report::layer_teams_vs_step_jobs() const {
+  const auto samples = layer_teams_vs_step_jobs_samples();
+  return samples.empty() ? 0.0 : summarize(samples).median;
+}
 double bench_report::compute_ceiling_tok_s() const {
   return rows_per_second(dots.gmac_s_summary.median, result.int8_macs_per_token);
 }
@@ -117,6 +128,11 @@ nlohmann::json to_json(const bench_report& r) {
   put(j, "batched_decode_tok_s", r.result.batched_decode, r.result.batched_decode_tok_s);
   put(j, "decode_as_batched_tok_s", r.result.decode_as_batched, r.result.decode_as_batched_tok_s);
   put(j, "decode_gb_s", r.result.decode_gb, r.result.decode_gb_s);
+  if (r.params.compare_layer_teams) {
+    put(j, "decode_layer_teams_tok_s", r.result.decode_layer_teams, r.result.decode_layer_teams_tok_s);
+    j["layer_teams_vs_step_jobs"] = r.layer_teams_vs_step_jobs();
+    j["layer_teams_vs_step_jobs_samples"] = r.layer_teams_vs_step_jobs_samples();
+  }
   put(j, "read_ceiling_gb_s", r.ceiling.gb_s_summary, r.ceiling.gb_s);
   put(j, "dot_ceiling_gmac_s", r.dots.gmac_s_summary, r.dots.gmac_s);
   j["decode_bytes_per_token"] = r.result.decode_bytes_per_token;
@@ -143,6 +159,10 @@ std::string format_table(const bench_report& r) {
   const std::string at = p.depth > 0 ? " @ " + std::to_string(p.depth) : "";
   out += line("prefill", std::to_string(p.prompt) + " tokens" + at, r.result.prefill, "tok/s");
   out += line("decode", std::to_string(p.gen) + " tokens" + at, r.result.decode, "tok/s");
+  if (p.compare_layer_teams) {
+    std::snprintf(note, sizeof note, "%.3fx the decode above (a job per step), pass by pass", r.layer_teams_vs_step_jobs());
+    out += line("decode", std::to_string(p.gen) + " tok, layer teams", r.result.decode_layer_teams, "tok/s", note);
+  }
   std::snprintf(note, sizeof note, "%.2fx one sequence alike, %.2fx decode above", r.batched_vs_single(), r.batched_vs_decode());
   out += line("batched", std::to_string(p.batch) + " seqs x " + std::to_string(p.gen) + " tokens", r.result.batched_decode,
               "tok/s", note);

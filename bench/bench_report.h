@@ -54,6 +54,10 @@ struct bench_report {
   // Decode GB/s over the read ceiling: the median of decode_vs_ceiling_samples (medians
   // divided when there are none).
   double decode_vs_ceiling() const;
+  // compare_layer_teams: decode_layer_teams_tok_s[i] / decode_tok_s[i], repetition by
+  // repetition, and their median (0 without the comparison).
+  std::vector<double> layer_teams_vs_step_jobs_samples() const;
+  double layer_teams_vs_step_jobs() const;
   // Rows per second the int8 dot ceiling allows: dots median / int8 MACs per row (0 for a
   // model without quantized matrices), and batched decode's aggregate over it.
   double compute_ceiling_tok_s() const;
@@ -71,7 +75,8 @@ bench_report run_bench(const bench_options& o);
 // "<name>_min" / "<name>_max" and "<name>_samples" beside each, the ratios
 // (batched_vs_single, batched_vs_decode, decode_vs_ceiling with decode_vs_ceiling_samples,
 // compute_ceiling_tok_s, batched_vs_compute_ceiling),
-// and the run's settings (model, arch, type, threads, isa, prompt, gen, batch, reps,
+// with --compare-layer-teams also decode_layer_teams_tok_s and layer_teams_vs_step_jobs
+// (with its _samples), and the run's settings (model, arch, type, threads, isa, prompt, gen, batch, reps,
 // decode_bytes_per_token, int8_macs_per_token, read_buffer_bytes, weight_bytes).
 nlohmann::json to_json(const bench_report& r);
 

@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -124,21 +125,42 @@ model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_
     // each 512 tokens of the fill, whatever the prompt's length).
     cp.max_batch = std::min<int64_t>(std::max(p.prompt, p.depth), 512);
     models::forward_context ctx(m, cp, &pool);
+    std::optional<models::forward_context> teams;
+    if (p.compare_layer_teams) {
+      models::context_params tp = cp;
+      tp.layer_teams = true;
+      teams.emplace(m, tp, &pool);
+    }
 
     // Warm-up: faults in every weight page and wakes the pool.
     ctx.eval({prompt_ids, static_cast<size_t>(std::min<int64_t>(p.prompt, 16))});
     ctx.reset();
     ctx.eval({gen_ids, 1});
     ctx.reset();
+    if (teams) {
+      teams->eval({gen_ids, 1});
+      teams->reset();
+    }
 
     // The cache as a phase starts: `depth` tokens, computed as the server computes prompts
     // (untimed, so the faster arithmetic only shortens the run); positions from depth on
     // take the arithmetic of the phase (`timed_fast_end`).
-    auto fill = [&](int64_t timed_fast_end) {
-      ctx.reset();
-      ctx.set_prompt_end(0, p.depth + timed_fast_end);
-      if (p.depth > 0) ctx.eval({depth_ids, static_cast<size_t>(p.depth)});
-      if (timed_fast_end == 0) ctx.set_prompt_end(0, 0);
+    auto fill_context = [&](models::forward_context& c, int64_t timed_fast_end) {
+      c.reset();
+      c.set_prompt_end(0, p.depth + timed_fast_end);
+      if (p.depth > 0) c.eval({depth_ids, static_cast<size_t>(p.depth)});
+      if (timed_fast_end == 0) c.set_prompt_end(0, 0);
+    };
+    auto fill = [&](int64_t timed_fast_end) { fill_context(ctx, timed_fast_end); };
+    // gen one-token passes from the filled cache, in tokens per second.
+    auto decode_rate = [&](models::forward_context& c) {
+      fill_context(c, 0);
+      r.decode_start_position = c.pos();
+      const auto t0 = clock_type::now();
+      for (int64_t i = 0; i < p.gen; ++i) c.eval({gen_ids + i, 1});
+      const double tok_s = static_cast<double>(p.gen) / seconds_since(t0);
+      c.reset();
+      return tok_s;
     };
     for (int rep = 0; rep < p.reps; ++rep) {
       fill(p.fast_prompt_attention ? p.prompt : 0);
@@ -150,15 +172,14 @@ model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_
     // As llama-bench's tg test: from an empty cache (or one `depth` tokens deep, as its -d),
     // one token per pass, no sampling.
     for (int rep = 0; rep < p.reps; ++rep) {
-      fill(0);
-      r.decode_start_position = ctx.pos();
-      const auto t0 = clock_type::now();
-      for (int64_t i = 0; i < p.gen; ++i) ctx.eval({gen_ids + i, 1});
-      const double tok_s = static_cast<double>(p.gen) / seconds_since(t0);
+      // With the comparison, every other repetition decodes with layer teams first, so a slow
+      // spell of a shared machine weighs on both sides of the ratio.
+      if (teams && rep % 2 == 1) r.decode_layer_teams_tok_s.push_back(decode_rate(*teams));
+      const double tok_s = decode_rate(ctx);
       r.decode_tok_s.push_back(tok_s);
       r.decode_gb_s.push_back(static_cast<double>(r.decode_bytes_per_token) * tok_s / 1e9);
-      ctx.reset();
       if (after_decode_rep) after_decode_rep();
+      if (teams && rep % 2 == 0) r.decode_layer_teams_tok_s.push_back(decode_rate(*teams));
     }
   }  // the one-sequence context is freed before the batched one is made
   {
@@ -197,6 +218,7 @@ model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_
   r.batched_decode = summarize(r.batched_decode_tok_s);
   r.decode_as_batched = summarize(r.decode_as_batched_tok_s);
   r.decode_gb = summarize(r.decode_gb_s);
+  if (!r.decode_layer_teams_tok_s.empty()) r.decode_layer_teams = summarize(r.decode_layer_teams_tok_s);
   return r;
 }
 

@@ -32,6 +32,10 @@ struct model_bench_params {
   // (runtime::engine_config::fast_attention, on by default): batches of sequences exist only
   // in the server. Off: llama.cpp's f16 arithmetic, as the single-sequence decode.
   bool fast_batched_attention = true;
+  // Decode also on a second context whose layers each run as one team job
+  // (context_params::layer_teams), repetition by repetition in alternating order, to compare
+  // with decode's pool job per step.
+  bool compare_layer_teams = false;
 };
 
 struct model_bench_result {
@@ -44,7 +48,9 @@ struct model_bench_result {
   // arithmetic, which batches never use unless fast_batched_attention is off).
   std::vector<double> decode_as_batched_tok_s;
   std::vector<double> decode_gb_s;            // decode_bytes_per_token * decode_tok_s / 1e9
-  summary prefill, decode, batched_decode, decode_as_batched, decode_gb;
+  // compare_layer_teams: decode_tok_s's measure with a team job per layer (empty otherwise).
+  std::vector<double> decode_layer_teams_tok_s;
+  summary prefill, decode, batched_decode, decode_as_batched, decode_gb, decode_layer_teams;
   uint64_t decode_bytes_per_token = 0;        // decode_weight_bytes(model)
   uint64_t int8_macs_per_token = 0;           // decode_int8_macs(model)
   // The position the first timed token of prefill and of decode took (the context's, read

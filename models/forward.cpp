@@ -331,6 +331,7 @@ forward_context::forward_context(const model& m, const context_params& p, kernel
   n_layer_ = c.n_layer;
   pos_.assign(static_cast<size_t>(sizes.n_seq), 0);
   prompt_end_.assign(static_cast<size_t>(sizes.n_seq), 0);
+  layer_teams_ = p.layer_teams;
   row_seq_.resize(static_cast<size_t>(max_batch_));
   runs_.reserve(static_cast<size_t>(max_batch_));  // at most one run per row: no allocation per step
   step_out_.reserve(static_cast<size_t>(max_batch_));
@@ -609,7 +610,7 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
         r0 = r1;
       }
     };
-    if (n == 1 && pool_ && pool_->size() > 1) {
+    if (layer_teams_ && n == 1 && pool_ && pool_->size() > 1) {
       decode_layer_team(L, fast(0), attn_scale, attention_inputs);
     } else {
       // Attention block.

@@ -50,6 +50,13 @@ struct context_params {
   // aligned), e.g. an arbiter's device-tier allocation owned as scratch; null: the context
   // allocates its own. Must outlive the context.
   std::byte* scratch = nullptr;
+  // On: a one-row decode on a pool of several threads runs each layer as one team job
+  // (thread_pool::run_team: every product and attention in fixed parts, a barrier between
+  // steps) instead of a pool job per step, each split and balanced by parallel_for. The
+  // logits are the same bits either way. Off by default: on one die of a shared machine the
+  // fixed parts lose to the pool's balancing (docs/cpu-kernels.md, "One team job per
+  // layer"); `tandem bench --compare-layer-teams` measures the two where the cores sit.
+  bool layer_teams = false;
 };
 
 // Bytes one position takes in a paged KV block: K and V of every layer.
@@ -181,6 +188,7 @@ class forward_context final : public forward_pass {
   int64_t n_logit_rows_ = 1;
   std::vector<int64_t> row_seq_, row_pos_;  // per scratch row: sequence and position (eval_chunk)
   std::vector<int64_t> prompt_end_;  // per sequence: set_prompt_end
+  bool layer_teams_ = false;          // context_params::layer_teams
   std::vector<kernels::cpu::attention_run> runs_;  // one per sequence of a chunk (reserved)
   std::vector<int64_t> step_out_;                  // step(): the last row of each sequence's run
 

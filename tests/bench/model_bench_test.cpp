@@ -126,6 +126,24 @@ TEST_SUITE("bench_model") {
     CHECK(r.decode_start_position == 0);
   }
 
+  TEST_CASE("run_model_bench: compare_layer_teams decodes a second context with layer teams, once per repetition") {
+    const models::model m(test::data_path("stories260K.gguf").string());
+    kernels::cpu::thread_pool pool(2);
+    auto p = two_reps(8, 4, 2);
+    p.reps = 3;
+    int hooked = 0;
+    const auto plain = bench::run_model_bench(m, pool, p, [&] { ++hooked; });
+    CHECK(plain.decode_layer_teams_tok_s.empty());
+    p.compare_layer_teams = true;
+    const auto r = bench::run_model_bench(m, pool, p, [&] { ++hooked; });
+    CHECK(hooked == 6);  // still once per decode repetition
+    REQUIRE(r.decode_layer_teams_tok_s.size() == 3);
+    for (double x : r.decode_layer_teams_tok_s) CHECK(x > 0);
+    CHECK(r.decode_tok_s.size() == 3);
+    CHECK(r.decode_layer_teams.count == 3);
+    CHECK(r.decode_start_position == 0);
+  }
+
   TEST_CASE("run_model_bench: --depth starts the timed prefill and decode that deep in the cache") {
     const models::model m(test::data_path("stories260K.gguf").string());
     kernels::cpu::thread_pool pool(2);

@@ -94,6 +94,31 @@ TEST_SUITE("bench") {
     CHECK(j["batched_decode_tok_s"].get<double>() > 0);
   }
 
+  TEST_CASE("--compare-layer-teams adds decode with layer teams and its ratio over decode") {
+    const auto r = test::run_tandem(bench_cmd("--prompt 8 --gen 4 --batch 2 --reps 2 --compare-layer-teams --json"));
+    REQUIRE(r.exit_code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    REQUIRE(j.contains("decode_layer_teams_tok_s"));
+    CHECK(j["decode_layer_teams_tok_s"].get<double>() > 0);
+    const auto& teams = j["decode_layer_teams_tok_s_samples"];
+    const auto& steps = j["decode_tok_s_samples"];
+    const auto& ratios = j["layer_teams_vs_step_jobs_samples"];
+    REQUIRE(teams.size() == 2);
+    REQUIRE(ratios.size() == 2);
+    for (size_t i = 0; i < 2; ++i)
+      CHECK(ratios[i].get<double>() == doctest::Approx(teams[i].get<double>() / steps[i].get<double>()));
+    CHECK(j["layer_teams_vs_step_jobs"].get<double>() ==
+          doctest::Approx((ratios[0].get<double>() + ratios[1].get<double>()) / 2));
+    const auto table = test::run_tandem(bench_cmd("--prompt 8 --gen 2 --batch 2 --reps 1 --compare-layer-teams"));
+    REQUIRE(table.exit_code == 0);
+    CHECK(table.out.find("layer teams") != std::string::npos);
+    CHECK(table.out.find("a job per step") != std::string::npos);
+    // Without the flag neither the keys nor the line.
+    const auto plain = nlohmann::json::parse(test::run_tandem(bench_cmd("--prompt 8 --gen 2 --batch 2 --reps 1 --json")).out);
+    CHECK_FALSE(plain.contains("decode_layer_teams_tok_s"));
+    CHECK_FALSE(plain.contains("layer_teams_vs_step_jobs"));
+  }
+
   TEST_CASE("the table names every figure") {
     const auto r = test::run_tandem(bench_cmd("--prompt 8 --gen 2 --batch 2 --reps 1"));
     REQUIRE(r.exit_code == 0);

@@ -155,6 +155,20 @@ std::vector<float> run(problem& p, const shape& sh, kv_type kt, thread_pool* poo
   return out;
 }
 
+// One problem per (query rows, first position), all of 8 query heads over 2 KV heads of 64.
+struct run_set {
+  std::vector<problem> ps;
+  std::vector<shape> shapes;
+};
+run_set make_runs(std::mt19937& rng, const std::vector<std::pair<int64_t, int64_t>>& lens, kv_type kt) {
+  run_set s;
+  for (const auto& [n_q, pos0] : lens) {
+    s.shapes.push_back({8, 2, 64, n_q, pos0});
+    s.ps.push_back(make_problem(rng, s.shapes.back(), kt));
+  }
+  return s;
+}
+
 }  // namespace
 
 TEST_SUITE("attention") {
@@ -317,12 +331,7 @@ TEST_SUITE("attention") {
       for (const std::vector<std::pair<int64_t, int64_t>>& lens :
            {std::vector<std::pair<int64_t, int64_t>>{{1, 0}, {1, 5}, {1, 40}, {1, 17}, {1, 3}, {1, 99}, {1, 1}, {1, 64}},
             std::vector<std::pair<int64_t, int64_t>>{{7, 0}, {1, 30}, {3, 12}}}) {
-        std::vector<problem> ps;
-        std::vector<shape> shapes;
-        for (const auto& [n_q, pos0] : lens) {
-          shapes.push_back({8, 2, 64, n_q, pos0});
-          ps.push_back(make_problem(rng, shapes.back(), kt));
-        }
+        auto [ps, shapes] = make_runs(rng, lens, kt);
         for (thread_pool* pl : {static_cast<thread_pool*>(nullptr), &pool}) {
           std::vector<std::vector<float>> outs;
           std::vector<attention_run> runs;
@@ -355,12 +364,7 @@ TEST_SUITE("attention") {
              {std::vector<std::pair<int64_t, int64_t>>{{1, 37}},
               std::vector<std::pair<int64_t, int64_t>>{{1, 0}, {1, 5}, {1, 40}, {1, 17}, {1, 3}},
               std::vector<std::pair<int64_t, int64_t>>{{7, 0}, {1, 30}, {3, 12}}}) {
-          std::vector<problem> ps;
-          std::vector<shape> shapes;
-          for (const auto& [n_q, pos0] : lens) {
-            shapes.push_back({8, 2, 64, n_q, pos0});
-            ps.push_back(make_problem(rng, shapes.back(), kt));
-          }
+          auto [ps, shapes] = make_runs(rng, lens, kt);
           auto runs_into = [&](std::vector<std::vector<float>>& outs) {
             outs.clear();
             outs.reserve(ps.size());

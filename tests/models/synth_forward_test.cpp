@@ -202,9 +202,9 @@ TEST_SUITE("synth_forward") {
   }
 
   TEST_CASE("a one-row decode on a team of threads gives the inline logits bit for bit") {
-    // A decode row on a pool of several threads runs each layer as one team job
-    // (forward_context::decode_layer_team): products and attention in fixed parts with
-    // barriers. Biases (qwen2), q/k norms and head_dim != dim / heads (qwen3), packed and row
+    // With context_params::layer_teams, a decode row on a pool of several threads runs each
+    // layer as one team job (forward_context::decode_layer_team): products and attention in
+    // fixed parts with barriers. Biases (qwen2), q/k norms and head_dim != dim / heads (qwen3), packed and row
     // weights, both KV types and both arithmetics (set_prompt_end) must come out exactly as
     // the one-thread pass computes them.
     kernels::cpu::thread_pool two(2), three(3);
@@ -221,8 +221,10 @@ TEST_SUITE("synth_forward") {
             CAPTURE(kv == kv_type::f32 ? "kv f32" : "kv f16");
             CAPTURE(fast);
             std::vector<std::vector<float>> runs;
-            for (kernels::cpu::thread_pool* pool : {static_cast<kernels::cpu::thread_pool*>(nullptr), &two, &three}) {
-              models::forward_context ctx(m, {.n_ctx = 32, .kv = kv}, pool);
+            // Inline, teams of 2 and 3, and a job per step on 2 (layer_teams off).
+            const std::pair<kernels::cpu::thread_pool*, bool> setups[] = {{nullptr, true}, {&two, true}, {&three, true}, {&two, false}};
+            for (const auto& [pool, teams] : setups) {
+              models::forward_context ctx(m, {.n_ctx = 32, .kv = kv, .layer_teams = teams}, pool);
               if (fast) ctx.set_prompt_end(0, 1 << 20);
               ctx.eval(k_tokens);
               std::vector<float> seen;
@@ -238,6 +240,7 @@ TEST_SUITE("synth_forward") {
             }
             CHECK(runs[1] == runs[0]);
             CHECK(runs[2] == runs[0]);
+            CHECK(runs[3] == runs[0]);
           }
         }
       }
