@@ -92,9 +92,9 @@ class thread_pool {
   void parallel_for(int64_t n, int64_t grain, range_fn body);
 
   // Runs body(member, t) once on every thread of the pool at the same time (member 0 on the
-  // caller), for work that is cheaper split into fixed parts with barriers (t.sync) than as a
-  // parallel_for per step: a decode layer's five products and attention pay one job hand-off
-  // instead of five. Called from inside a chunk or member of this pool, or on a pool of one,
+  // caller), for steps split into fixed parts with barriers (t.sync) instead of a
+  // parallel_for each: a decode layer pays one job hand-off instead of five, which matters
+  // where the cores sit on different dies; fixed parts give up parallel_for's balancing. Called from inside a chunk or member of this pool, or on a pool of one,
   // runs as a team of one on the calling thread. The first exception a member throws is
   // rethrown here after every member has returned; members waiting in sync then leave by
   // team_aborted. Calls from several threads at once are serialized. Does not allocate.
