@@ -321,9 +321,7 @@ void attend_runs(const attention_run* runs, int64_t n_runs, kv_type kt, int n_he
     }
   };
   if (part) {
-    const int64_t count = part->count, i = part->index;
-    const int64_t b = units / count * i + units % count * i / count;
-    const int64_t e = units / count * (i + 1) + units % count * (i + 1) / count;
+    const int64_t b = share_start(units, part->count, part->index), e = share_start(units, part->count, part->index + 1);
     if (b < e) body(b, e);
   } else if (pool && pool->size() > 1 && units > 1) {
     pool->parallel_for(units, 1, body);

@@ -70,9 +70,6 @@ namespace {
 // What a gated call applies to each chunk's rows once both products are in (matmul_swiglu).
 enum class epilogue { none, swiglu_expf, swiglu_vector };
 
-// Share i of n over `count`, as the pool cuts shares.
-int64_t part_start(int64_t n, int64_t count, int64_t i) { return n / count * i + n % count * i / count; }
-
 // With part: only that member's share, on this thread (pool is then null).
 row_span multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, int64_t n_x, thread_pool* pool,
                   epilogue gate, const team_part* part = nullptr) {
@@ -152,8 +149,8 @@ row_span multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float*
     // A part zeroes its share of the first job's rows and all of the others' when it is the
     // first (nothing reads them before the team syncs).
     if (part) {
-      const int64_t r0 = part_start(jobs[0].rows, part->count, part->index);
-      const int64_t r1 = part_start(jobs[0].rows, part->count, part->index + 1);
+      const int64_t r0 = share_start(jobs[0].rows, part->count, part->index);
+      const int64_t r1 = share_start(jobs[0].rows, part->count, part->index + 1);
       for (int64_t r = 0; r < n_x; ++r) std::fill(jobs[0].y + r * jobs[0].rows + r0, jobs[0].y + r * jobs[0].rows + r1, 0.0f);
       if (part->index == 0)
         for (int j = 1; j < n_jobs; ++j) std::fill(jobs[j].y, jobs[j].y + jobs[j].rows * n_x, 0.0f);
@@ -448,8 +445,8 @@ row_span multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float*
       // k_panel_rows rows, a whole number of groups of either, so both products of its rows
       // are here for the activation.
       const int64_t rows = jobs[0].rows, units = (rows + k_panel_rows - 1) / k_panel_rows;
-      const int64_t r0 = std::min(rows, part_start(units, part->count, part->index) * k_panel_rows);
-      const int64_t r1 = std::min(rows, part_start(units, part->count, part->index + 1) * k_panel_rows);
+      const int64_t r0 = std::min(rows, share_start(units, part->count, part->index) * k_panel_rows);
+      const int64_t r1 = std::min(rows, share_start(units, part->count, part->index + 1) * k_panel_rows);
       if (r0 >= r1) return {r0, r0};
       auto groups_of = [&](int j) {
         const int64_t gr = plans[j].panel ? k_panel_rows : k_max_weight_rows;
@@ -466,8 +463,8 @@ row_span multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float*
       }
       return {r0, r1};
     }
-    const int64_t b = part_start(total_groups, part->count, part->index);
-    const int64_t e = part_start(total_groups, part->count, part->index + 1);
+    const int64_t b = share_start(total_groups, part->count, part->index);
+    const int64_t e = share_start(total_groups, part->count, part->index + 1);
     if (b < e) {
       prefetch_start(b, e);
       prepare(base, shared, nullptr);

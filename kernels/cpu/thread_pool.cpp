@@ -85,12 +85,6 @@ constexpr int k_max_share_pieces = 8;
 // Measured on the 250M synthetic models' decode where the two cores were on different dies
 // (~85 GB/s ceiling): see docs/cpu-kernels.md, "The pool on two dies".
 
-// Share i of n items over `participants`: [share_start(i), share_start(i + 1)), computed
-// without the product n * i, which could overflow.
-int64_t share_start(int64_t n, int64_t participants, int64_t i) {
-  return n / participants * i + n % participants * i / participants;
-}
-
 // The pieces of one share: [bounds[p], bounds[p + 1]) for p < count. Each is half of what is
 // left of the share, never under `finest` (the grain, or an eighth of the share if larger); a
 // remainder under `finest` joins the piece before it. Depends on n, grain, participants and
@@ -388,7 +382,7 @@ void thread_pool::parallel_for(int64_t n, int64_t grain, range_fn body) {
   }
 
   std::lock_guard submit(impl_->submit_mutex);
-  run_locked(n, grain, body);
+  run_locked(n, grain, participants, body);
 }
 
 void thread_pool::run_team(team_fn body) {
@@ -421,12 +415,10 @@ void thread_pool::run_team(team_fn body) {
       throw;
     }
   };
-  run_locked(members, 1, member);
+  run_locked(members, 1, members, member);
 }
 
-void thread_pool::run_locked(int64_t n, int64_t grain, const range_fn& body) {
-  const int participants = static_cast<int>(
-      std::min<int64_t>({impl_->threads, std::max<int64_t>(1, n / grain), k_max_participants}));
+void thread_pool::run_locked(int64_t n, int64_t grain, int participants, const range_fn& body) {
   impl& p = *impl_;
   const uint64_t generation = impl::generation_of(p.job.word.load(std::memory_order_relaxed)) + 1;
   const auto tag = static_cast<uint32_t>(generation);

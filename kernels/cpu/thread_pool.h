@@ -101,11 +101,17 @@ class thread_pool {
   void run_team(team_fn body);
 
  private:
-  void run_locked(int64_t n, int64_t grain, const range_fn& body);
+  // Publishes and runs a job of `participants` shares (under submit_mutex).
+  void run_locked(int64_t n, int64_t grain, int participants, const range_fn& body);
 
   struct impl;
   std::unique_ptr<impl> impl_;
 };
+
+// Share i of n items over `count` participants is [share_start(n, count, i),
+// share_start(n, count, i + 1)): parallel_for's shares, and the team parts' (ops.h). Computed
+// without the product n * i, which could overflow.
+inline int64_t share_start(int64_t n, int64_t count, int64_t i) { return n / count * i + n % count * i / count; }
 
 // Threads to use by default: the number of cores this process may run on.
 int default_thread_count();
