@@ -104,11 +104,19 @@ weight_type activation_type(weight_type weights) {
 }
 
 void quantize_activation_row(weight_type act, const float* src, void* dst, int64_t n) {
-  if (active_isa() == isa::avx512) {
+  const isa path = active_isa();
+  if (path == isa::avx512) {
     switch (act) {
       case weight_type::q8_0: quantize_q8_0_act_avx512(src, dst, n); return;
       case weight_type::q8_1: quantize_q8_1_avx512(src, dst, n); return;
       case weight_type::q8_k: quantize_q8_k_avx512(src, dst, n); return;
+      default: break;
+    }
+  } else if (path == isa::avx2) {
+    switch (act) {
+      case weight_type::q8_0: quantize_q8_0_act_avx2(src, dst, n); return;
+      case weight_type::q8_1: quantize_q8_1_avx2(src, dst, n); return;
+      case weight_type::q8_k: quantize_q8_k_avx2(src, dst, n); return;
       default: break;
     }
   }

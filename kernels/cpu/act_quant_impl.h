@@ -9,5 +9,9 @@ namespace tandem::kernels::cpu {
 void quantize_q8_0_act_avx512(const float* x, void* dst, int64_t n);
 void quantize_q8_1_avx512(const float* x, void* dst, int64_t n);
 void quantize_q8_k_avx512(const float* x, void* dst, int64_t n);
+// act_quant_avx2.cpp: the same, for the AVX2 path.
+void quantize_q8_0_act_avx2(const float* x, void* dst, int64_t n);
+void quantize_q8_1_avx2(const float* x, void* dst, int64_t n);
+void quantize_q8_k_avx2(const float* x, void* dst, int64_t n);
 
 }  // namespace tandem::kernels::cpu

@@ -137,8 +137,7 @@ TEST_SUITE("act_quant") {
     }
   }
 
-  TEST_CASE("the AVX-512 quantizers write the scalar ones' bytes") {
-    if (!isa_supported(isa::avx512)) return;
+  TEST_CASE("the AVX-512 and AVX2 quantizers write the scalar ones' bytes") {
     tandem::test::isa_guard guard;
     for (const weight_type act : {weight_type::q8_0, weight_type::q8_1, weight_type::q8_k}) {
       for (const int64_t n : {int64_t{256}, int64_t{1024}}) {
@@ -158,14 +157,26 @@ TEST_SUITE("act_quant") {
           for (auto& v : y) v *= k;
           return y;
         };
-        for (const auto& data : {x, halves, scaled(1e-4f), scaled(1e-7f), scaled(1e-9f), scaled(1e7f)}) {
+        // The extreme magnitude twice in one block, negative first: Q8_K takes the first one's
+        // sign (so its codes and d flip with it), Q8_0/Q8_1 only the magnitude.
+        auto ties = x;
+        for (auto& v : ties) v = std::clamp(v, -4.9f, 4.9f);
+        ties[2] = -5.0f;
+        ties[7] = 5.0f;
+        ties[100 % n] = 5.0f;
+        for (const auto& data : {x, halves, ties, scaled(1e-4f), scaled(1e-7f), scaled(1e-9f), scaled(1e7f)}) {
           const size_t bytes = static_cast<size_t>(row_bytes(act, n));
           std::vector<uint8_t> a(bytes, 0xEE), b(bytes, 0x11);
           set_isa(isa::scalar);
           quantize_activation_row(act, data.data(), a.data(), n);
-          set_isa(isa::avx512);
-          quantize_activation_row(act, data.data(), b.data(), n);
-          CHECK(a == b);
+          for (const isa path : {isa::avx2, isa::avx512}) {
+            if (!isa_supported(path)) continue;
+            CAPTURE(isa_name(path));
+            std::fill(b.begin(), b.end(), uint8_t{0x11});
+            set_isa(path);
+            quantize_activation_row(act, data.data(), b.data(), n);
+            CHECK(a == b);
+          }
         }
       }
     }
