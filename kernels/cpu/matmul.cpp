@@ -278,15 +278,20 @@ row_span multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float*
   std::atomic<bool> converted{false};  // the caller has converted (which cannot throw: no allocation)
   static std::atomic<uint64_t> calls{0};
   const uint64_t call = own_forms ? calls.fetch_add(1, std::memory_order_relaxed) + 1 : 0;  // tells a thread's forms stale
-  // Asks for the first k_packed_prefetch_ahead bytes of job j's groups [g_begin, g_end) at
-  // once: the kernels ask for each line that far ahead of where they read, which leaves a
-  // run's first bytes to demand misses.
+  // Asks at once for the start of job j's groups [g_begin, g_end) that the kernels' own
+  // requests, which run that far ahead of their reads, would leave to demand misses: the first
+  // k_packed_prefetch_ahead bytes into L1, or for the AVX2 packed kernels (packed.h) the first
+  // k_packed_l1_ahead_avx2 into L1 and the rest up to k_packed_l2_ahead_avx2 into L2.
   auto prefetch_groups = [&](int j, int64_t g_begin, int64_t g_end) {
     const plan& p = plans[j];
     const size_t group_bytes = p.packed ? packed_panel_bytes(jobs[j].wt, cols) : p.w_row * k_max_weight_rows;
     const char* first = static_cast<const char*>(jobs[j].w) + static_cast<size_t>(g_begin) * group_bytes;
-    const size_t bytes = std::min<size_t>(static_cast<size_t>(g_end - g_begin) * group_bytes, k_packed_prefetch_ahead);
-    for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(first + off, _MM_HINT_T0);
+    const size_t run = static_cast<size_t>(g_end - g_begin) * group_bytes;
+    const bool two_levels = p.packed && path == isa::avx2;
+    const size_t l1 = std::min(run, two_levels ? k_packed_l1_ahead_avx2 : k_packed_prefetch_ahead);
+    for (size_t off = 0; off < l1; off += 64) _mm_prefetch(first + off, _MM_HINT_T0);
+    if (!two_levels) return;
+    for (size_t off = l1, l2 = std::min(run, k_packed_l2_ahead_avx2); off < l2; off += 64) _mm_prefetch(first + off, _MM_HINT_T1);
   };
   // The same for the start of chunk [b, e): its first job's part.
   auto prefetch_start = [&](int64_t b, int64_t e) {

@@ -85,6 +85,14 @@ static constexpr size_t packed_fifth_at(weight_type wt, int ch) {
 // 4 KiB, in-process A/B alternating every 16 tokens (250M synthetic models): +3-9% where two
 // cores read 60-80 GB/s, -1.6% to +3% where they read ~50; 12 and 16 KiB were slower in both.
 inline constexpr size_t k_packed_prefetch_ahead = 8192;
+// The AVX2 kernels ask for each line twice instead: into L2 k_packed_l2_ahead_avx2 ahead, and
+// into L1 k_packed_l1_ahead_avx2 ahead. A request into L1 holds one of the core's few L1 miss
+// buffers until its line arrives from memory, so with every request aimed at L1 they, not the
+// memory, capped one core's stream; requests into L2 can have many more lines in flight.
+// In-process A/B on a 2-core Zen 2 (128 MB packed streams, one and two cores at once, against
+// one request 8 KiB ahead into L1): Q8_0 +2-4%, Q4_0 and Q4_1 +4-6%, Q4_K and Q6_K +7-9%.
+inline constexpr size_t k_packed_l1_ahead_avx2 = 2048;
+inline constexpr size_t k_packed_l2_ahead_avx2 = 16384;
 
 // Whether `wt` has a packed form (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
 bool packable(weight_type wt);

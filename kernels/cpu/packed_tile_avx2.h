@@ -39,9 +39,6 @@ constexpr int R16 = k_panel_rows;
 // Activation rows one pass carries: one float and one integer sum per row (a half panel at a
 // time), next to the codes, fit the 16 ymm registers up to 4; 5 and 6 measured no faster.
 constexpr int k_avx2_pass_rows = 4;
-// 8 KiB rather than 4: one thread's decode, tandem bench -t 1, two rounds: SmolLM2 Q4_1
-// 263-267 -> 295-303 tok/s, 250M Q4_K 239 -> 270-291 (16 KiB no better).
-constexpr size_t k_prefetch_ahead = k_packed_prefetch_ahead;
 
 static inline __m256i bcast4(const int8_t* p) { return _mm256_set1_epi32(panel_act4(p)); }
 static inline __m256 f16x8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
@@ -52,8 +49,11 @@ static inline __m256 i8x8(const uint8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 static inline __m256 negate(__m256 x) { return _mm256_xor_ps(x, _mm256_set1_ps(-0.0f)); }
+// Asks for the line `offset` bytes into p's stream twice ahead (packed.h says why).
 static inline void prefetch(const void* p, size_t offset) {
-  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + offset), _MM_HINT_T0);
+  const char* at = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + offset);
+  _mm_prefetch(at + k_packed_l2_ahead_avx2, _MM_HINT_T1);
+  _mm_prefetch(at + k_packed_l1_ahead_avx2, _MM_HINT_T0);
 }
 static inline __m256i widen(__m256i s16) { return _mm256_madd_epi16(s16, _mm256_set1_epi16(1)); }
 // acc + the dot of unsigned codes u and signed bytes s, 4 byte products per int32 lane.
@@ -148,7 +148,7 @@ void packed_pass(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
     for (int ch = 0; ch < uc / 32; ++ch) {
       constexpr size_t share = ub / (uc / 32);
       if (h0 == 0)
-        for (size_t b = 0; b < share; b += 64) prefetch(unit, ch * share + k_prefetch_ahead + b);
+        for (size_t b = 0; b < share; b += 64) prefetch(unit, ch * share + b);
       const int64_t col0 = u * uc + ch * 32;
       for (int hh = 0; hh < H; ++hh) {
         const int h = h0 + hh;
@@ -286,7 +286,7 @@ void packed_row_ggml(const uint8_t* panel, int64_t cols, const int8_t* codes, co
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* unit = panel + b * ub;
       if (h == 0)
-        for (size_t l = 0; l < ub; l += 64) prefetch(unit, k_prefetch_ahead + l);
+        for (size_t l = 0; l < ub; l += 64) prefetch(unit, l);
       const float* x = aux + b * k_panel_aux_per_sub;
       const __m256 dd = _mm256_mul_ps(f16x8(unit + sc + 16 * h), _mm256_set1_ps(x[0]));
       msum = _mm256_fmadd_ps(f16x8(unit + sc + 2 * R16 + 16 * h), _mm256_set1_ps(x[1]), msum);
