@@ -274,19 +274,23 @@ void packed_rows(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
 // of the row tile's accumulator is this kernel's group j, so each half keeps 8 float sums, one
 // per group, plus the fused sum of m * s, and ends with the row tile's lane-sum tree. The two
 // halves run one after the other (16 sums would not fit the registers); the second reads the
-// panel from cache.
+// panel from cache. Each pass asks for its share of every unit's lines ahead: with all of them
+// asked in the first, memory had nothing to do through the second (in-process A/B, 128 MB
+// Q4_1 stream on a Zen 2 core: +14-17%).
 template <weight_type WT, bool VNNI>
 void packed_row_ggml(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, float* out, int n_w) {
   constexpr size_t ub = packed_unit_bytes(WT);
   constexpr size_t sc = packed_scales_at(WT);
+  constexpr size_t split = (ub / 64 + 1) / 2 * 64;  // the first pass's lines of a unit, when there are two
   const int64_t nb = cols / 32;
-  for (int h = 0; h < (n_w > 8 ? 2 : 1); ++h) {
+  const int passes = n_w > 8 ? 2 : 1;
+  for (int h = 0; h < passes; ++h) {
     __m256 f[8], msum = _mm256_setzero_ps();
     TANDEM_UNROLL for (int g = 0; g < 8; ++g) f[g] = _mm256_setzero_ps();
+    const size_t l_begin = h == 0 ? 0 : split, l_end = passes == 2 && h == 0 ? split : ub;
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* unit = panel + b * ub;
-      if (h == 0)
-        for (size_t l = 0; l < ub; l += 64) prefetch(unit, l);
+      for (size_t l = l_begin; l < l_end; l += 64) prefetch(unit, l);
       const float* x = aux + b * k_panel_aux_per_sub;
       const __m256 dd = _mm256_mul_ps(f16x8(unit + sc + 16 * h), _mm256_set1_ps(x[0]));
       msum = _mm256_fmadd_ps(f16x8(unit + sc + 2 * R16 + 16 * h), _mm256_set1_ps(x[1]), msum);
