@@ -93,6 +93,16 @@ inline constexpr size_t k_packed_prefetch_ahead = 8192;
 // one request 8 KiB ahead into L1): Q8_0 +2-4%, Q4_0 and Q4_1 +4-6%, Q4_K and Q6_K +7-9%.
 inline constexpr size_t k_packed_l1_ahead_avx2 = 2048;
 inline constexpr size_t k_packed_l2_ahead_avx2 = 16384;
+// Except in decode passes (up to 2 activation rows) that read their units front to back, which
+// the core's own stream prefetcher follows far ahead: tile-order Q4_0, Q4_1 and Q8_0. There the
+// far requests only took load slots from it, and one request into L1 k_packed_near_ahead_avx2
+// ahead streams faster. On a 2-core Zen 2, against the two levels: 128 MB streams, one core,
+// Q4_0 +12% and Q8_0 +11%; both cores +4-12% for Q4_0, Q8_0 and Q4_1 (384 to 1,024 bytes within
+// a few percent of 640); 250M decode, A/B in one process, Q4_0 +7% and Q8_0 +12%. Passes of
+// more rows lost 2-4% with it (batched decode of 8) and keep both. So do the K-quants, which
+// read a unit's scales in every chunk, the Q5 types (fifth bits) and the ggml-order pass (half
+// of each unit a pass): with near requests only they streamed 5-60% slower.
+inline constexpr size_t k_packed_near_ahead_avx2 = 640;
 
 // Whether `wt` has a packed form (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
 bool packable(weight_type wt);
@@ -115,6 +125,13 @@ void dequantize_packed_row(weight_type wt, const void* packed, int64_t cols, int
 //    a pass; within float rounding of ggml's (the server's arithmetic, set_prompt_end).
 // Either way a row's result does not depend on the other rows of the call.
 enum class sum_order { ggml, tile };
+
+// Whether the AVX2 kernels ask for `wt`'s lines in `order` at the two distances above (true)
+// or once, k_packed_near_ahead_avx2 ahead.
+static constexpr bool packed_avx2_two_levels(weight_type wt, sum_order order) {
+  if (wt == weight_type::q4_0 || wt == weight_type::q8_0) return false;
+  return !(wt == weight_type::q4_1 && order == sum_order::tile);
+}
 // Whether `wt` has both orders (Q4_1, Q5_1: the types with a min whose kernel is not repacked
 // in llama.cpp, so its plain kernel's order is what llama.cpp computes).
 static constexpr bool has_ggml_order(weight_type wt) { return wt == weight_type::q4_1 || wt == weight_type::q5_1; }

@@ -49,11 +49,19 @@ static inline __m256 i8x8(const uint8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 static inline __m256 negate(__m256 x) { return _mm256_xor_ps(x, _mm256_set1_ps(-0.0f)); }
-// Asks for the line `offset` bytes into p's stream twice ahead (packed.h says why).
+// Asks for the line `offset` bytes into p's stream ahead: twice, into L2 far and into L1 near,
+// or once into L1 close ahead (packed.h says which and why). It must stay small enough to be
+// inlined: GCC 12 finds a function whose only effects are prefetches const, and drops the calls
+// to one it leaves out of line.
+template <bool TwoLevels>
 static inline void prefetch(const void* p, size_t offset) {
   const char* at = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + offset);
-  _mm_prefetch(at + k_packed_l2_ahead_avx2, _MM_HINT_T1);
-  _mm_prefetch(at + k_packed_l1_ahead_avx2, _MM_HINT_T0);
+  if constexpr (TwoLevels) {
+    _mm_prefetch(at + k_packed_l2_ahead_avx2, _MM_HINT_T1);
+    _mm_prefetch(at + k_packed_l1_ahead_avx2, _MM_HINT_T0);
+  } else {
+    _mm_prefetch(at + k_packed_near_ahead_avx2, _MM_HINT_T0);
+  }
 }
 static inline __m256i widen(__m256i s16) { return _mm256_madd_epi16(s16, _mm256_set1_epi16(1)); }
 // acc + the dot of unsigned codes u and signed bytes s, 4 byte products per int32 lane.
@@ -148,7 +156,8 @@ void packed_pass(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
     for (int ch = 0; ch < uc / 32; ++ch) {
       constexpr size_t share = ub / (uc / 32);
       if (h0 == 0)
-        for (size_t b = 0; b < share; b += 64) prefetch(unit, ch * share + b);
+        for (size_t b = 0; b < share; b += 64)
+          prefetch<(R > 2 || packed_avx2_two_levels(WT, sum_order::tile))>(unit, ch * share + b);
       const int64_t col0 = u * uc + ch * 32;
       for (int hh = 0; hh < H; ++hh) {
         const int h = h0 + hh;
@@ -290,7 +299,7 @@ void packed_row_ggml(const uint8_t* panel, int64_t cols, const int8_t* codes, co
     const size_t l_begin = h == 0 ? 0 : split, l_end = passes == 2 && h == 0 ? split : ub;
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* unit = panel + b * ub;
-      for (size_t l = l_begin; l < l_end; l += 64) prefetch(unit, l);
+      for (size_t l = l_begin; l < l_end; l += 64) prefetch<packed_avx2_two_levels(WT, sum_order::ggml)>(unit, l);
       const float* x = aux + b * k_panel_aux_per_sub;
       const __m256 dd = _mm256_mul_ps(f16x8(unit + sc + 16 * h), _mm256_set1_ps(x[0]));
       msum = _mm256_fmadd_ps(f16x8(unit + sc + 2 * R16 + 16 * h), _mm256_set1_ps(x[1]), msum);
