@@ -12,12 +12,13 @@ void swiglu(float* gate, const float* up, int64_t n) {
   // silu(g) = g * sigmoid(g), written as g / (1 + e^-g) like ggml: for very negative g,
   // e^-g overflows to inf and the result is a clean -0 instead of inf * 0 = NaN.
   // expf itself: an AVX2 version with the vector e^x of simd_math_avx2.h (within 2 ulp) flips
-  // greedy tokens of the SmolLM2 llama.cpp fixtures (tests/models). The AVX-512 form gives
-  // these same bits (expf_exact_avx512.h). Large calls (batched decode, prefill) are split over
-  // the pool too, and the rows the server computes take swiglu_fast.
-  if (active_isa() == isa::avx512) {
-    swiglu_avx512(gate, up, n);
-    return;
+  // greedy tokens of the SmolLM2 llama.cpp fixtures (tests/models). The AVX2 and AVX-512 forms
+  // give these same bits (expf_exact_avx2.h, expf_exact_avx512.h). Large calls (batched decode,
+  // prefill) are split over the pool too, and the rows the server computes take swiglu_fast.
+  switch (active_isa()) {
+    case isa::avx512: return swiglu_avx512(gate, up, n);
+    case isa::avx2: return swiglu_exact_avx2(gate, up, n);
+    default: break;
   }
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];

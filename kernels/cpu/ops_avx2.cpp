@@ -4,6 +4,9 @@
 
 #include <immintrin.h>
 
+#include <cmath>
+
+#include "kernels/cpu/expf_exact_avx2.h"
 #include "kernels/cpu/quants.h"
 #include "kernels/cpu/simd_math_avx2.h"
 
@@ -122,6 +125,24 @@ void swiglu_avx2(float* gate, const float* up, int64_t n) {
     const __m256i tail = first_lanes(static_cast<int>(n - i));
     _mm256_maskstore_ps(gate + i, tail, silu_mul(_mm256_maskload_ps(gate + i, tail), _mm256_maskload_ps(up + i, tail)));
   }
+}
+
+void expf_exact_avx2(const float* x, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, expf_exact(_mm256_loadu_ps(x + i)));
+  for (; i < n; ++i) out[i] = std::exp(x[i]);
+}
+
+void swiglu_exact_avx2(float* gate, const float* up, int64_t n) {
+  // swiglu's g / (1 + expf(-g)) * u, operation for operation.
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 e = expf_exact(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)));  // -g, as the scalar path
+    _mm256_storeu_ps(gate + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
 }  // namespace tandem::kernels::cpu

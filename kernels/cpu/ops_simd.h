@@ -1,7 +1,8 @@
 // Internal to the CPU element-wise ops: their AVX2 paths (ops_avx2.cpp), which the public
 // functions in ops.h reach through active_isa(). Only call them when the CPU has AVX2, FMA and
 // F16C. The avx512 path takes these too (each op is well under 1% of a forward pass), but for
-// the ops whose contract is expf itself, which have AVX-512 forms (ops_avx512.cpp).
+// the ops whose contract is expf itself, which have AVX-512 forms (ops_avx512.cpp) as well as
+// AVX2 ones.
 #pragma once
 
 #include <cstdint>
@@ -26,11 +27,14 @@ void swiglu_avx2(float* gate, const float* up, int64_t n);
 // that tests can measure its error. out may equal x.
 void exp_avx2(const float* x, float* out, int64_t n);
 
-// Only with AVX-512 (isa::avx512). out[i] = expf(x[i]), the same bits as std::exp on floats
-// (expf_exact_avx512.h); out may equal x.
+// out[i] = expf(x[i]), the same bits as std::exp on floats (expf_exact_avx2.h,
+// expf_exact_avx512.h); out may equal x. The avx512 form only with AVX-512 (isa::avx512).
+void expf_exact_avx2(const float* x, float* out, int64_t n);
 void expf_exact_avx512(const float* x, float* out, int64_t n);
 
-// Only with AVX-512. swiglu itself, bit for bit: its expf through expf_exact_avx512.h.
+// swiglu itself, bit for bit: its expf through expf_exact_avx2.h / expf_exact_avx512.h (the
+// latter only with AVX-512).
+void swiglu_exact_avx2(float* gate, const float* up, int64_t n);
 void swiglu_avx512(float* gate, const float* up, int64_t n);
 
 }  // namespace tandem::kernels::cpu
