@@ -31,9 +31,9 @@ static inline __m256d exp_pd_near(__m256d x) {
   const __m256d p03 = _mm256_fmadd_pd(p23, r2, p01), p47 = _mm256_fmadd_pd(p67, r2, p45);
   const __m256d p8a = _mm256_fmadd_pd(c(1.0 / 3628800), r2, p89);
   const __m256d p = _mm256_fmadd_pd(_mm256_fmadd_pd(p8a, r4, p47), r4, p03);
-  // n + 1.5 * 2^52 holds n in its low mantissa bits (n is an integer in [-126, 128]); adding
-  // the bias and shifting leaves n + 1023 in the exponent field, since 2^51 + 2^52 vanish
-  // from the low 12 bits.
+  // The bits of n + 1.5 * 2^52 end in 2^51 + n (n is an integer in [-126, 127]); their low 12
+  // bits plus the bias are n + 1023, which the shift moves into the exponent field, dropping
+  // 2^51 and the sum's own exponent.
   const __m256i nbits = _mm256_castpd_si256(_mm256_add_pd(n, _mm256_set1_pd(0x1.8p52)));
   const __m256i two_n = _mm256_slli_epi64(_mm256_add_epi64(nbits, _mm256_set1_epi64x(1023)), 52);
   return _mm256_mul_pd(p, _mm256_castsi256_pd(two_n));

@@ -101,7 +101,7 @@ inline constexpr size_t k_packed_l2_ahead_avx2 = 16384;
 // a few percent of 640); 250M decode, A/B in one process, Q4_0 +7% and Q8_0 +12%. Passes of
 // more rows lost 2-4% with it (batched decode of 8) and keep both. So do the K-quants, which
 // read a unit's scales in every chunk, the Q5 types (fifth bits) and the ggml-order pass (half
-// of each unit a pass): with near requests only they streamed 5-60% slower.
+// of each unit a pass): with near requests only they streamed 4-43% slower.
 inline constexpr size_t k_packed_near_ahead_avx2 = 640;
 
 // Whether `wt` has a packed form (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
@@ -126,8 +126,9 @@ void dequantize_packed_row(weight_type wt, const void* packed, int64_t cols, int
 // Either way a row's result does not depend on the other rows of the call.
 enum class sum_order { ggml, tile };
 
-// Whether the AVX2 kernels ask for `wt`'s lines in `order` at the two distances above (true)
-// or once, k_packed_near_ahead_avx2 ahead.
+// Whether the AVX2 decode passes (1-2 activation rows) of `wt` in `order` ask for lines at the
+// two distances above (true) or once, k_packed_near_ahead_avx2 ahead. Passes of more rows
+// always ask at both.
 static constexpr bool packed_avx2_two_levels(weight_type wt, sum_order order) {
   if (wt == weight_type::q4_0 || wt == weight_type::q8_0) return false;
   return !(wt == weight_type::q4_1 && order == sum_order::tile);
