@@ -96,12 +96,12 @@ inline constexpr size_t k_packed_l2_ahead_avx2 = 16384;
 // Except in decode passes (up to 2 activation rows) that read their units front to back, which
 // the core's own stream prefetcher follows far ahead: tile-order Q4_0, Q4_1 and Q8_0. There the
 // far requests only took load slots from it, and one request into L1 k_packed_near_ahead_avx2
-// ahead streams faster. On a 2-core Zen 2, against the two levels: 128 MB streams, one core,
-// Q4_0 +12% and Q8_0 +11%; both cores +4-12% for Q4_0, Q8_0 and Q4_1 (384 to 1,024 bytes within
-// a few percent of 640); 250M decode, A/B in one process, Q4_0 +7% and Q8_0 +12%. Passes of
-// more rows lost 2-4% with it (batched decode of 8) and keep both. So do the K-quants, which
-// read a unit's scales in every chunk, the Q5 types (fifth bits) and the ggml-order pass (half
-// of each unit a pass): with near requests only they streamed 4-43% slower.
+// ahead streams faster. On a 2-core Zen 2, against the two levels: 128 MB streams, both cores,
+// 384 to 1,024 bytes, +4-14% for Q4_0, Q8_0 and Q4_1; 250M decode, A/B in one process, Q4_0
+// +7% and Q8_0 +12% at 640 bytes (384 and 1,024: 0-5% less). Passes of more rows lost 2-4%
+// with it (batched decode of 8) and keep both. So do the K-quants, which read a unit's scales
+// in every chunk, the Q5 types (fifth bits) and the ggml-order pass (half of each unit a
+// pass): with near requests only they streamed up to 43% slower (docs/cpu-kernels.md).
 inline constexpr size_t k_packed_near_ahead_avx2 = 640;
 
 // Whether `wt` has a packed form (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
