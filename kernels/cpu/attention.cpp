@@ -128,6 +128,17 @@ int64_t zigzag_row(int64_t u, int64_t n_q) { return u % 2 == 0 ? u / 2 : n_q - 1
 
 }  // namespace
 
+// Defined here, in baseline code, because both ISA paths' callers size their scratch with it.
+size_t prompt_scratch_floats(int padded_dim) {
+  // qt, acc: dp x 16 lanes each; kb, vb: 16 keys x dp x k_prompt_max_kv_period each; the K rows
+  // of one key being widened (dp x k_prompt_max_kv_period); w; alpha; 16 floats of alignment
+  // slack (attention_prompt_simd.h). The AVX2 tiles (8 lanes, the same key blocks) take less.
+  const size_t dp = static_cast<size_t>(padded_dim);
+  constexpr size_t L = k_prompt_lanes;
+  constexpr size_t P = k_prompt_max_kv_period;
+  return dp * L * 2 + 2 * L * dp * P + dp * P + L * L + L + 16;
+}
+
 void attention(const float* q, int64_t n_q, int64_t pos0, const void* k_cache, const void* v_cache, kv_type kt,
                int n_heads, int n_kv_heads, int head_dim, float scale, float* out, thread_pool* pool) {
   const attention_run run{q, n_q, pos0, k_cache, v_cache, out};
@@ -164,29 +175,31 @@ void attend_runs(const attention_run* runs, int64_t n_runs, kv_type kt, int n_he
   }
   const int per_task = group / parts;
   const int64_t per_row = static_cast<int64_t>(n_kv_heads) * parts;
-  // Prompt rows take the prompt kernel where the CPU has AVX-512, in tiles of up to 16 query
-  // vectors: `p_heads` heads of one KV head (the group, or 16 of it) times `p_rows_per_tile`
-  // consecutive rows.
-  const bool prompt_kernel = active_isa() == isa::avx512;
+  // Prompt rows take the prompt kernel where the CPU has AVX-512 or AVX2, in tiles of up to
+  // `lanes` query vectors (16 or 8): `p_heads` heads of one KV head (the group, or `lanes` of
+  // it) times `p_rows_per_tile` consecutive rows.
+  const isa path = active_isa();
+  const bool prompt_kernel = path == isa::avx512 || path == isa::avx2;
+  const int lanes = path == isa::avx512 ? k_prompt_lanes : k_prompt_lanes_avx2;
   // A KV head's heads are split over more tiles when there are too few tiles to keep the
   // threads busy (decode of one sequence); a lane's arithmetic does not depend on its tile.
-  int p_split = (group + k_prompt_lanes - 1) / k_prompt_lanes;
+  int p_split = (group + lanes - 1) / lanes;
   while (p_split < group && total_rows * n_kv_heads * p_split < threads) ++p_split;
   const int p_heads = (group + p_split - 1) / p_split;
   const int p_parts = (group + p_heads - 1) / p_heads;
-  const int64_t p_rows_per_tile = std::max(1, k_prompt_lanes / p_heads);
+  const int64_t p_rows_per_tile = std::max(1, lanes / p_heads);
   auto prompt_rows = [&](const attention_run& r) { return prompt_kernel ? std::clamp<int64_t>(r.prompt_rows, 0, std::max<int64_t>(r.n_q, 0)) : 0; };
   // A run whose prompt rows leave a tile of one KV head mostly empty (a decode row: one row of
   // `group` heads) takes tiles of `kv_period` KV heads instead, all its rows in each, as many
   // as fill the lanes, but never so few tiles that threads would idle.
   int kv_period = 1;
   if (p_parts == 1) {
-    while (kv_period * 2 <= k_prompt_max_kv_period && kv_period * 2 * group <= k_prompt_lanes && kv_period < n_kv_heads)
+    while (kv_period * 2 <= k_prompt_max_kv_period && kv_period * 2 * group <= lanes && kv_period < n_kv_heads)
       kv_period *= 2;
   }
   auto grouped = [&](const attention_run& r) {
     const int64_t rows = prompt_rows(r);
-    return kv_period > 1 && rows > 0 && rows * group * kv_period <= k_prompt_lanes;
+    return kv_period > 1 && rows > 0 && rows * group * kv_period <= lanes;
   };
   if (kv_period > 1) {
     for (;;) {
@@ -293,7 +306,10 @@ void attend_runs(const attention_run* runs, int64_t n_runs, kv_type kt, int n_he
         pt.row0_pos = run.pos0 + r0;
         pt.k = static_cast<const char*>(run.k_cache) + static_cast<size_t>(kv_head) * head_dim * elem;
         pt.v = static_cast<const char*>(run.v_cache) + static_cast<size_t>(kv_head) * head_dim * elem;
-        attend_prompt_avx512(pt, prompt_scratch.data());
+        if (path == isa::avx512)
+          attend_prompt_avx512(pt, prompt_scratch.data());
+        else
+          attend_prompt_avx2(pt, prompt_scratch.data());
         continue;
       }
       local -= p_units;

@@ -86,21 +86,22 @@ inline attention_task task_row(const attention_task& t, int r) {
 void attend_avx2(const attention_task& t, const attention_scratch& s);
 void attend_avx512(const attention_task& t, const attention_scratch& s);
 
-// Prompt rows (attention_run::prompt_rows) on AVX-512: consecutive query rows of one sequence,
-// n_heads heads of each of n_kv consecutive KV heads, as up to 16 query vectors. Lane i
-// attends with KV head i % kv_period of the tile and is query vector i / kv_period: row
-// q / n_heads, head q % n_heads of that KV head's group (lanes whose KV head is past n_kv,
-// or whose row is past n_rows, are empty). Decode rows fill a tile with several KV heads
-// (kv_period 2 or 4), prompt chunks with rows of one (kv_period 1). Not the f16 contract
-// above: f32 throughout, scores from fused multiply-adds over the dimensions in order, a
-// vectorised exponential, blockwise online softmax (attention_prompt_avx512.cpp). Each lane's
-// result depends on its own row and head only, never on the tile's other lanes.
+// Prompt rows (attention_run::prompt_rows) on AVX-512 and AVX2: consecutive query rows of one
+// sequence, n_heads heads of each of n_kv consecutive KV heads, as up to 16 query vectors (8 on
+// AVX2: the path's lanes). Lane i attends with KV head i % kv_period of the tile and is query
+// vector i / kv_period: row q / n_heads, head q % n_heads of that KV head's group (lanes whose
+// KV head is past n_kv, or whose row is past n_rows, are empty). Decode rows fill a tile with
+// several KV heads (kv_period 2 or 4), prompt chunks with rows of one (kv_period 1). Not the
+// f16 contract above: f32 throughout, scores from fused multiply-adds over the dimensions in
+// order, a vectorised exponential, online softmax over blocks of 16 keys
+// (attention_prompt_simd.h). Each lane's result depends on its own row and head only, never
+// on the tile's other lanes or on the path.
 struct prompt_tile {
   const float* q;         // the tile's first row, its first KV head's first head
   float* out;             // same layout as q
   int64_t q_row_stride;   // floats from one row's queries to the next's
   int n_heads;            // heads per KV head in the tile
-  int n_rows;             // n_rows * n_heads * kv_period <= 16
+  int n_rows;             // n_rows * n_heads * kv_period <= the path's lanes
   int kv_period = 1;      // 1, 2 or 4: lanes per round of KV heads
   int n_kv = 1;           // KV heads in the tile, 1 .. kv_period
   int group = 0;          // heads from one KV head's first to the next's (with n_kv > 1)
@@ -115,8 +116,10 @@ struct prompt_tile {
   kv_type kt;
 };
 inline constexpr int k_prompt_max_kv_period = 4;
-inline constexpr int k_prompt_lanes = 16;
-size_t prompt_scratch_floats(int padded_dim);
+inline constexpr int k_prompt_lanes = 16;      // AVX-512's, and both paths' keys per block
+inline constexpr int k_prompt_lanes_avx2 = 8;
+size_t prompt_scratch_floats(int padded_dim);  // for either path
 void attend_prompt_avx512(const prompt_tile& t, float* scratch);
+void attend_prompt_avx2(const prompt_tile& t, float* scratch);
 
 }  // namespace tandem::kernels::cpu

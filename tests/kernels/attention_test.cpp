@@ -435,7 +435,7 @@ TEST_SUITE("attention") {
     }
   }
 
-  TEST_CASE("prompt rows: close to exact attention on every shape, f32 arithmetic where AVX-512 runs them") {
+  TEST_CASE("prompt rows: close to exact attention on every shape, f32 arithmetic where AVX-512 or AVX2 runs them") {
     tandem::test::isa_guard guard;
     std::mt19937 rng(31337);
     thread_pool pool2(2);
@@ -462,8 +462,9 @@ TEST_SUITE("attention") {
             attention_run r{p.q.data(), sh.n_q, sh.pos0, p.k.data(), p.v.data(), out.data()};
             r.prompt_rows = sh.n_q;
             attention_many(&r, 1, kt, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale, pool);
-            // Elsewhere the rows take the exact path (the f16 contract on an f16 cache).
-            const double tol = path == isa::avx512 ? 2e-5 : kt == kv_type::f16 ? 1e-2 : 2e-6;
+            // Elsewhere (scalar) the rows take the exact path (the f16 contract on an f16 cache).
+            const bool tiled = path == isa::avx512 || path == isa::avx2;
+            const double tol = tiled ? 2e-5 : kt == kv_type::f16 ? 1e-2 : 2e-6;
             double worst = 0;
             for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::fabs(out[i] - exact[i]));
             CHECK(worst <= tol);
@@ -511,52 +512,82 @@ TEST_SUITE("attention") {
   TEST_CASE("decode rows in tiles of several KV heads equal the prompt's rows bit for bit") {
     // One row per run fills a tile with 2 or 4 KV heads (interleaved keys, per-lane KV head);
     // the whole prompt tiles rows of one KV head. Every lane must come out the same.
-    if (!isa_supported(isa::avx512)) return;
     tandem::test::isa_guard guard;
-    set_isa(isa::avx512);
-    std::mt19937 rng(4242);
+    for (const isa path : {isa::avx512, isa::avx2}) {
+      if (!isa_supported(path)) continue;
+      CAPTURE(isa_name(path));
+      set_isa(path);
+      std::mt19937 rng(4242);
+      thread_pool pool2(2);
+      const shape shapes[] = {
+          {16, 4, 64, 37, 0},  // the 250M model: 4 KV heads of 4 heads per tile
+          {9, 3, 64, 20, 0},   // SmolLM2-135M: 3 KV heads in a tile of period 4
+          {14, 2, 64, 18, 0},  // GQA 7: period 2
+          {6, 6, 40, 21, 0},   // no GQA, head_dim with a tail: tiles of 4 and 2 KV heads
+          {8, 8, 128, 17, 0},  // no GQA, wide heads
+          {32, 1, 64, 5, 0},   // GQA 32: heads split over tiles, one KV head per tile
+      };
+      for (const auto& sh : shapes)
+        for (kv_type kt : {kv_type::f32, kv_type::f16}) {
+          CAPTURE(sh.n_heads);
+          CAPTURE(sh.n_kv_heads);
+          CAPTURE(sh.head_dim);
+          CAPTURE(int(kt));
+          problem p = make_problem(rng, sh, kt);
+          const int64_t row = int64_t(sh.n_heads) * sh.head_dim;
+          std::vector<float> want(p.q.size(), -1.0f);
+          attention_run all{p.q.data(), sh.n_q, 0, p.k.data(), p.v.data(), want.data()};
+          all.prompt_rows = sh.n_q;
+          attention_many(&all, 1, kt, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale, nullptr);
+          for (int64_t rows_per_run : {1, 2})
+            for (thread_pool* pl : {static_cast<thread_pool*>(nullptr), &pool2}) {
+              CAPTURE(rows_per_run);
+              // Every row (pair of rows) a run of its own in one call: a batched decode step.
+              std::vector<float> batched(p.q.size(), -1.0f);
+              std::vector<attention_run> runs;
+              for (int64_t a = 0; a < sh.n_q; a += rows_per_run) {
+                const int64_t n = std::min(rows_per_run, sh.n_q - a);
+                runs.push_back({p.q.data() + a * row, n, a, p.k.data(), p.v.data(), batched.data() + a * row});
+                runs.back().prompt_rows = n;
+              }
+              attention_many(runs.data(), int64_t(runs.size()), kt, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale, pl);
+              CHECK(batched == want);
+              // The same rows one call each: a single sequence's decode.
+              std::vector<float> single(p.q.size(), -1.0f);
+              for (auto r : runs) {
+                r.out = single.data() + (r.q - p.q.data());
+                attention_many(&r, 1, kt, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale, pl);
+              }
+              CHECK(single == want);
+            }
+        }
+    }
+  }
+
+  TEST_CASE("prompt rows: the AVX2 kernel gives the AVX-512 kernel's bits") {
+    // Runs where a CPU has both paths: the 8-lane tiles keep the 16-lane tiles' key blocks and
+    // every lane's arithmetic, so tiles of different sizes must agree bit for bit.
+    if (!isa_supported(isa::avx512) || !isa_supported(isa::avx2)) return;
+    tandem::test::isa_guard guard;
+    std::mt19937 rng(8080);
     thread_pool pool2(2);
-    const shape shapes[] = {
-        {16, 4, 64, 37, 0},  // the 250M model: 4 KV heads of 4 heads per tile
-        {9, 3, 64, 20, 0},   // SmolLM2-135M: 3 KV heads in a tile of period 4
-        {14, 2, 64, 18, 0},  // GQA 7: period 2
-        {6, 6, 40, 21, 0},   // no GQA, head_dim with a tail: tiles of 4 and 2 KV heads
-        {8, 8, 128, 17, 0},  // no GQA, wide heads
-        {32, 1, 64, 5, 0},   // GQA 32: heads split over tiles, one KV head per tile
-    };
+    const shape shapes[] = {{16, 4, 64, 37, 0}, {9, 3, 64, 20, 5}, {6, 6, 40, 21, 0}, {4, 1, 256, 3, 50}};
     for (const auto& sh : shapes)
       for (kv_type kt : {kv_type::f32, kv_type::f16}) {
         CAPTURE(sh.n_heads);
-        CAPTURE(sh.n_kv_heads);
         CAPTURE(sh.head_dim);
         CAPTURE(int(kt));
         problem p = make_problem(rng, sh, kt);
-        const int64_t row = int64_t(sh.n_heads) * sh.head_dim;
-        std::vector<float> want(p.q.size(), -1.0f);
-        attention_run all{p.q.data(), sh.n_q, 0, p.k.data(), p.v.data(), want.data()};
-        all.prompt_rows = sh.n_q;
-        attention_many(&all, 1, kt, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale, nullptr);
-        for (int64_t rows_per_run : {1, 2})
-          for (thread_pool* pl : {static_cast<thread_pool*>(nullptr), &pool2}) {
-            CAPTURE(rows_per_run);
-            // Every row (pair of rows) a run of its own in one call: a batched decode step.
-            std::vector<float> batched(p.q.size(), -1.0f);
-            std::vector<attention_run> runs;
-            for (int64_t a = 0; a < sh.n_q; a += rows_per_run) {
-              const int64_t n = std::min(rows_per_run, sh.n_q - a);
-              runs.push_back({p.q.data() + a * row, n, a, p.k.data(), p.v.data(), batched.data() + a * row});
-              runs.back().prompt_rows = n;
-            }
-            attention_many(runs.data(), int64_t(runs.size()), kt, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale, pl);
-            CHECK(batched == want);
-            // The same rows one call each: a single sequence's decode.
-            std::vector<float> single(p.q.size(), -1.0f);
-            for (auto r : runs) {
-              r.out = single.data() + (r.q - p.q.data());
-              attention_many(&r, 1, kt, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale, pl);
-            }
-            CHECK(single == want);
-          }
+        std::vector<float> out[2];
+        const isa paths[2] = {isa::avx512, isa::avx2};
+        for (int i = 0; i < 2; ++i) {
+          set_isa(paths[i]);
+          out[i].assign(p.q.size(), -1.0f);
+          attention_run r{p.q.data(), sh.n_q, sh.pos0, p.k.data(), p.v.data(), out[i].data()};
+          r.prompt_rows = sh.n_q;
+          attention_many(&r, 1, kt, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale, &pool2);
+        }
+        CHECK(out[0] == out[1]);
       }
   }
 

@@ -1,0 +1,74 @@
+// The prompt-row attention kernel (attention_impl.h, prompt_tile) on AVX2: the kernel of
+// attention_prompt_simd.h over 8-float registers, lane masks as all-ones lanes, for CPUs
+// without AVX-512. Tiles hold 8 query vectors; keys still go in blocks of 16, and each lane's
+// steps are the AVX-512 lane's, so a row gets the same bits on either path.
+#include <immintrin.h>
+
+#include "kernels/cpu/attention_prompt_simd.h"
+
+namespace tandem::kernels::cpu {
+namespace {
+
+struct avx2_prompt_lanes {
+  using vec = __m256;
+  using ivec = __m256i;
+  using mask = __m256;
+  static constexpr int W = k_prompt_lanes_avx2;
+  static vec load(const float* p) { return _mm256_load_ps(p); }
+  static vec loadu(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, vec a) { _mm256_store_ps(p, a); }
+  static void storeu(float* p, vec a) { _mm256_storeu_ps(p, a); }
+  static vec set1(float x) { return _mm256_set1_ps(x); }
+  static vec zero() { return _mm256_setzero_ps(); }
+  static vec add(vec a, vec b) { return _mm256_add_ps(a, b); }
+  static vec sub(vec a, vec b) { return _mm256_sub_ps(a, b); }
+  static vec mul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+  static vec max(vec a, vec b) { return _mm256_max_ps(a, b); }
+  static vec fmadd(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+  static vec load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static ivec load_pos(const int32_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+  // pos >= k as pos > k - 1 (k >= 0, so no wrap).
+  static mask visible(ivec pos, int32_t k) { return _mm256_castsi256_ps(_mm256_cmpgt_epi32(pos, _mm256_set1_epi32(k - 1))); }
+  static vec blend(mask m, vec no, vec yes) { return _mm256_blendv_ps(no, yes, m); }
+  static mask live(vec x) { return _mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ); }
+  static vec keep(mask a, mask b, vec x) { return _mm256_and_ps(_mm256_and_ps(a, b), x); }
+
+  // The AVX-512 lanes' e^x step for step. x is clamped to [-87, 88], so n is in [-126, 127]
+  // and 2^n, built from its exponent bits, a normal float: p * 2^n rounds once, as scalef.
+  static vec exp(vec x) {
+    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
+  }
+
+  // x[0..P) repeated across the lanes. Two floats through loadl_epi64, whose pointer type may
+  // alias them (a double load may not).
+  template <int P>
+  static vec key_lanes(const float* x) {
+    if constexpr (P == 1) return _mm256_set1_ps(x[0]);
+    else if constexpr (P == 2) return _mm256_castsi256_ps(_mm256_broadcastq_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x))));
+    else return _mm256_broadcast_ps(reinterpret_cast<const __m128*>(x));
+  }
+
+  // Only decode rows interleave (kv_period > 1), a key at a time: the plain loop.
+  template <int P>
+  static void interleave_keys(const float* rows, int dp, float* dst) {
+    interleave_keys_any<P>(rows, dp, dst);
+  }
+};
+
+}  // namespace
+
+void attend_prompt_avx2(const prompt_tile& t, float* scratch) { prompt_kernel<avx2_prompt_lanes>::run(t, scratch); }
+
+}  // namespace tandem::kernels::cpu
