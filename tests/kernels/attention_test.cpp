@@ -521,7 +521,7 @@ TEST_SUITE("attention") {
       thread_pool pool2(2);
       const shape shapes[] = {
           {16, 4, 64, 37, 0},  // the 250M model: 4 KV heads of 4 heads per tile
-          {9, 3, 64, 20, 0},   // SmolLM2-135M: 3 KV heads in a tile of period 4
+          {9, 3, 64, 20, 0},   // SmolLM2-135M: 3 KV heads in tiles of period 4 (AVX-512) or 2 (AVX2)
           {14, 2, 64, 18, 0},  // GQA 7: period 2
           {6, 6, 40, 21, 0},   // no GQA, head_dim with a tail: tiles of 4 and 2 KV heads
           {8, 8, 128, 17, 0},  // no GQA, wide heads
