@@ -50,7 +50,7 @@ static inline __m256 i8x8(const uint8_t* p) {
 }
 static inline __m256 negate(__m256 x) { return _mm256_xor_ps(x, _mm256_set1_ps(-0.0f)); }
 // Asks for the line `offset` bytes into p's stream ahead: twice, into L2 far and into L1 near,
-// or once into L1 close ahead (packed.h says which and why). Always inlined: GCC 12 finds a
+// or once close ahead as a non-temporal request (packed.h says which and why). Always inlined: GCC 12 finds a
 // function whose only effects are prefetches const (or pure), and drops the calls to one it
 // leaves out of line (seen with a larger body in an experiment: no request was left).
 template <bool TwoLevels>
@@ -60,7 +60,7 @@ __attribute__((always_inline)) static inline void prefetch(const void* p, size_t
     _mm_prefetch(at + k_packed_l2_ahead_avx2, _MM_HINT_T1);
     _mm_prefetch(at + k_packed_l1_ahead_avx2, _MM_HINT_T0);
   } else {
-    _mm_prefetch(at + k_packed_near_ahead_avx2, _MM_HINT_T0);
+    _mm_prefetch(at + k_packed_near_ahead_avx2, _MM_HINT_NTA);
   }
 }
 static inline __m256i widen(__m256i s16) { return _mm256_madd_epi16(s16, _mm256_set1_epi16(1)); }
