@@ -237,7 +237,7 @@ void attend_runs(const attention_run* runs, int64_t n_runs, kv_type kt, int n_he
   const int64_t units = first[static_cast<size_t>(n_runs)];
   const int64_t* firsts = first.data();
 
-  const attend_fn attend = select_attend(active_isa());
+  const attend_fn attend = select_attend(path);
   const int dp = (head_dim + k_attention_pad - 1) / k_attention_pad * k_attention_pad;
   const int64_t kv_stride = static_cast<int64_t>(n_kv_heads) * head_dim;
   const size_t elem = kt == kv_type::f32 ? sizeof(float) : sizeof(uint16_t);
