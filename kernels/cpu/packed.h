@@ -106,7 +106,8 @@ inline constexpr size_t k_packed_l2_ahead_avx2 = 16384;
 // (likely why it pays: lines that skip or leave L2 early push out less of what the step reads
 // again). On the Zen 2, against the same request into L1: 128 MB streams on both cores +5%
 // (Q4_0), +3% (Q8_0); 250M decode, A/B in one process, +4-5% (Q4_0), +2-4% (Q8_0). NTA
-// 1,024 bytes ahead: Q4_0 even, Q8_0 3% slower. The two-level passes keep T0: NTA in their
+// 1,024 bytes ahead: Q4_0 even, Q8_0 3% slower. (Tile-order Q4_1, the server's, takes the
+// same request unmeasured.) The two-level passes keep T0: NTA in their
 // near request moved K-quant decode by 0-2%, and batches read each panel twice.
 inline constexpr size_t k_packed_near_ahead_avx2 = 640;
 

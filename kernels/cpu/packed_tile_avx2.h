@@ -50,9 +50,10 @@ static inline __m256 i8x8(const uint8_t* p) {
 }
 static inline __m256 negate(__m256 x) { return _mm256_xor_ps(x, _mm256_set1_ps(-0.0f)); }
 // Asks for the line `offset` bytes into p's stream ahead: twice, into L2 far and into L1 near,
-// or once close ahead as a non-temporal request (packed.h says which and why). Always inlined: GCC 12 finds a
-// function whose only effects are prefetches const (or pure), and drops the calls to one it
-// leaves out of line (seen with a larger body in an experiment: no request was left).
+// or once close ahead as a non-temporal request (packed.h says which and why). Always
+// inlined: GCC 12 finds a function whose only effects are prefetches const (or pure), and
+// drops the calls to one it leaves out of line (seen with a larger body in an experiment: no
+// request was left).
 template <bool TwoLevels>
 __attribute__((always_inline)) static inline void prefetch(const void* p, size_t offset) {
   const char* at = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + offset);
