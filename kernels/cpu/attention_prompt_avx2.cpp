@@ -23,8 +23,10 @@ struct avx2_prompt_lanes {
   static vec add(vec a, vec b) { return _mm256_add_ps(a, b); }
   static vec sub(vec a, vec b) { return _mm256_sub_ps(a, b); }
   static vec mul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+  static vec min(vec a, vec b) { return _mm256_min_ps(a, b); }
   static vec max(vec a, vec b) { return _mm256_max_ps(a, b); }
   static vec fmadd(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+  static vec fnmadd(vec a, vec b, vec c) { return _mm256_fnmadd_ps(a, b, c); }
   static vec load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   static ivec load_pos(const int32_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
   // pos >= k as pos > k - 1 (k >= 0, so no wrap).
@@ -33,20 +35,10 @@ struct avx2_prompt_lanes {
   static mask live(vec x) { return _mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ); }
   static vec keep(mask a, mask b, vec x) { return _mm256_and_ps(_mm256_and_ps(a, b), x); }
 
-  // The AVX-512 lanes' e^x step for step. x is clamped to [-87, 88], so n is in [-126, 127]
-  // and 2^n, built from its exponent bits, a normal float: p * 2^n rounds once, as scalef.
-  static vec exp(vec x) {
-    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  static vec round(vec x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  // p * 2^n for integral n in [-126, 127]: 2^n built from its exponent bits is a normal float,
+  // so the product rounds once, as AVX-512's scalef does.
+  static vec scale2(vec p, vec n) {
     const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
   }

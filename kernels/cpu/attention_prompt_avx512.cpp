@@ -25,8 +25,10 @@ struct avx512_prompt_lanes {
   static vec add(vec a, vec b) { return _mm512_add_ps(a, b); }
   static vec sub(vec a, vec b) { return _mm512_sub_ps(a, b); }
   static vec mul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+  static vec min(vec a, vec b) { return _mm512_min_ps(a, b); }
   static vec max(vec a, vec b) { return _mm512_max_ps(a, b); }
   static vec fmadd(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+  static vec fnmadd(vec a, vec b, vec c) { return _mm512_fnmadd_ps(a, b, c); }
   static vec load_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
   static ivec load_pos(const int32_t* p) { return _mm512_load_si512(p); }
   static mask visible(ivec pos, int32_t k) { return _mm512_cmpge_epi32_mask(pos, _mm512_set1_epi32(k)); }
@@ -34,22 +36,8 @@ struct avx512_prompt_lanes {
   static mask live(vec x) { return _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ); }
   static vec keep(mask a, mask b, vec x) { return _mm512_maskz_mov_ps(a & b, x); }
 
-  // e^x lane-wise, within a few ulp: 2^n * p(r) with x = n ln2 + r, |r| <= ln2 / 2. exp(0) is
-  // exactly 1 (the rescale of a block that changes nothing).
-  static __m512 exp(__m512 x) {
-    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-87.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-  }
+  static vec round(vec x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static vec scale2(vec p, vec n) { return _mm512_scalef_ps(p, n); }  // p * 2^n, rounded once
 
   // Element e of P KV heads' keys (interleaved: x[h] is KV head h's), repeated across the lanes
   // so that lane i holds KV head i % P's.

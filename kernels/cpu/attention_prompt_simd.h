@@ -21,8 +21,9 @@
 //
 // V provides, over its W float lanes (W divides 16):
 //   vec, ivec (W int32), mask (a lane mask: __mmask16, or a vector of all-ones lanes);
-//   load / store (aligned), loadu / storeu, set1, zero, add, sub, mul, max, fmadd(a, b, c) = a * b + c;
-//   exp(x): e^x within a few ulp, exp(0) exactly 1, every step the same on every path;
+//   load / store (aligned), loadu / storeu, set1, zero, add, sub, mul, min, max,
+//   fmadd(a, b, c) = a * b + c, fnmadd(a, b, c) = c - a * b, round (to nearest even),
+//   scale2(p, n) = p * 2^n for integral n in [-126, 127], rounded once (prompt_exp's steps);
 //   load_f16(const uint16_t*): W halves widened (exact);
 //   key_lanes<P>(const float*): P floats repeated across the lanes (lane i gets x[i % P]);
 //   interleave_keys<P>(rows, dp, dst): P rows of dp floats to dst[e * P + h] (generic below);
@@ -48,6 +49,26 @@ template <int P>
 inline void interleave_keys_any(const float* rows, int dp, float* dst) {
   for (int e = 0; e < dp; ++e)
     for (int h = 0; h < P; ++h) dst[static_cast<size_t>(e) * P + h] = rows[static_cast<size_t>(h) * dp + e];
+}
+
+// e^x lane-wise, within a few ulp: 2^n * p(r) with x = n ln2 + r, |r| <= ln2 / 2, ln2 in two
+// parts; x is clamped to [-87, 88], so n is in [-126, 127]. exp(0) is exactly 1 (the rescale of a block that changes nothing). Written once so
+// that every path takes the same steps, which a row's equal bits on either path rely on.
+template <class V>
+inline typename V::vec prompt_exp(typename V::vec x) {
+  using vec = typename V::vec;
+  x = V::max(V::min(x, V::set1(88.0f)), V::set1(-87.0f));
+  const vec n = V::round(V::mul(x, V::set1(1.44269504088896341f)));
+  vec r = V::fnmadd(n, V::set1(0.693359375f), x);
+  r = V::fnmadd(n, V::set1(-2.12194440e-4f), r);
+  vec p = V::set1(1.9875691500e-4f);
+  p = V::fmadd(p, r, V::set1(1.3981999507e-3f));
+  p = V::fmadd(p, r, V::set1(8.3334519073e-3f));
+  p = V::fmadd(p, r, V::set1(4.1665795894e-2f));
+  p = V::fmadd(p, r, V::set1(1.6666665459e-1f));
+  p = V::fmadd(p, r, V::set1(5.0000001201e-1f));
+  p = V::fmadd(p, V::mul(r, r), V::add(r, V::set1(1.0f)));
+  return V::scale2(p, n);
 }
 
 template <class V>
@@ -174,10 +195,10 @@ struct prompt_kernel {
       const vec m_new = V::max(m, mb);
       // A lane that has seen nothing yet (m_new = -inf) keeps alpha = 1 instead of exp(NaN).
       const mask live = V::live(m_new);
-      const vec al = V::blend(live, one, V::exp(V::sub(m, m_new)));
+      const vec al = V::blend(live, one, prompt_exp<V>(V::sub(m, m_new)));
       l = V::mul(l, al);
       for (int j = 0; j < nb; ++j) {
-        const vec p = V::keep(vis[j], live, V::exp(V::sub(s[j], m_new)));
+        const vec p = V::keep(vis[j], live, prompt_exp<V>(V::sub(s[j], m_new)));
         l = V::add(l, p);
         V::store(w + j * L, p);
       }
