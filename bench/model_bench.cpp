@@ -124,6 +124,9 @@ model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_
     // llama-bench's default micro-batch: a 512-token prompt is one forward pass (and so is
     // each 512 tokens of the fill, whatever the prompt's length).
     cp.max_batch = std::min<int64_t>(std::max(p.prompt, p.depth), 512);
+    // With the comparison, the main context decodes with a pool job per step and the second
+    // one with layer teams (the default otherwise).
+    if (p.compare_layer_teams) cp.layer_teams = false;
     models::forward_context ctx(m, cp, &pool);
     std::optional<models::forward_context> teams;
     if (p.compare_layer_teams) {

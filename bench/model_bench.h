@@ -32,9 +32,9 @@ struct model_bench_params {
   // (runtime::engine_config::fast_attention, on by default): batches of sequences exist only
   // in the server. Off: llama.cpp's f16 arithmetic, as the single-sequence decode.
   bool fast_batched_attention = true;
-  // Decode also on a second context whose layers each run as one team job
-  // (context_params::layer_teams), repetition by repetition in alternating order, to compare
-  // with decode's pool job per step.
+  // Decode with a pool job per step (context_params::layer_teams off; on otherwise, the
+  // default) and also on a second context whose layers each run as one team job, repetition
+  // by repetition in alternating order, to compare the two.
   bool compare_layer_teams = false;
 };
 

@@ -277,7 +277,7 @@ void add_bench_command(CLI::App& root) {
   cmd->add_flag("!--exact-batched", p.fast_batched_attention,
                 "batched decode by llama.cpp's arithmetic, as single decode (default: the server's: tiled attention, SwiGLU's vector e^x, Q4_1/Q5_1 tile order)");
   cmd->add_flag("--compare-layer-teams", p.compare_layer_teams,
-                "decode also with one team job per layer instead of a pool job per step, alternating repetitions, and report the ratio");
+                "decode with a pool job per step and also with one team job per layer (the default), alternating repetitions, and report the ratio");
   cmd->add_flag("--json", a->json, "print one JSON object instead of the table");
   cmd->callback([a, cmd] {
     if (cmd->got_subcommand("swap") || cmd->got_subcommand("serve") || cmd->got_subcommand("http") || cmd->got_subcommand("gpu")) return;
