@@ -7,9 +7,10 @@
 // (nibble masks and shifts, Q6_K's high pairs moved into bits 4-5, the Q5 types' fifth bits
 // added under a byte mask), each row's activation
 // bytes meet them as vpdpbusd broadcasts, and per sub-block one conversion and a few FMAs apply
-// the 16 rows' scales. The panel is one sequential stream; decode still asks for every line
-// k_packed_prefetch_ahead bytes ahead (the hardware prefetcher alone leaves it waiting on
-// memory, measured).
+// the 16 rows' scales. The panel is one sequential stream; passes ask for every line
+// k_packed_prefetch_ahead bytes ahead (the hardware prefetcher alone left them waiting on
+// memory, measured), except where packed_avx512_prefetches says the core's own prefetchers
+// do better.
 #pragma once
 
 #include <immintrin.h>
@@ -105,7 +106,8 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
     for (int ch = 0; ch < uc / 32; ++ch) {
       // Every line of this chunk's share of the stream, k_prefetch_ahead bytes on.
       constexpr size_t share = ub / (uc / 32);
-      for (size_t b = 0; b < share; b += 64) avx512::prefetch(unit, ch * share + k_prefetch_ahead + b);
+      if constexpr (packed_avx512_prefetches(WT, R))
+        for (size_t b = 0; b < share; b += 64) avx512::prefetch(unit, ch * share + k_prefetch_ahead + b);
       const int64_t col0 = u * uc + ch * 32;
       // Integer sums: for Q6_K acc0 holds the chunk's first 16 columns and acc1 the rest; for
       // the other types up to 8 rows the two split the groups and are added before the
