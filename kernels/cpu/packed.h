@@ -111,18 +111,6 @@ inline constexpr size_t k_packed_l2_ahead_avx2 = 16384;
 // near request moved K-quant decode by 0-2%, and batches read each panel twice.
 inline constexpr size_t k_packed_near_ahead_avx2 = 640;
 
-// Whether the AVX-512 tile pass of `wt` over `act_rows` activation rows asks for every line
-// k_packed_prefetch_ahead ahead. Not in decode passes (one row) over Q4_0 and Q8_0, which read
-// each unit front to back: on a 2-core Zen 4 the core's own prefetchers keep up with those
-// streams, and the requests only took load slots. Against requesting, 128 MB streams on both
-// cores (copies of the kernel, alternating): Q8_0 +8-9%, Q4_0 +0-7%; 250M decode, A/B in one
-// process: Q8_0 +5%, +12%, +15%, Q4_0 +0%, +3%, +10%, +12%. Every other type streamed slower
-// without them (128 MB streams: Q4_1 -5%, Q5_0 -12%, Q5_1 -2%, Q4_K -1%, Q6_K and Q5_K -42
-// to -47%, their units holding two or three streams read at different offsets).
-static constexpr bool packed_avx512_prefetches(weight_type wt, int act_rows) {
-  return !(act_rows == 1 && (wt == weight_type::q4_0 || wt == weight_type::q8_0));
-}
-
 // Whether `wt` has a packed form (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
 bool packable(weight_type wt);
 // Whether load-time packing pays: a packed type and the AVX-512 or AVX2 path active. (Packed
@@ -144,6 +132,21 @@ void dequantize_packed_row(weight_type wt, const void* packed, int64_t cols, int
 //    a pass; within float rounding of ggml's (the server's arithmetic, set_prompt_end).
 // Either way a row's result does not depend on the other rows of the call.
 enum class sum_order { ggml, tile };
+
+// Whether an AVX-512 pass of `wt` in `order` over `act_rows` activation rows asks for every
+// line k_packed_prefetch_ahead ahead. Not in decode passes (one row) over Q4_0, Q8_0 and
+// ggml-order Q4_1, which read each unit front to back: on a 2-core Zen 4 the core's own
+// prefetchers keep up with those streams, and the requests only took load slots. Against
+// requesting, 128 MB streams on both cores (copies of the kernel, alternating): Q8_0 +8-9%,
+// Q4_0 +0-7%; 250M decode, A/B in one process: Q8_0 +5%, +12%, +15%, Q4_0 +0%, +3%, +10%,
+// +12%; SmolLM2 (ggml-order Q4_1) +1%, +3%, +6%. Every other type streamed slower without
+// them (128 MB streams: tile-order Q4_1 -5%, Q5_0 -12%, Q5_1 -2%, Q4_K -1%, Q6_K and Q5_K -42
+// to -47%, their units holding two or three streams read at different offsets).
+static constexpr bool packed_avx512_prefetches(weight_type wt, int act_rows, sum_order order) {
+  if (act_rows != 1) return true;
+  if (wt == weight_type::q4_0 || wt == weight_type::q8_0) return false;
+  return !(wt == weight_type::q4_1 && order == sum_order::ggml);
+}
 
 // Whether the AVX2 decode passes (1-2 activation rows) of `wt` in `order` ask for lines at the
 // two distances above (true) or once, k_packed_near_ahead_avx2 ahead. Passes of more rows

@@ -145,6 +145,7 @@ void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const
       constexpr size_t ub = packed_unit_bytes(WT);
       constexpr size_t sc = packed_scales_at(WT);
       const __m512i low4 = _mm512_set1_epi8(0x0F);
+      const bool prefetches = packed_avx512_prefetches(WT, n_act, sum_order::ggml);
       avx512::ggml_order_rows(
           cols / 32, codes, cols, aux, n_act, out, out_stride, avx512::first16(n_w),
           [&](int64_t b, int g) {
@@ -156,7 +157,8 @@ void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const
           },
           [&](int64_t b, __m512& d, __m512& m) {
             const uint8_t* unit = panel + b * ub;
-            for (size_t l = 0; l < ub; l += 64) avx512::prefetch(unit, k_prefetch_ahead + l);
+            if (prefetches)
+              for (size_t l = 0; l < ub; l += 64) avx512::prefetch(unit, k_prefetch_ahead + l);
             d = f16x16(unit + sc);
             m = f16x16(unit + sc + 2 * R16);
           });

@@ -106,7 +106,7 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
     for (int ch = 0; ch < uc / 32; ++ch) {
       // Every line of this chunk's share of the stream, k_prefetch_ahead bytes on.
       constexpr size_t share = ub / (uc / 32);
-      if constexpr (packed_avx512_prefetches(WT, R))
+      if constexpr (packed_avx512_prefetches(WT, R, sum_order::tile))
         for (size_t b = 0; b < share; b += 64) avx512::prefetch(unit, ch * share + k_prefetch_ahead + b);
       const int64_t col0 = u * uc + ch * 32;
       // Integer sums: for Q6_K acc0 holds the chunk's first 16 columns and acc1 the rest; for
