@@ -133,19 +133,33 @@ void dequantize_packed_row(weight_type wt, const void* packed, int64_t cols, int
 // Either way a row's result does not depend on the other rows of the call.
 enum class sum_order { ggml, tile };
 
-// Whether an AVX-512 pass of `wt` in `order` over `act_rows` activation rows asks for every
-// line k_packed_prefetch_ahead ahead. Not in decode passes (one row) over Q4_0, Q8_0 and
-// ggml-order Q4_1, which read each unit front to back: on a 2-core Zen 4 the core's own
-// prefetchers keep up with those streams, and the requests only took load slots. Against
-// requesting, 128 MB streams on both cores (copies of the kernel, alternating): Q8_0 +8-9%,
-// Q4_0 +0-7%; 250M decode, A/B in one process: Q8_0 +5%, +12%, +15%, Q4_0 +0%, +3%, +10%,
-// +12%; SmolLM2 (ggml-order Q4_1) +1%, +3%, +6%. Every other type streamed slower without
-// them (128 MB streams: tile-order Q4_1 -5%, Q5_0 -12%, Q5_1 -2%, Q4_K -1%, Q6_K and Q5_K -42
-// to -47%, their units holding two or three streams read at different offsets).
-static constexpr bool packed_avx512_prefetches(weight_type wt, int act_rows, sum_order order) {
-  if (act_rows != 1) return true;
-  if (wt == weight_type::q4_0 || wt == weight_type::q8_0) return false;
-  return !(wt == weight_type::q4_1 && order == sum_order::ggml);
+// How an AVX-512 pass of `wt` in `order` over `act_rows` activation rows asks for its lines
+// ahead of reading them:
+//  - l1: every line k_packed_prefetch_ahead ahead, into L1 (passes of several rows, and
+//    decode over the types not named below);
+//  - none: not at all, in decode over Q4_0, Q8_0 and ggml-order Q4_1, which read each unit
+//    front to back: on a 2-core Zen 4 the core's own prefetchers keep up with those streams,
+//    and the requests only took load slots. Against l1, 128 MB streams on both cores (copies
+//    of the kernel, alternating): Q8_0 +8-9%, Q4_0 +0-7%; 250M decode, A/B in one process:
+//    Q8_0 +5%, +12%, +15%, Q4_0 +0%, +3%, +10%, +12%; SmolLM2 (ggml-order Q4_1) +1%, +3%,
+//    +6%. The other types streamed slower without requests (tile-order Q4_1 -5%, Q5_0 -12%,
+//    Q5_1 -2%, Q4_K -1%, Q6_K and Q5_K -42 to -47%: units holding two or three streams read
+//    at different offsets);
+//  - l2_and_l1: in decode over Q4_K and Q6_K, every line twice, k_packed_l2_ahead_avx512 ahead
+//    into L2 and k_packed_l1_ahead_avx512 ahead into L1, as the AVX2 kernels ask: a request
+//    into L1 holds one of the core's few L1 miss buffers until its line arrives, requests into
+//    L2 can have many more lines in flight. 250M decode, A/B in one process against l1: Q6_K
+//    +14%, +30%; Q4_K +1%, +23% (the larger gains with both vCPUs on one core's neighbours,
+//    a ~33 GB/s ceiling and a 0.06-0.07 us cache-line round trip).
+enum class avx512_requests { none, l1, l2_and_l1 };
+inline constexpr size_t k_packed_l1_ahead_avx512 = 2048;
+inline constexpr size_t k_packed_l2_ahead_avx512 = 16384;
+static constexpr avx512_requests packed_avx512_requests(weight_type wt, int act_rows, sum_order order) {
+  if (act_rows != 1) return avx512_requests::l1;
+  if (wt == weight_type::q4_0 || wt == weight_type::q8_0) return avx512_requests::none;
+  if (wt == weight_type::q4_1 && order == sum_order::ggml) return avx512_requests::none;
+  if (wt == weight_type::q4_k || wt == weight_type::q6_k) return avx512_requests::l2_and_l1;
+  return avx512_requests::l1;
 }
 
 // Whether the AVX2 decode passes (1-2 activation rows) of `wt` in `order` ask for lines at the

@@ -145,7 +145,7 @@ void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const
       constexpr size_t ub = packed_unit_bytes(WT);
       constexpr size_t sc = packed_scales_at(WT);
       const __m512i low4 = _mm512_set1_epi8(0x0F);
-      const bool prefetches = packed_avx512_prefetches(WT, n_act, sum_order::ggml);
+      const bool prefetches = packed_avx512_requests(WT, n_act, sum_order::ggml) != avx512_requests::none;
       avx512::ggml_order_rows(
           cols / 32, codes, cols, aux, n_act, out, out_stride, avx512::first16(n_w),
           [&](int64_t b, int g) {

@@ -9,8 +9,7 @@
 // bytes meet them as vpdpbusd broadcasts, and per sub-block one conversion and a few FMAs apply
 // the 16 rows' scales. The panel is one sequential stream; passes ask for every line
 // k_packed_prefetch_ahead bytes ahead (the hardware prefetcher alone left them waiting on
-// memory, measured), except where packed_avx512_prefetches says the core's own prefetchers
-// do better.
+// memory, measured), except where packed_avx512_requests says otherwise.
 #pragma once
 
 #include <immintrin.h>
@@ -106,8 +105,15 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
     for (int ch = 0; ch < uc / 32; ++ch) {
       // Every line of this chunk's share of the stream, k_prefetch_ahead bytes on.
       constexpr size_t share = ub / (uc / 32);
-      if constexpr (packed_avx512_prefetches(WT, R, sum_order::tile))
+      constexpr avx512_requests requests = packed_avx512_requests(WT, R, sum_order::tile);
+      if constexpr (requests == avx512_requests::l1) {
         for (size_t b = 0; b < share; b += 64) avx512::prefetch(unit, ch * share + k_prefetch_ahead + b);
+      } else if constexpr (requests == avx512_requests::l2_and_l1) {
+        for (size_t b = 0; b < share; b += 64) {
+          avx512::prefetch_l2(unit, ch * share + k_packed_l2_ahead_avx512 + b);
+          avx512::prefetch(unit, ch * share + k_packed_l1_ahead_avx512 + b);
+        }
+      }
       const int64_t col0 = u * uc + ch * 32;
       // Integer sums: for Q6_K acc0 holds the chunk's first 16 columns and acc1 the rest; for
       // the other types up to 8 rows the two split the groups and are added before the

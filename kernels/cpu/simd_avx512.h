@@ -88,6 +88,10 @@ struct word_index {
 __attribute__((always_inline)) static inline void prefetch(const void* p, size_t offset) {
   _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + offset), _MM_HINT_T0);
 }
+// The same into L2 (and the levels below it), not L1.
+__attribute__((always_inline)) static inline void prefetch_l2(const void* p, size_t offset) {
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + offset), _MM_HINT_T1);
+}
 
 // Lanes of the first k elements (k < 16 / 32; the tails of float rows).
 static inline __mmask16 first16(int64_t k) { return static_cast<__mmask16>((1u << k) - 1); }
