@@ -149,8 +149,7 @@ enum class sum_order { ggml, tile };
 //    into L2 and k_packed_l1_ahead_avx512 ahead into L1, as the AVX2 kernels ask: a request
 //    into L1 holds one of the core's few L1 miss buffers until its line arrives, requests into
 //    L2 can have many more lines in flight. 250M decode, A/B in one process against l1: Q6_K
-//    +14%, +30%; Q4_K +1%, +23% (the larger gains with both vCPUs on one core's neighbours,
-//    a ~33 GB/s ceiling and a 0.06-0.07 us cache-line round trip).
+//    +14%, +30%; Q4_K +1%, +23% (both runs at a ~33 GB/s read ceiling).
 enum class avx512_requests { none, l1, l2_and_l1 };
 inline constexpr size_t k_packed_l1_ahead_avx512 = 2048;
 inline constexpr size_t k_packed_l2_ahead_avx512 = 16384;
