@@ -103,7 +103,7 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
       d = f16x16(unit + sc);
     }
     for (int ch = 0; ch < uc / 32; ++ch) {
-      // Every line of this chunk's share of the stream, k_prefetch_ahead bytes on.
+      // Every line of this chunk's share of the stream, as far on as packed_avx512_requests says.
       constexpr size_t share = ub / (uc / 32);
       constexpr avx512_requests requests = packed_avx512_requests(WT, R, sum_order::tile);
       if constexpr (requests == avx512_requests::l1) {
