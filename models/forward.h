@@ -54,7 +54,7 @@ struct context_params {
   // (thread_pool::run_team: every product and attention in fixed parts, a barrier between
   // steps) instead of a pool job per step, each split and balanced by parallel_for. The
   // logits are the same bits either way. On by default: where the two cores of a 2-core Zen 4
-  // sit on different dies, decode gains 4-20%; on one die it moves -3.5% to +4% (Zen 2, Zen 4;
+  // sit on different dies, decode gains 4-20%; on one die it moves -5% to +4% (Zen 2, 3 and 4;
   // docs/cpu-kernels.md, "One team job per layer"). `tandem bench --compare-layer-teams`
   // measures the two where the cores sit.
   bool layer_teams = true;

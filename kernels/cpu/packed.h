@@ -151,8 +151,9 @@ enum class sum_order { ggml, tile };
 //    L2 can have many more lines in flight. 250M decode, A/B in one process against l1: Q6_K
 //    +14%, +30%; Q4_K +1%, +23% (both runs at a ~33 GB/s read ceiling).
 enum class avx512_requests { none, l1, l2_and_l1 };
-inline constexpr size_t k_packed_l1_ahead_avx512 = 2048;
-inline constexpr size_t k_packed_l2_ahead_avx512 = 16384;
+// The AVX2 kernels' distances, measured only at those values here.
+inline constexpr size_t k_packed_l1_ahead_avx512 = k_packed_l1_ahead_avx2;
+inline constexpr size_t k_packed_l2_ahead_avx512 = k_packed_l2_ahead_avx2;
 static constexpr avx512_requests packed_avx512_requests(weight_type wt, int act_rows, sum_order order) {
   if (act_rows != 1) return avx512_requests::l1;
   if (wt == weight_type::q4_0 || wt == weight_type::q8_0) return avx512_requests::none;
