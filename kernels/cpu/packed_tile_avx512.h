@@ -84,6 +84,11 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
   // Two integer sums per row up to 8 rows; one at 16, where a pass over all rows takes longer
   // than one sum's chain of 8 latencies and the registers hold no second set.
   constexpr bool k_split = R <= k_panel_max_act_rows && WT != weight_type::q6_k;
+  // With split sums, the high nibbles of the plain 4-bit types go in unshifted (16 x code, up
+  // to 240: vpdpbusd's unsigned operand takes it) and acc1 is shifted back once per chunk,
+  // exactly, since it holds a multiple of 16: one shift per chunk instead of one per group.
+  constexpr bool k_high_unshifted = k_split && (WT == weight_type::q4_0 || WT == weight_type::q4_1 ||
+                                                WT == weight_type::q4_k);
   constexpr int64_t uc = packed_unit_cols(WT);
   constexpr int sub = WT == weight_type::q6_k ? 16 : 32;
   constexpr size_t ub = packed_unit_bytes(WT);
@@ -91,6 +96,7 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
   constexpr bool k_offset = WT == weight_type::q4_0 || WT == weight_type::q5_0 || WT == weight_type::q8_0 ||
                             WT == weight_type::q6_k;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i high4 = _mm512_set1_epi8(static_cast<char>(0xF0));
   __m512 f[R];
   TANDEM_UNROLL for (int r = 0; r < R; ++r) f[r] = _mm512_setzero_ps();
   for (int64_t u = 0; u < cols / uc; ++u) {
@@ -149,7 +155,7 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
             hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(z, 4), p1, low4, 0xE4);
           } else {
             lo = _mm512_and_si512(z, low4);
-            hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
+            hi = k_high_unshifted ? _mm512_and_si512(z, high4) : _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
             if constexpr (packed_has_fifth_bit(WT)) {
               const uint8_t* fifth = unit + packed_fifth_at(WT, ch);
               lo = with_fifth_bit(lo, fifth, q);
@@ -190,7 +196,8 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
       };
       const __m512 no_min = _mm512_setzero_ps();
       if constexpr (k_split) {
-        TANDEM_UNROLL for (int r = 0; r < R; ++r) acc0[r] = _mm512_add_epi32(acc0[r], acc1[r]);
+        TANDEM_UNROLL for (int r = 0; r < R; ++r)
+          acc0[r] = _mm512_add_epi32(acc0[r], k_high_unshifted ? _mm512_maskz_srai_epi32(k_all16, acc1[r], 4) : acc1[r]);
       }
       if constexpr (WT == weight_type::q4_0 || WT == weight_type::q5_0 || WT == weight_type::q8_0) {
         update(acc0, f16x16(unit + sc), no_min, col0 / 32);
