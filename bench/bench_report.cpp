@@ -92,11 +92,25 @@ bench_report run_bench(const bench_options& o) {
   r.isa = kernels::cpu::active_path_name();
   r.params = o.params;
   {
-    // The ceiling's buffer is held through the model phases so that a pass can be timed right
-    // after each decode repetition.
+    // The ceiling's buffer is held through the model phases so that passes can be timed
+    // within and right after each decode repetition: on a shared machine the bandwidth moves
+    // within a second, and one pass after the repetition saw a spell the decode mostly
+    // did not. A repetition's ceiling is the mean of its passes. With the layer-teams
+    // comparison the decode runs whole, as the teams' decode beside it does.
     read_ceiling_probe probe(pool, o.read_buffer_bytes > 0 ? o.read_buffer_bytes : default_read_buffer_bytes());
-    std::vector<double> paired;
-    r.result = run_model_bench(m, pool, o.params, [&] { paired.push_back(probe.measure()); });
+    std::vector<double> paired, within;
+    model_bench_params params = o.params;
+    if (!params.compare_layer_teams) params.decode_pause_every = k_ceiling_pause_tokens;
+    r.result = run_model_bench(
+        m, pool, params,
+        [&] {
+          within.push_back(probe.measure());
+          double sum = 0;
+          for (double g : within) sum += g;
+          paired.push_back(sum / static_cast<double>(within.size()));
+          within.clear();
+        },
+        [&] { within.push_back(probe.measure()); });
     r.ceiling.buffer_bytes = probe.bytes();
     r.ceiling.gb_s = paired;
     while (r.ceiling.gb_s.size() < static_cast<size_t>(std::max(o.params.reps, 3))) r.ceiling.gb_s.push_back(probe.measure());

@@ -38,11 +38,12 @@ struct bench_report {
   std::string isa;              // kernel path taken: scalar, avx2, avxvnni, avx512
   model_bench_params params;
   model_bench_result result;
-  // Measured with the same pool: one pass after each decode repetition, then more after the
-  // model phases up to at least 3.
+  // Measured with the same pool: per decode repetition the mean of its passes (one every
+  // k_ceiling_pause_tokens tokens within it and one right after it; with
+  // compare_layer_teams only the one after), then more after the model phases up to at least 3.
   read_ceiling_result ceiling;
-  // decode_gb_s[i] / the ceiling pass right after decode repetition i: on a shared machine the
-  // bandwidth available moves within seconds, so only figures taken side by side compare.
+  // decode_gb_s[i] / repetition i's ceiling: on a shared machine the bandwidth available
+  // moves within a second, so only figures taken across the same time compare.
   std::vector<double> decode_vs_ceiling_samples;
   dot_ceiling_result dots;      // likewise, after the read ceiling
 
@@ -63,6 +64,10 @@ struct bench_report {
   double compute_ceiling_tok_s() const;
   double batched_vs_compute_ceiling() const;
 };
+
+// Tokens of a timed decode between two passes of the read ceiling (run_bench): at the 250M
+// models' ~150-400 tok/s, a pass (~10 ms) every 0.1-0.2 s.
+inline constexpr int64_t k_ceiling_pause_tokens = 32;
 
 // Loads the model, runs run_model_bench, measure_read_ceiling and measure_dot_ceiling (with
 // at least 3 repetitions, they being cheap) on one pool of `threads`. Throws what they throw, and

@@ -41,6 +41,8 @@ void check_params(const model_bench_params& p) {
     throw std::invalid_argument("bench: batch must be in [1, " + std::to_string(models::k_max_sequences) + "], got " +
                                 std::to_string(p.batch));
   if (p.reps < 1) throw std::invalid_argument("bench: reps must be at least 1, got " + std::to_string(p.reps));
+  if (p.decode_pause_every < 0)
+    throw std::invalid_argument("bench: decode_pause_every must be at least 0, got " + std::to_string(p.decode_pause_every));
   if (p.depth < 0 || p.depth > models::k_max_context - std::max(p.prompt, p.gen))
     throw std::invalid_argument("bench: depth must be in [0, " + std::to_string(models::k_max_context - std::max(p.prompt, p.gen)) +
                                 "] (the context holds depth + max(prompt, gen) tokens), got " + std::to_string(p.depth));
@@ -104,7 +106,8 @@ kernels::weight_type main_weight_type(const models::model& m) {
 }
 
 model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_pool& pool, const model_bench_params& p,
-                                   const std::function<void()>& after_decode_rep) {
+                                   const std::function<void()>& after_decode_rep,
+                                   const std::function<void()>& during_decode) {
   check_params(p);
   const auto& cfg = m.config();
   // One id stream: prompt, then the decode tokens, then one token per sequence per batched
@@ -156,12 +159,23 @@ model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_
     };
     auto fill = [&](int64_t timed_fast_end) { fill_context(ctx, timed_fast_end); };
     // gen one-token passes from the filled cache, in tokens per second.
-    auto decode_rate = [&](models::forward_context& c) {
+    // With `pauses`, the clock stops every decode_pause_every tokens for during_decode.
+    auto decode_rate = [&](models::forward_context& c, bool pauses) {
       fill_context(c, 0);
       r.decode_start_position = c.pos();
-      const auto t0 = clock_type::now();
-      for (int64_t i = 0; i < p.gen; ++i) c.eval({gen_ids + i, 1});
-      const double tok_s = static_cast<double>(p.gen) / seconds_since(t0);
+      const int64_t every = pauses && during_decode ? p.decode_pause_every : 0;
+      double seconds = 0;
+      auto t0 = clock_type::now();
+      for (int64_t i = 0; i < p.gen; ++i) {
+        c.eval({gen_ids + i, 1});
+        if (every > 0 && (i + 1) % every == 0 && i + 1 < p.gen) {
+          seconds += seconds_since(t0);
+          during_decode();
+          t0 = clock_type::now();
+        }
+      }
+      seconds += seconds_since(t0);
+      const double tok_s = static_cast<double>(p.gen) / seconds;
       c.reset();
       return tok_s;
     };
@@ -177,12 +191,12 @@ model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_
     for (int rep = 0; rep < p.reps; ++rep) {
       // With the comparison, every other repetition decodes with layer teams first, so a slow
       // spell of a shared machine weighs on both sides of the ratio.
-      if (teams && rep % 2 == 1) r.decode_layer_teams_tok_s.push_back(decode_rate(*teams));
-      const double tok_s = decode_rate(ctx);
+      if (teams && rep % 2 == 1) r.decode_layer_teams_tok_s.push_back(decode_rate(*teams, false));
+      const double tok_s = decode_rate(ctx, true);
       r.decode_tok_s.push_back(tok_s);
       r.decode_gb_s.push_back(static_cast<double>(r.decode_bytes_per_token) * tok_s / 1e9);
       if (after_decode_rep) after_decode_rep();
-      if (teams && rep % 2 == 0) r.decode_layer_teams_tok_s.push_back(decode_rate(*teams));
+      if (teams && rep % 2 == 0) r.decode_layer_teams_tok_s.push_back(decode_rate(*teams, false));
     }
   }  // the one-sequence context is freed before the batched one is made
   {

@@ -36,6 +36,11 @@ struct model_bench_params {
   // default) and also on a second context whose layers each run as one team job, repetition
   // by repetition in alternating order, to compare the two.
   bool compare_layer_teams = false;
+  // Every this many tokens of each timed single-sequence decode (0: never), the decode stops
+  // its clock and runs run_model_bench's `during_decode` hook: run_bench reads the memory
+  // ceiling there, so the ceiling a decode figure is compared with is sampled across the
+  // same seconds instead of once after them.
+  int64_t decode_pause_every = 0;
 };
 
 struct model_bench_result {
@@ -84,10 +89,12 @@ kernels::weight_type main_weight_type(const models::model& m);
 // ids from bench_tokens and never samples, so only the forward pass is timed. Throws
 // std::invalid_argument for prompt, gen, reps, batch or depth out of range (a message naming the
 // parameter), and what forward_context throws (e.g. not enough memory).
-// after_decode_rep, when given, runs after each timed decode repetition (outside its timing):
-// run_bench times a pass of the read ceiling there, so each decode figure has a ceiling taken
-// beside it.
+// after_decode_rep, when given, runs after each timed decode repetition, and during_decode
+// every p.decode_pause_every tokens within one (before the last token's pause would fall
+// after it), both outside the decode's timing: run_bench times passes of the read ceiling
+// there, so each decode figure has a ceiling taken across it.
 model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_pool& pool, const model_bench_params& p,
-                                   const std::function<void()>& after_decode_rep = {});
+                                   const std::function<void()>& after_decode_rep = {},
+                                   const std::function<void()>& during_decode = {});
 
 }  // namespace tandem::bench

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <string>
 
 #include "models/synth.h"
 #include "tests/test_support.h"
@@ -162,6 +163,39 @@ TEST_SUITE("bench_model") {
     }
   }
 
+  TEST_CASE("run_model_bench: decode_pause_every runs during_decode within each timed decode, never after its last token") {
+    const models::model m(test::data_path("stories260K.gguf").string());
+    kernels::cpu::thread_pool pool(2);
+    auto p = two_reps(8, 7, 2);
+    int after = 0, during = 0;
+    // The order a repetition sees: pauses after tokens 3 and 6 of 7, then the end.
+    std::string order;
+    p.decode_pause_every = 3;
+    const auto r = bench::run_model_bench(
+        m, pool, p, [&] { ++after, order += 'A'; }, [&] { ++during, order += 'd'; });
+    CHECK(after == 2);
+    CHECK(during == 4);
+    CHECK(order == "ddAddA");
+    REQUIRE(r.decode_tok_s.size() == 2);
+    for (double x : r.decode_tok_s) CHECK(x > 0);
+    // A pause at the last token would fall after the decode: 6 of 6 pauses only at 3.
+    p.gen = 6;
+    order.clear();
+    bench::run_model_bench(m, pool, p, [&] { order += 'A'; }, [&] { order += 'd'; });
+    CHECK(order == "dAdA");
+    // Off (0, the default): no pauses.
+    p.decode_pause_every = 0;
+    order.clear();
+    bench::run_model_bench(m, pool, p, [&] { order += 'A'; }, [&] { order += 'd'; });
+    CHECK(order == "AA");
+    // The layer-teams comparison's second context never pauses.
+    p.decode_pause_every = 2;
+    p.compare_layer_teams = true;
+    order.clear();
+    bench::run_model_bench(m, pool, p, [&] { order += 'A'; }, [&] { order += 'd'; });
+    CHECK(order == "ddAddA");
+  }
+
   TEST_CASE("run_model_bench refuses out-of-range parameters, naming them") {
     const models::model m(test::data_path("stories260K.gguf").string());
     kernels::cpu::thread_pool pool(1);
@@ -186,6 +220,9 @@ TEST_SUITE("bench_model") {
     p = {};
     p.batch = 100000;
     expect_error(p, "batch");
+    p = {};
+    p.decode_pause_every = -1;
+    expect_error(p, "decode_pause_every");
     p = {};
     p.reps = 0;
     expect_error(p, "reps");
