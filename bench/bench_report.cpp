@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <numeric>
 
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/thread_pool.h"
@@ -105,9 +106,7 @@ bench_report run_bench(const bench_options& o) {
         m, pool, params,
         [&] {
           within.push_back(probe.measure());
-          double sum = 0;
-          for (double g : within) sum += g;
-          paired.push_back(sum / static_cast<double>(within.size()));
+          paired.push_back(std::accumulate(within.begin(), within.end(), 0.0) / static_cast<double>(within.size()));
           within.clear();
         },
         [&] { within.push_back(probe.measure()); });

@@ -66,7 +66,8 @@ struct bench_report {
 };
 
 // Tokens of a timed decode between two passes of the read ceiling (run_bench): at the 250M
-// models' ~150-400 tok/s, a pass (~10 ms) every 0.1-0.2 s.
+// models' ~150-400 tok/s, a pass every 0.1-0.2 s (this VM's default buffer, 1,280 MiB, takes ~40 ms
+// at ~33 GB/s).
 inline constexpr int64_t k_ceiling_pause_tokens = 32;
 
 // Loads the model, runs run_model_bench, measure_read_ceiling and measure_dot_ceiling (with
