@@ -91,6 +91,19 @@ isa active_isa() {
   return cpu_has_avx2() ? isa::avx2 : isa::scalar;
 }
 
+cpu_identity this_cpu() {
+  cpu_identity id;
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0) return id;
+  // The vendor string is ebx, edx, ecx: "AuthenticAMD".
+  id.amd = ebx == 0x68747541u && edx == 0x69746e65u && ecx == 0x444d4163u;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return id;
+  const unsigned base_family = eax >> 8 & 0xFu, base_model = eax >> 4 & 0xFu;
+  id.family = base_family == 0xFu ? base_family + (eax >> 20 & 0xFFu) : base_family;
+  id.model = base_family == 0xFu || base_family == 6u ? (eax >> 16 & 0xFu) << 4 | base_model : base_model;
+  return id;
+}
+
 const char* isa_name(isa which) {
   switch (which) {
     case isa::scalar: return "scalar";

@@ -40,4 +40,14 @@ bool avx_vnni_active();
 // path with AVX-VNNI active.
 const char* active_path_name();
 
+// Who made the CPU and its x86 family and model as cpuid reports them (family: base plus
+// extended, 0x17 for AMD Zen and Zen 2, 0x19 for Zen 3 and Zen 4; model: extended model
+// above base model): what tunings measured on one microarchitecture key on (packed.h).
+struct cpu_identity {
+  bool amd = false;
+  unsigned family = 0;
+  unsigned model = 0;
+};
+cpu_identity this_cpu();
+
 }  // namespace tandem::kernels::cpu

@@ -12,6 +12,14 @@
 #include "kernels/cpu/quants.h"
 
 namespace tandem::kernels::cpu {
+
+size_t packed_near_ahead_avx2_for(weight_type wt, const cpu_identity& cpu) {
+  if (wt == weight_type::q4_0 && cpu.amd && cpu.family == 0x19u) return k_packed_q4_0_near_ahead_zen3;
+  return k_packed_near_ahead_avx2;
+}
+
+const size_t g_packed_q4_0_near_ahead_avx2 = packed_near_ahead_avx2_for(weight_type::q4_0, this_cpu());
+
 namespace {
 
 constexpr int R = k_panel_rows;

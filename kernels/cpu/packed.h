@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cpu/isa.h"
 #include "kernels/weight_type.h"
 
 namespace tandem::kernels::cpu {
@@ -110,6 +111,21 @@ inline constexpr size_t k_packed_l2_ahead_avx2 = 16384;
 // same request unmeasured.) The two-level passes keep T0: NTA in their
 // near request moved K-quant decode by 0-2%, and batches read each panel twice.
 inline constexpr size_t k_packed_near_ahead_avx2 = 640;
+// Q4_0's near request on AMD family 19h (Zen 3, and Zen 4 when the avx2 path is forced)
+// instead: 1,536 bytes. On a 2-core Zen 3 (family 25, model 1), 250M Q4_0 decode, A/B in one
+// process alternating ABBA every 64 tokens, 32 pairs a run, against 640: 1,536 bytes 1.076-1.108
+// (four runs), 1,280 1.057, 1,792 1.053, 1,024 1.049 (two), 2,048 0.99-1.02, 3,072 1.007, 4,096
+// 1.024, 384 0.880 (an A/A run read 1.028). Q8_0 there: 1,024 1.007, 1,536 0.995, 2,048 0.961,
+// so it keeps 640; and on the Zen 2 above 1,024 bytes was already 0-5% slower than 640 for both.
+inline constexpr size_t k_packed_q4_0_near_ahead_zen3 = 1536;
+// The near distance for a CPU: k_packed_q4_0_near_ahead_zen3 for Q4_0 on AMD family 19h,
+// k_packed_near_ahead_avx2 otherwise.
+size_t packed_near_ahead_avx2_for(weight_type wt, const cpu_identity& cpu);
+// The same for this CPU, chosen once at start-up (a constant to the kernels' loops).
+extern const size_t g_packed_q4_0_near_ahead_avx2;
+inline size_t packed_near_ahead_avx2(weight_type wt) {
+  return wt == weight_type::q4_0 ? g_packed_q4_0_near_ahead_avx2 : k_packed_near_ahead_avx2;
+}
 
 // Whether `wt` has a packed form (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
 bool packable(weight_type wt);

@@ -114,6 +114,18 @@ void each_type_order_cols(F&& f) {
 
 }  // namespace
 
+TEST_CASE("the AVX2 near request distance: Zen 3's for Q4_0 on AMD family 19h only") {
+  const cpu_identity zen2{true, 0x17u, 0x31u}, zen3{true, 0x19u, 0x01u}, intel{false, 6u, 0x97u};
+  CHECK(packed_near_ahead_avx2_for(weight_type::q4_0, zen3) == k_packed_q4_0_near_ahead_zen3);
+  CHECK(packed_near_ahead_avx2_for(weight_type::q8_0, zen3) == k_packed_near_ahead_avx2);
+  CHECK(packed_near_ahead_avx2_for(weight_type::q4_1, zen3) == k_packed_near_ahead_avx2);
+  CHECK(packed_near_ahead_avx2_for(weight_type::q4_0, zen2) == k_packed_near_ahead_avx2);
+  CHECK(packed_near_ahead_avx2_for(weight_type::q4_0, intel) == k_packed_near_ahead_avx2);
+  // This process's choice is the one for this CPU.
+  CHECK(packed_near_ahead_avx2(weight_type::q4_0) == packed_near_ahead_avx2_for(weight_type::q4_0, this_cpu()));
+  CHECK(packed_near_ahead_avx2(weight_type::q8_0) == k_packed_near_ahead_avx2);
+}
+
 TEST_CASE("packed sizes: the GGUF size for the legacy types and Q6_K, 64 bytes more per 16 x 256 for Q4_K/Q5_K") {
   for (const weight_type wt :
        {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1, weight_type::q8_0, weight_type::q6_k})

@@ -1,0 +1,35 @@
+#include "kernels/cpu/isa.h"
+
+#include <doctest/doctest.h>
+
+#include <cpuid.h>
+
+#include <string_view>
+
+namespace cpu = tandem::kernels::cpu;
+
+TEST_CASE("this_cpu reads the vendor, family and model cpuid reports") {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  REQUIRE(__get_cpuid(0, &eax, &ebx, &ecx, &edx) != 0);
+  char vendor[13] = {};
+  for (int i = 0; i < 4; ++i) {
+    vendor[i] = static_cast<char>(ebx >> (8 * i));
+    vendor[4 + i] = static_cast<char>(edx >> (8 * i));
+    vendor[8 + i] = static_cast<char>(ecx >> (8 * i));
+  }
+  const cpu::cpu_identity id = cpu::this_cpu();
+  CHECK(id.amd == (std::string_view(vendor) == "AuthenticAMD"));
+  REQUIRE(__get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0);
+  // Every x86-64 CPU reports a base family of 6 (Intel) or 15 (AMD, then extended).
+  const unsigned base_family = eax >> 8 & 0xFu;
+  CHECK(id.family >= base_family);
+  if (base_family == 0xFu) {
+    const unsigned family = 0xFu + (eax >> 20 & 0xFFu), extended_model = eax >> 16 & 0xFu;
+    CHECK(id.family == family);
+    const unsigned model_high = id.model >> 4;
+    CHECK(model_high == extended_model);
+  }
+  const unsigned base_model = eax >> 4 & 0xFu;
+  CHECK((id.model & 0xFu) == base_model);
+  CHECK(cpu::this_cpu().family == id.family);  // stable across calls
+}
