@@ -20,7 +20,7 @@ TEST_CASE("this_cpu reads the vendor, family and model cpuid reports") {
   const cpu::cpu_identity id = cpu::this_cpu();
   CHECK(id.amd == (std::string_view(vendor) == "AuthenticAMD"));
   REQUIRE(__get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0);
-  // Every x86-64 CPU reports a base family of 6 (Intel) or 15 (AMD, then extended).
+  // Base family 15 means the extended family is added (AMD since K8); Intel cores mostly report 6.
   const unsigned base_family = eax >> 8 & 0xFu;
   CHECK(id.family >= base_family);
   if (base_family == 0xFu) {
