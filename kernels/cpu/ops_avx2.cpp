@@ -127,6 +127,63 @@ void swiglu_avx2(float* gate, const float* up, int64_t n) {
   }
 }
 
+namespace {
+// Keeps a product out of a fused multiply-add (the asm claims to change it); no instruction.
+static inline __m256 unfused(__m256 x) {
+  asm("" : "+x"(x));
+  return x;
+}
+static inline float unfused(float x) {
+  asm("" : "+x"(x));
+  return x;
+}
+}  // namespace
+
+void rope_apply_avx2(float* x, int n_heads, int head_dim, int half, bool neox, const float* cs) {
+  // Pairs outer, heads inner: a group of pairs' cos and sin are arranged once for every head.
+  int i = 0;
+  if (neox) {
+    for (; i + 8 <= half; i += 8) {
+      // cs holds (cos, sin) pairs; the two shuffles gather 8 cosines and 8 sines, the qword
+      // permute puts them back in pair order.
+      const __m256 lo = _mm256_loadu_ps(cs + 2 * i), hi = _mm256_loadu_ps(cs + 2 * i + 8);
+      const __m256 c = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0x88)), 0xD8));
+      const __m256 s = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0xDD)), 0xD8));
+      for (int h = 0; h < n_heads; ++h) {
+        float* a = x + static_cast<int64_t>(h) * head_dim + i;
+        float* b = a + half;
+        const __m256 x0 = _mm256_loadu_ps(a), x1 = _mm256_loadu_ps(b);
+        _mm256_storeu_ps(a, _mm256_sub_ps(unfused(_mm256_mul_ps(x0, c)), unfused(_mm256_mul_ps(x1, s))));
+        _mm256_storeu_ps(b, _mm256_add_ps(unfused(_mm256_mul_ps(x0, s)), unfused(_mm256_mul_ps(x1, c))));
+      }
+    }
+  } else {
+    for (; i + 4 <= half; i += 4) {
+      // Lanes (x0, x1) of a pair against (c, c) and, swapped, (s, s): addsub gives x0c - x1s in
+      // the even lane and x1c + x0s in the odd one.
+      const __m256 t = _mm256_loadu_ps(cs + 2 * i);
+      const __m256 c = _mm256_moveldup_ps(t), s = _mm256_movehdup_ps(t);
+      for (int h = 0; h < n_heads; ++h) {
+        float* v = x + static_cast<int64_t>(h) * head_dim + 2 * i;
+        const __m256 xv = _mm256_loadu_ps(v);
+        const __m256 swapped = _mm256_permute_ps(xv, 0xB1);
+        _mm256_storeu_ps(v, _mm256_addsub_ps(unfused(_mm256_mul_ps(xv, c)), unfused(_mm256_mul_ps(swapped, s))));
+      }
+    }
+  }
+  // The last pairs (fewer than a vector's), as the scalar loop (this file may fuse otherwise).
+  const int stride = neox ? 1 : 2, other = neox ? half : 1;
+  for (int h = 0; h < n_heads; ++h)
+    for (int j = i; j < half; ++j) {
+      float* a = x + static_cast<int64_t>(h) * head_dim + j * stride;
+      float* b = a + other;
+      const float c = cs[2 * j], s = cs[2 * j + 1];
+      const float x0 = *a, x1 = *b;
+      *a = unfused(x0 * c) - unfused(x1 * s);
+      *b = unfused(x0 * s) + unfused(x1 * c);
+    }
+}
+
 void expf_exact_avx2(const float* x, float* out, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, expf_exact(_mm256_loadu_ps(x + i)));

@@ -17,6 +17,11 @@ void f32_to_f16_row_avx2(const float* src, uint16_t* dst, int64_t n);
 // lanes, an order difference far below float resolution).
 void rms_norm_avx2(const float* x, const float* w, float* out, int64_t n, float eps);
 
+// rope_apply's rotation, bit for bit: each output is the same two float products and one sum
+// or difference as the scalar loop (no fused multiply-add). `half` pairs per head: (x[2i],
+// x[2i+1]) when adjacent, (x[i], x[i + half]) when neox; cs holds cos, sin of pair i at 2i, 2i+1.
+void rope_apply_avx2(float* x, int n_heads, int head_dim, int half, bool neox, const float* cs);
+
 // As softmax, with the vector e^x of simd_math_avx2.h instead of expf.
 void softmax_avx2(float* x, int64_t n);
 

@@ -5,6 +5,9 @@
 #include <numbers>
 #include <vector>
 
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/ops_simd.h"
+
 namespace tandem::kernels::cpu {
 
 namespace {
@@ -70,6 +73,7 @@ void rope_table(int64_t pos, int head_dim, const rope_params& p, float* cs) {
 
 void rope_apply(float* x, int n_heads, int head_dim, const float* cs, const rope_params& p) {
   const int half = rope_table_floats(head_dim, p) / 2;
+  if (active_isa() != isa::scalar) return rope_apply_avx2(x, n_heads, head_dim, half, p.pairing == rope_pairing::neox, cs);
   // Pair i of a head: (v[2i], v[2i+1]) when adjacent, (v[i], v[i+half]) when neox. Dimensions
   // from n_rot to head_dim are left untouched.
   const int stride = p.pairing == rope_pairing::adjacent ? 2 : 1;

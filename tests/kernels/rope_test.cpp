@@ -9,6 +9,8 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/isa.h"
+#include "tests/kernels/kernel_test_util.h"
 #include "tests/test_support.h"
 
 using namespace tandem::kernels::cpu;
@@ -52,8 +54,8 @@ std::vector<double> reference_rope(const std::vector<float>& x, int n_heads, int
   return out;
 }
 
-std::vector<float> random_vector(std::mt19937& rng, size_t n) {
-  std::normal_distribution<float> dist(0.0f, 1.0f);
+std::vector<float> random_vector(std::mt19937& rng, size_t n, float sd = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, sd);
   std::vector<float> v(n);
   for (auto& x : v) x = dist(rng);
   return v;
@@ -171,6 +173,43 @@ TEST_SUITE("rope") {
           rope_table(pos, head_dim, p, cs.data());
           rope_apply(b.data(), 3, head_dim, cs.data(), p);
           CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+        }
+      }
+  }
+
+  TEST_CASE("every SIMD path rotates with the scalar path's bits, tails and partial rotations too") {
+    // The forward pass's q and k must not depend on the CPU: llama.cpp's greedy tokens are
+    // pinned on them. Pair counts below, at and above a vector, with leftover pairs.
+    tandem::test::isa_guard guard;
+    std::mt19937 rng(7);
+    struct shape {
+      int head_dim, n_rot;
+    };
+    for (const auto pairing : {rope_pairing::adjacent, rope_pairing::neox})
+      for (const shape sh : {shape{64, 0}, shape{128, 0}, shape{80, 32}, shape{48, 0}, shape{20, 0}, shape{14, 12}, shape{6, 6},
+                             shape{2, 2}, shape{96, 40}}) {
+        CAPTURE(int(pairing));
+        CAPTURE(sh.head_dim);
+        CAPTURE(sh.n_rot);
+        rope_params p;
+        p.pairing = pairing;
+        p.n_rot = sh.n_rot;
+        std::vector<float> cs(static_cast<size_t>(rope_table_floats(sh.head_dim, p)));
+        for (const int64_t pos : {int64_t{0}, int64_t{5}, int64_t{4097}}) {
+          CAPTURE(pos);
+          rope_table(pos, sh.head_dim, p, cs.data());
+          const int n_heads = 5;
+          // Large values too, where a fused multiply-add would round differently.
+          const auto x = random_vector(rng, static_cast<size_t>(n_heads * sh.head_dim), 300.0f);
+          std::vector<float> want;
+          for (const isa path : tandem::test::supported_isas()) {
+            CAPTURE(isa_name(path));
+            set_isa(path);
+            auto y = x;
+            rope_apply(y.data(), n_heads, sh.head_dim, cs.data(), p);
+            if (path == isa::scalar) want = y;
+            CHECK(std::memcmp(y.data(), want.data(), y.size() * sizeof(float)) == 0);
+          }
         }
       }
   }
