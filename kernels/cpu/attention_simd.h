@@ -28,20 +28,10 @@
 #include <utility>
 
 #include "kernels/cpu/attention_impl.h"
+#include "kernels/cpu/unfused.h"
 
 namespace tandem::kernels::cpu {
 namespace {
-
-// Barriers against contraction: the asm claims to change x, so the product feeding it cannot be
-// merged with the add it feeds into one fused multiply-add. They cost no instruction.
-static inline __m128 unfused(__m128 x) {
-  asm("" : "+x"(x));
-  return x;
-}
-static inline __m256 unfused(__m256 x) {
-  asm("" : "+x"(x));
-  return x;
-}
 
 template <class L>
 struct simd_attention {

@@ -9,6 +9,7 @@
 #include "kernels/cpu/expf_exact_avx2.h"
 #include "kernels/cpu/quants.h"
 #include "kernels/cpu/simd_math_avx2.h"
+#include "kernels/cpu/unfused.h"
 
 namespace tandem::kernels::cpu {
 
@@ -126,18 +127,6 @@ void swiglu_avx2(float* gate, const float* up, int64_t n) {
     _mm256_maskstore_ps(gate + i, tail, silu_mul(_mm256_maskload_ps(gate + i, tail), _mm256_maskload_ps(up + i, tail)));
   }
 }
-
-namespace {
-// Keeps a product out of a fused multiply-add (the asm claims to change it); no instruction.
-static inline __m256 unfused(__m256 x) {
-  asm("" : "+x"(x));
-  return x;
-}
-static inline float unfused(float x) {
-  asm("" : "+x"(x));
-  return x;
-}
-}  // namespace
 
 void rope_apply_avx2(float* x, int n_heads, int head_dim, int half, bool neox, const float* cs) {
   // Pairs outer, heads inner: a group of pairs' cos and sin are arranged once for every head.
