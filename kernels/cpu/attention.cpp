@@ -244,9 +244,40 @@ void attend_runs(const attention_run* runs, int64_t n_runs, kv_type kt, int n_he
   // Scores of a whole row for an f32 cache (two-pass softmax, rows one at a time), one key
   // block for f16 (every head of every row of the task: attention_scratch's H).
   const int64_t score_len = kt == kv_type::f32 ? max_keys : k_attention_key_block;
-  const int64_t heads = kt == kv_type::f16 ? int64_t{per_task} * task_rows : per_task;
+  // One decode row on a team: each member takes a contiguous share of the query heads, in runs
+  // of heads that share a KV head, instead of a share of whole (KV head, part) tasks. With 9
+  // heads on 3 KV heads (SmolLM2) two members had 1 and 2 groups; now 4 and 5 heads, each
+  // member widening two KV heads' rows. A head's arithmetic does not depend on which heads
+  // share its task, so the bits are the same.
+  const bool head_shares = part && n_runs == 1 && total_rows == 1 && prompt_rows(runs[0]) == 0;
+  const int64_t head_begin = head_shares ? share_start(n_heads, part->count, part->index) : 0;
+  const int64_t head_end = head_shares ? share_start(n_heads, part->count, part->index + 1) : 0;
+  const int64_t heads = std::max(kt == kv_type::f16 ? int64_t{per_task} * task_rows : int64_t{per_task},
+                                 std::min<int64_t>(group, head_end - head_begin));
   const size_t scratch_floats = static_cast<size_t>(2 * heads * dp + 2 * k_attention_key_block * dp +
                                                     heads * (score_len + 2 * k_attention_key_block) + 2 * heads);
+
+  // The task of `n_group` heads from `head` (all of KV head kv_head's, or a run of them) for
+  // `n_rows` rows from `row` of a run.
+  auto task_of = [&](const attention_run& run, int64_t row, int64_t n_rows, int64_t head, int kv_head, int n_group) {
+    const int64_t q_offset = (row * n_heads + head) * head_dim;
+    attention_task t;
+    t.q = run.q + q_offset;
+    t.out = run.out + q_offset;
+    t.k = static_cast<const char*>(run.k_cache) + static_cast<size_t>(kv_head) * head_dim * elem;
+    t.v = static_cast<const char*>(run.v_cache) + static_cast<size_t>(kv_head) * head_dim * elem;
+    t.kv_stride = kv_stride;
+    t.pages = run.pages;
+    t.n_keys = run.pos0 + row + 1;  // causal: this row sees itself and everything before it
+    t.n_rows = static_cast<int>(n_rows);
+    t.row_stride = static_cast<int64_t>(n_heads) * head_dim;
+    t.n_group = n_group;
+    t.head_dim = head_dim;
+    t.padded_dim = dp;
+    t.scale = scale;
+    t.kt = kt;
+    return t;
+  };
 
   auto body = [&](int64_t begin, int64_t end) {
     // Grown to the largest need seen and reused: no allocation per call once warm.
@@ -262,6 +293,16 @@ void attend_runs(const attention_run* runs, int64_t n_runs, kv_type kt, int n_he
     s.w = s.ms + heads * k_attention_key_block;
     s.m = s.w + heads * k_attention_key_block;
     s.sum = s.m + heads;
+    if (head_shares) {
+      // [begin, end) are heads here: the member's share, a task per KV head it touches.
+      for (int64_t h = begin; h < end;) {
+        const int kv_head = static_cast<int>(h / group);
+        const int64_t run_end = std::min<int64_t>(end, static_cast<int64_t>(kv_head + 1) * group);
+        attend(task_of(runs[0], 0, 1, h, kv_head, static_cast<int>(run_end - h)), s);
+        h = run_end;
+      }
+      return;
+    }
     // The run of `begin` by binary search, then forward as the units advance.
     int64_t i = std::upper_bound(firsts, firsts + n_runs + 1, begin) - firsts - 1;
     for (int64_t u = begin; u < end; ++u) {
@@ -317,26 +358,12 @@ void attend_runs(const attention_run* runs, int64_t n_runs, kv_type kt, int n_he
       const int kv_head = static_cast<int>(local % per_row) / parts;
       const int part = static_cast<int>(local % parts);
       const int64_t head = static_cast<int64_t>(kv_head) * group + part * per_task;
-      const int64_t q_offset = (row * n_heads + head) * head_dim;
-      attention_task t;
-      t.q = run.q + q_offset;
-      t.out = run.out + q_offset;
-      t.k = static_cast<const char*>(run.k_cache) + static_cast<size_t>(kv_head) * head_dim * elem;
-      t.v = static_cast<const char*>(run.v_cache) + static_cast<size_t>(kv_head) * head_dim * elem;
-      t.kv_stride = kv_stride;
-      t.pages = run.pages;
-      t.n_keys = run.pos0 + row + 1;  // causal: this row sees itself and everything before it
-      t.n_rows = static_cast<int>(std::min<int64_t>(task_rows, run.n_q - row));
-      t.row_stride = static_cast<int64_t>(n_heads) * head_dim;
-      t.n_group = per_task;
-      t.head_dim = head_dim;
-      t.padded_dim = dp;
-      t.scale = scale;
-      t.kt = kt;
-      attend(t, s);
+      attend(task_of(run, row, std::min<int64_t>(task_rows, run.n_q - row), head, kv_head, per_task), s);
     }
   };
-  if (part) {
+  if (head_shares) {
+    if (head_begin < head_end) body(head_begin, head_end);
+  } else if (part) {
     const int64_t b = share_start(units, part->count, part->index), e = share_start(units, part->count, part->index + 1);
     if (b < e) body(b, e);
   } else if (pool && pool->size() > 1 && units > 1) {

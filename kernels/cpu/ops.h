@@ -130,7 +130,9 @@ struct team_part {
 };
 
 // attention_many, one member's part: a fixed share of the (run, rows, KV head) tasks, cut as
-// for a pool of `count` threads. All parts together write what attention_many writes, bit for bit.
+// for a pool of `count` threads; for one decode row, a contiguous share of its query heads
+// (split where it falls, even inside a KV head's group). All parts together write what
+// attention_many writes, bit for bit.
 void attention_many_part(const attention_run* runs, int64_t n_runs, kv_type kt, int n_heads, int n_kv_heads,
                          int head_dim, float scale, team_part part);
 

@@ -160,10 +160,11 @@ struct run_set {
   std::vector<problem> ps;
   std::vector<shape> shapes;
 };
-run_set make_runs(std::mt19937& rng, const std::vector<std::pair<int64_t, int64_t>>& lens, kv_type kt) {
+run_set make_runs(std::mt19937& rng, const std::vector<std::pair<int64_t, int64_t>>& lens, kv_type kt, int n_heads = 8,
+                  int n_kv_heads = 2) {
   run_set s;
   for (const auto& [n_q, pos0] : lens) {
-    s.shapes.push_back({8, 2, 64, n_q, pos0});
+    s.shapes.push_back({n_heads, n_kv_heads, 64, n_q, pos0});
     s.ps.push_back(make_problem(rng, s.shapes.back(), kt));
   }
   return s;
@@ -351,20 +352,27 @@ TEST_SUITE("attention") {
   }
 
   TEST_CASE("team parts of attention_many together write its result, bit for bit") {
-    // One sequence's decode (one row: its query heads are split between members), a batched
-    // decode step and a prompt chunk beside decode rows, each cut into 1..4 parts run one
-    // after another on this thread.
+    // One sequence's decode (one row: each member takes a share of its query heads, which may
+    // start or end inside a KV head's group: 8 heads on 2 KV heads, and 9 on 3 as SmolLM2), a
+    // batched decode step and a prompt chunk beside decode rows, each cut into 1..4 parts run
+    // one after another on this thread.
     std::mt19937 rng(78);
     tandem::test::isa_guard guard;
+    using lens_t = std::vector<std::pair<int64_t, int64_t>>;
+    struct case_t {
+      lens_t lens;
+      int n_heads, n_kv_heads;
+    };
     for (const isa path : tandem::test::supported_isas()) {
       set_isa(path);
       CAPTURE(isa_name(path));
       for (const kv_type kt : {kv_type::f16, kv_type::f32}) {
-        for (const std::vector<std::pair<int64_t, int64_t>>& lens :
-             {std::vector<std::pair<int64_t, int64_t>>{{1, 37}},
-              std::vector<std::pair<int64_t, int64_t>>{{1, 0}, {1, 5}, {1, 40}, {1, 17}, {1, 3}},
-              std::vector<std::pair<int64_t, int64_t>>{{7, 0}, {1, 30}, {3, 12}}}) {
-          auto [ps, shapes] = make_runs(rng, lens, kt);
+        for (const case_t& c : {case_t{lens_t{{1, 37}}, 8, 2}, case_t{lens_t{{1, 37}}, 9, 3}, case_t{lens_t{{1, 0}}, 9, 3},
+                                case_t{lens_t{{1, 0}, {1, 5}, {1, 40}, {1, 17}, {1, 3}}, 8, 2},
+                                case_t{lens_t{{7, 0}, {1, 30}, {3, 12}}, 8, 2}}) {
+          CAPTURE(c.n_heads);
+          const int n_heads = c.n_heads, n_kv_heads = c.n_kv_heads;
+          auto [ps, shapes] = make_runs(rng, c.lens, kt, n_heads, n_kv_heads);
           auto runs_into = [&](std::vector<std::vector<float>>& outs) {
             outs.clear();
             outs.reserve(ps.size());
@@ -377,12 +385,13 @@ TEST_SUITE("attention") {
           };
           std::vector<std::vector<float>> want, got;
           const auto whole = runs_into(want);
-          attention_many(whole.data(), static_cast<int64_t>(whole.size()), kt, 8, 2, 64, ps[0].scale, nullptr);
+          attention_many(whole.data(), static_cast<int64_t>(whole.size()), kt, n_heads, n_kv_heads, 64, ps[0].scale, nullptr);
           for (const int count : {1, 2, 3, 4}) {
             CAPTURE(count);
             const auto parts = runs_into(got);
             for (int i = 0; i < count; ++i)
-              attention_many_part(parts.data(), static_cast<int64_t>(parts.size()), kt, 8, 2, 64, ps[0].scale, {i, count});
+              attention_many_part(parts.data(), static_cast<int64_t>(parts.size()), kt, n_heads, n_kv_heads, 64, ps[0].scale,
+                                  {i, count});
             CHECK(got == want);
           }
         }
