@@ -150,32 +150,47 @@ void dequantize_packed_row(weight_type wt, const void* packed, int64_t cols, int
 enum class sum_order { ggml, tile };
 
 // How an AVX-512 pass of `wt` in `order` over `act_rows` activation rows asks for its lines
-// ahead of reading them:
+// ahead of reading them, on a CPU whose own prefetchers do (`self_streaming`: AMD) or do not
+// keep up with a packed stream read front to back:
 //  - l1: every line k_packed_prefetch_ahead ahead, into L1 (passes of several rows, and
-//    decode over the types not named below);
-//  - none: not at all, in decode over Q4_0, Q8_0 and ggml-order Q4_1, which read each unit
-//    front to back: on a 2-core Zen 4 the core's own prefetchers keep up with those streams,
-//    and the requests only took load slots. Against l1, 128 MB streams on both cores (copies
-//    of the kernel, alternating): Q8_0 +8-9%, Q4_0 +0-7%; 250M decode, A/B in one process:
-//    Q8_0 +5%, +12%, +15%, Q4_0 +0%, +3%, +10%, +12%; SmolLM2 (ggml-order Q4_1) +1%, +3%,
-//    +6%. The other types streamed slower without requests (tile-order Q4_1 -5%, Q5_0 -12%,
-//    Q5_1 -2%, Q4_K -1%, Q6_K and Q5_K -42 to -47%: units holding two or three streams read
-//    at different offsets);
-//  - l2_and_l1: in decode over Q4_K and Q6_K, every line twice, k_packed_l2_ahead_avx512 ahead
-//    into L2 and k_packed_l1_ahead_avx512 ahead into L1, as the AVX2 kernels ask: a request
-//    into L1 holds one of the core's few L1 miss buffers until its line arrives, requests into
-//    L2 can have many more lines in flight. 250M decode, A/B in one process against l1: Q6_K
-//    +14%, +30%; Q4_K +1%, +23% (both runs at a ~33 GB/s read ceiling).
+//    decode over the types not named below on AMD);
+//  - none: not at all, in decode over Q4_0, Q8_0 and ggml-order Q4_1 on AMD, which read each
+//    unit front to back: on a 2-core Zen 4 the core's own prefetchers keep up with those
+//    streams, and the requests only took load slots. Against l1, 128 MB streams on both cores
+//    (copies of the kernel, alternating): Q8_0 +8-9%, Q4_0 +0-7%; 250M decode, A/B in one
+//    process: Q8_0 +5%, +12%, +15%, Q4_0 +0%, +3%, +10%, +12%; SmolLM2 (ggml-order Q4_1) +1%,
+//    +3%, +6%. The other types streamed slower without requests (tile-order Q4_1 -5%, Q5_0
+//    -12%, Q5_1 -2%, Q4_K -1%, Q6_K and Q5_K -42 to -47%: units holding two or three streams
+//    read at different offsets);
+//  - l2_and_l1: in decode over Q4_K and Q6_K, and over every type where the CPU is not AMD,
+//    every line twice, k_packed_l2_ahead_avx512 ahead into L2 and k_packed_l1_ahead_avx512
+//    ahead into L1, as the AVX2 kernels ask: a request into L1 holds one of the core's few L1
+//    miss buffers until its line arrives, requests into L2 can have many more lines in
+//    flight. 250M decode, A/B in one process against l1 on the Zen 4: Q6_K +14%, +30%; Q4_K
+//    +1%, +23% (both runs at a ~33 GB/s read ceiling). On a 2-core Intel Xeon with AMX (stop
+//    40), against none: Q4_0 +81%, Q8_0 +28%; against l1: Q4_0 +9%, Q8_0 +7%, Q5_0 +18%,
+//    Q5_K +27%, Q4_K +6%; SmolLM2 (ggml-order Q4_1) l1 +31% over none.
 enum class avx512_requests { none, l1, l2_and_l1 };
-// The AVX2 kernels' distances, measured only at those values here.
+// The AVX2 kernels' distances, measured only at those values on the Zen 4; on the Xeon 32/4,
+// 32/2, 16/4 KiB read 0.99-1.01 of 16/2 and 8/2 KiB 0.97-0.98.
 inline constexpr size_t k_packed_l1_ahead_avx512 = k_packed_l1_ahead_avx2;
 inline constexpr size_t k_packed_l2_ahead_avx512 = k_packed_l2_ahead_avx2;
-static constexpr avx512_requests packed_avx512_requests(weight_type wt, int act_rows, sum_order order) {
+static constexpr avx512_requests packed_avx512_requests(weight_type wt, int act_rows, sum_order order,
+                                                        bool self_streaming) {
   if (act_rows != 1) return avx512_requests::l1;
+  if (wt == weight_type::q4_k || wt == weight_type::q6_k || !self_streaming) return avx512_requests::l2_and_l1;
   if (wt == weight_type::q4_0 || wt == weight_type::q8_0) return avx512_requests::none;
   if (wt == weight_type::q4_1 && order == sum_order::ggml) return avx512_requests::none;
-  if (wt == weight_type::q4_k || wt == weight_type::q6_k) return avx512_requests::l2_and_l1;
   return avx512_requests::l1;
+}
+// Whether `cpu`'s own prefetchers keep up with a front-to-back packed stream: measured so on
+// AMD (Zen 4) and not on Intel (the Xeon above), so AMD it is.
+inline bool streams_prefetch_themselves(const cpu_identity& cpu) { return cpu.amd; }
+// streams_prefetch_themselves(this_cpu()), read once.
+extern const bool g_packed_self_streaming;
+// packed_avx512_requests for this CPU.
+inline avx512_requests packed_avx512_requests(weight_type wt, int act_rows, sum_order order) {
+  return packed_avx512_requests(wt, act_rows, order, g_packed_self_streaming);
 }
 
 // Whether the AVX2 decode passes (1-2 activation rows) of `wt` in `order` ask for lines at the

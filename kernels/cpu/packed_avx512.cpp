@@ -109,14 +109,17 @@ void packed_dot_tiled_avx512(weight_type wt, const uint8_t* panel, int64_t cols,
   auto rows = [&]<weight_type WT>() {
     if constexpr (WT != weight_type::q6_k) {
       if (n_act == k_packed_max_act_rows) {
-        packed_tile<WT, k_packed_max_act_rows>(panel, cols, tiled_codes, tiled_aux, n_act, out, out_stride, lanes);
+        constexpr avx512_requests req = packed_avx512_requests(WT, k_packed_max_act_rows, sum_order::tile, true);
+        packed_tile<WT, k_packed_max_act_rows, req>(panel, cols, tiled_codes, tiled_aux, n_act, out, out_stride, lanes);
         return;
       }
     }
     for (int r0 = 0; r0 < n_act; r0 += k_panel_max_act_rows) {
       avx512::with_act_rows(std::min(k_panel_max_act_rows, n_act - r0), [&]<int R>() {
-        packed_tile<WT, R>(panel, cols, tiled_codes + r0 * 32, tiled_aux + r0 * k_panel_aux_per_sub, n_act,
-                           out + r0 * out_stride, out_stride, lanes);
+        with_requests<WT, R>([&]<avx512_requests REQ>() {
+          packed_tile<WT, R, REQ>(panel, cols, tiled_codes + r0 * 32, tiled_aux + r0 * k_panel_aux_per_sub, n_act,
+                                  out + r0 * out_stride, out_stride, lanes);
+        });
       });
     }
   };
@@ -145,7 +148,7 @@ void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const
       constexpr size_t ub = packed_unit_bytes(WT);
       constexpr size_t sc = packed_scales_at(WT);
       const __m512i low4 = _mm512_set1_epi8(0x0F);
-      const bool prefetches = packed_avx512_requests(WT, n_act, sum_order::ggml) != avx512_requests::none;
+      const avx512_requests requests = packed_avx512_requests(WT, n_act, sum_order::ggml);
       avx512::ggml_order_rows(
           cols / 32, codes, cols, aux, n_act, out, out_stride, avx512::first16(n_w),
           [&](int64_t b, int g) {
@@ -157,8 +160,14 @@ void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const
           },
           [&](int64_t b, __m512& d, __m512& m) {
             const uint8_t* unit = panel + b * ub;
-            if (prefetches)
+            if (requests == avx512_requests::l1) {
               for (size_t l = 0; l < ub; l += 64) avx512::prefetch(unit, k_prefetch_ahead + l);
+            } else if (requests == avx512_requests::l2_and_l1) {
+              for (size_t l = 0; l < ub; l += 64) {
+                avx512::prefetch_l2(unit, k_packed_l2_ahead_avx512 + l);
+                avx512::prefetch(unit, k_packed_l1_ahead_avx512 + l);
+              }
+            }
             d = f16x16(unit + sc);
             m = f16x16(unit + sc + 2 * R16);
           });

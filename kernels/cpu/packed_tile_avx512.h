@@ -76,8 +76,9 @@ static inline __m512i q6_pair_gfni(__m512i h, int q) {
 // of `group` rows, codes and aux starting at this call's first row: every byte and scale the
 // pass reads lies at a fixed distance from one pointer per chunk (with one pointer per row, 16
 // rows ran out of general registers and the compiler parked pointers in vector registers,
-// whose moves took the vector ports: 95 cycles per chunk against 82 tiled).
-template <weight_type WT, int R, bool GFNI = false>
+// whose moves took the vector ports: 95 cycles per chunk against 82 tiled). REQ: how the pass
+// asks for its lines ahead (packed_avx512_requests; with_requests picks this CPU's).
+template <weight_type WT, int R, avx512_requests REQ, bool GFNI = false>
 void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int group, float* out,
                  int64_t out_stride, __mmask16 lanes) {
   static_assert(R <= k_panel_max_act_rows || (R == k_packed_max_act_rows && WT != weight_type::q6_k));
@@ -109,12 +110,11 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
       d = f16x16(unit + sc);
     }
     for (int ch = 0; ch < uc / 32; ++ch) {
-      // Every line of this chunk's share of the stream, as far on as packed_avx512_requests says.
+      // Every line of this chunk's share of the stream, as far on as REQ says.
       constexpr size_t share = ub / (uc / 32);
-      constexpr avx512_requests requests = packed_avx512_requests(WT, R, sum_order::tile);
-      if constexpr (requests == avx512_requests::l1) {
+      if constexpr (REQ == avx512_requests::l1) {
         for (size_t b = 0; b < share; b += 64) avx512::prefetch(unit, ch * share + k_prefetch_ahead + b);
-      } else if constexpr (requests == avx512_requests::l2_and_l1) {
+      } else if constexpr (REQ == avx512_requests::l2_and_l1) {
         for (size_t b = 0; b < share; b += 64) {
           avx512::prefetch_l2(unit, ch * share + k_packed_l2_ahead_avx512 + b);
           avx512::prefetch(unit, ch * share + k_packed_l1_ahead_avx512 + b);
@@ -216,6 +216,21 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
     }
   }
   TANDEM_UNROLL for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + r * out_stride, lanes, f[r]);
+}
+
+// f.template operator()<REQ>() with the requests this CPU's passes of R rows of WT (tile
+// order) take: a run-time choice in decode (packed_avx512_requests), compiled in for each.
+template <weight_type WT, int R, class F>
+static inline void with_requests(F&& f) {
+  if constexpr (R != 1) {
+    f.template operator()<packed_avx512_requests(WT, R, sum_order::tile, true)>();
+  } else {
+    switch (packed_avx512_requests(WT, 1, sum_order::tile)) {
+      case avx512_requests::none: return f.template operator()<avx512_requests::none>();
+      case avx512_requests::l1: return f.template operator()<avx512_requests::l1>();
+      case avx512_requests::l2_and_l1: return f.template operator()<avx512_requests::l2_and_l1>();
+    }
+  }
 }
 
 }  // namespace

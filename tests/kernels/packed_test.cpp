@@ -126,6 +126,40 @@ TEST_CASE("the AVX2 near request distance: Zen 3's for Q4_0 on AMD family 19h on
   CHECK(packed_near_ahead_avx2(weight_type::q8_0) == k_packed_near_ahead_avx2);
 }
 
+TEST_CASE("AVX-512 requests: none for front-to-back decode streams on AMD only, both levels elsewhere") {
+  const cpu_identity zen4{true, 0x19u, 0x61u}, xeon{false, 6u, 0xA7u};
+  CHECK(streams_prefetch_themselves(zen4));
+  CHECK_FALSE(streams_prefetch_themselves(xeon));
+  using req = avx512_requests;
+  const auto on = [](const cpu_identity& cpu, weight_type wt, int rows, sum_order order = sum_order::tile) {
+    return packed_avx512_requests(wt, rows, order, streams_prefetch_themselves(cpu));
+  };
+  // Zen 4, as measured there.
+  CHECK(on(zen4, weight_type::q4_0, 1) == req::none);
+  CHECK(on(zen4, weight_type::q8_0, 1) == req::none);
+  CHECK(on(zen4, weight_type::q4_1, 1, sum_order::ggml) == req::none);
+  CHECK(on(zen4, weight_type::q4_1, 1) == req::l1);
+  CHECK(on(zen4, weight_type::q5_0, 1) == req::l1);
+  CHECK(on(zen4, weight_type::q5_k, 1) == req::l1);
+  CHECK(on(zen4, weight_type::q4_k, 1) == req::l2_and_l1);
+  CHECK(on(zen4, weight_type::q6_k, 1) == req::l2_and_l1);
+  // Elsewhere every decode stream asks at both levels.
+  for (const weight_type wt : {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1,
+                               weight_type::q8_0, weight_type::q4_k, weight_type::q5_k, weight_type::q6_k}) {
+    CAPTURE(display_name(wt));
+    CHECK(on(xeon, wt, 1) == req::l2_and_l1);
+    CHECK(on(xeon, wt, 1, sum_order::ggml) == req::l2_and_l1);
+    // Passes of several rows ask once, into L1, on either.
+    for (const int rows : {2, 8, 16}) {
+      CHECK(on(xeon, wt, rows) == req::l1);
+      CHECK(on(zen4, wt, rows) == req::l1);
+    }
+  }
+  // This process's choice is the one for this CPU.
+  CHECK(g_packed_self_streaming == streams_prefetch_themselves(this_cpu()));
+  CHECK(packed_avx512_requests(weight_type::q4_0, 1, sum_order::tile) == on(this_cpu(), weight_type::q4_0, 1));
+}
+
 TEST_CASE("packed sizes: the GGUF size for the legacy types and Q6_K, 64 bytes more per 16 x 256 for Q4_K/Q5_K") {
   for (const weight_type wt :
        {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1, weight_type::q8_0, weight_type::q6_k})
