@@ -56,18 +56,21 @@ namespace {
 // Forces the kernels' path for one run and puts the previous one back (set_isa is process-wide).
 class isa_scope {
  public:
-  isa_scope(kernels::cpu::isa which, bool avx_vnni)
+  isa_scope(kernels::cpu::isa which, bool avx_vnni, bool amx)
       : before_(kernels::cpu::requested_isa()),
         vnni_before_(kernels::cpu::avx_vnni_allowed()),
+        amx_before_(kernels::cpu::amx_allowed()),
         forced_(which != kernels::cpu::isa::best) {
     if (!forced_) return;
     kernels::cpu::set_isa(which);
     kernels::cpu::set_avx_vnni(avx_vnni);
+    kernels::cpu::set_amx(amx);
   }
   ~isa_scope() {
     if (!forced_) return;
     kernels::cpu::set_isa(before_);
     kernels::cpu::set_avx_vnni(vnni_before_);
+    kernels::cpu::set_amx(amx_before_);
   }
   isa_scope(const isa_scope&) = delete;
   isa_scope& operator=(const isa_scope&) = delete;
@@ -75,13 +78,14 @@ class isa_scope {
  private:
   kernels::cpu::isa before_;
   bool vnni_before_;
+  bool amx_before_;
   bool forced_;
 };
 
 }  // namespace
 
 bench_report run_bench(const bench_options& o) {
-  const isa_scope path(o.isa, o.avx_vnni);
+  const isa_scope path(o.isa, o.avx_vnni, o.amx);
   models::model m(o.model_path);
   kernels::cpu::thread_pool pool(o.threads > 0 ? o.threads : kernels::cpu::default_thread_count());
   bench_report r;

@@ -25,6 +25,9 @@ struct bench_options {
   // With a forced path: whether the avx2 path may use AVX-VNNI where the CPU has it (off: what
   // AVX2 CPUs without it get).
   bool avx_vnni = true;
+  // With a forced path: whether the avx512 path may use AMX where the CPU has it (off: what
+  // AVX-512 CPUs without it get).
+  bool amx = true;
   model_bench_params params;
   uint64_t read_buffer_bytes = 0;  // 0: default_read_buffer_bytes()
 };
@@ -35,7 +38,7 @@ struct bench_report {
   std::string type;             // main_weight_type, e.g. "Q4_K"
   uint64_t weight_bytes = 0;    // all tensor data in the file
   int threads = 0;
-  std::string isa;              // kernel path taken: scalar, avx2, avxvnni, avx512
+  std::string isa;              // kernel path taken: scalar, avx2, avxvnni, avx512, amx
   model_bench_params params;
   model_bench_result result;
   // Measured with the same pool: per decode repetition the mean of its passes (one every

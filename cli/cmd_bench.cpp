@@ -32,10 +32,18 @@ struct bench_args {
   bool json = false;
 };
 
-// --isa NAME into the path and whether the avx2 path may use AVX-VNNI ("avxvnni": yes).
+// --isa NAME into the path, whether the avx2 path may use AVX-VNNI ("avxvnni": yes) and
+// whether the avx512 path may use AMX ("amx": yes; "avx512": no).
 void parse_isa(const std::string& name, bench::bench_options& o) {
   using kernels::cpu::isa;
   o.avx_vnni = true;
+  o.amx = true;
+  if (name == "amx") {
+    if (!kernels::cpu::cpu_has_amx())
+      throw std::runtime_error("bench: --isa amx: this CPU (or its operating system) offers no AVX-512 with AMX-INT8");
+    o.isa = isa::avx512;
+    return;
+  }
   if (name == "avxvnni") {
     if (!kernels::cpu::cpu_has_avx_vnni()) throw std::runtime_error("bench: --isa avxvnni: this CPU lacks AVX2 with AVX-VNNI");
     o.isa = isa::avx2;
@@ -47,9 +55,10 @@ void parse_isa(const std::string& name, bench::bench_options& o) {
       throw std::runtime_error("bench: --isa " + name + ": this CPU lacks " + kernels::cpu::isa_requirement(which));
     o.isa = which;
     o.avx_vnni = which != isa::avx2;
+    o.amx = which != isa::avx512;
     return;
   }
-  throw std::runtime_error("bench: --isa " + name + ": not a path (best, avx512, avxvnni, avx2, scalar)");
+  throw std::runtime_error("bench: --isa " + name + ": not a path (best, amx, avx512, avxvnni, avx2, scalar)");
 }
 
 void run_bench_command(bench_args& a) {
@@ -269,8 +278,8 @@ void add_bench_command(CLI::App& root) {
   cmd->add_option("--read-mib", a->read_mib, "buffer of the memory-read ceiling in MiB (0: four times the last-level cache, at least 256)")
       ->check(CLI::Range(0, 1 << 16))
       ->capture_default_str();
-  cmd->add_option("--isa", a->isa, "kernel path for the whole run, model load included: best, avx512, avxvnni, avx2 or scalar (avxvnni: AVX2 with AVX-VNNI, as Intel Alder Lake and later without AVX-512; avx2: without it)")
-      ->check(CLI::IsMember({"best", "avx512", "avxvnni", "avx2", "scalar"}))
+  cmd->add_option("--isa", a->isa, "kernel path for the whole run, model load included: best, amx, avx512, avxvnni, avx2 or scalar (amx: AVX-512 with AMX tiles for prefill, Sapphire Rapids and later; avx512: without them; avxvnni: AVX2 with AVX-VNNI, as Intel Alder Lake and later without AVX-512; avx2: without it)")
+      ->check(CLI::IsMember({"best", "amx", "avx512", "avxvnni", "avx2", "scalar"}))
       ->capture_default_str();
   cmd->add_flag("--fast-prompt", p.fast_prompt_attention,
                 "prefill by the server's arithmetic (tiled attention, SwiGLU's vector e^x, Q4_1/Q5_1 tile order) (default: llama.cpp's, as `tandem run`)");

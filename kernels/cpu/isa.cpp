@@ -1,6 +1,10 @@
 #include "kernels/cpu/isa.h"
 
 #include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include <atomic>
 #include <stdexcept>
@@ -24,6 +28,14 @@ bool cpu_has_avx512() {
 
 std::atomic<isa> g_isa{isa::best};
 std::atomic<bool> g_avx_vnni{true};
+std::atomic<bool> g_amx{true};
+
+// XCR0: the register state the operating system saves, so lets programs use.
+unsigned long long xcr0() {
+  unsigned eax = 0, edx = 0;
+  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+  return static_cast<unsigned long long>(edx) << 32 | eax;
+}
 
 }  // namespace
 
@@ -70,9 +82,35 @@ void set_avx_vnni(bool allowed) { g_avx_vnni.store(allowed, std::memory_order_re
 bool avx_vnni_allowed() { return g_avx_vnni.load(std::memory_order_relaxed); }
 bool avx_vnni_active() { return cpu_has_avx_vnni() && avx_vnni_allowed(); }
 
+bool cpu_has_amx() {
+  static const bool ok = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    // CPUID leaf 7: EDX bit 24 AMX-TILE, bit 25 AMX-INT8; OSXSAVE (leaf 1 ECX bit 27) for xgetbv.
+    if (!cpu_has_avx512() || __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+    if ((edx >> 24 & 1u) == 0 || (edx >> 25 & 1u) == 0) return false;
+    if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || (ecx >> 27 & 1u) == 0) return false;
+    // XCR0 bits 17 (tile configuration) and 18 (tile data).
+    if ((xcr0() >> 17 & 3u) != 3u) return false;
+#if defined(__linux__)
+    // Linux hands out the 8 KiB of tile data per thread only on request (kernel 5.16 on);
+    // without it the first tile instruction faults. 0x1023: ARCH_REQ_XCOMP_PERM, 18: XTILEDATA.
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+#else
+    return false;
+#endif
+  }();
+  return ok;
+}
+
+void set_amx(bool allowed) { g_amx.store(allowed, std::memory_order_relaxed); }
+bool amx_allowed() { return g_amx.load(std::memory_order_relaxed); }
+bool amx_active() { return active_isa() == isa::avx512 && amx_allowed() && cpu_has_amx(); }
+
 const char* active_path_name() {
   const isa which = active_isa();
-  return which == isa::avx2 && avx_vnni_active() ? "avxvnni" : isa_name(which);
+  if (which == isa::avx2 && avx_vnni_active()) return "avxvnni";
+  if (which == isa::avx512 && amx_active()) return "amx";
+  return isa_name(which);
 }
 
 void set_isa(isa which) {

@@ -36,8 +36,18 @@ void set_avx_vnni(bool allowed);
 bool avx_vnni_allowed();
 // cpu_has_avx_vnni() and allowed.
 bool avx_vnni_active();
-// The path kernels take now, for reports: isa_name(active_isa()), or "avxvnni" for the avx2
-// path with AVX-VNNI active.
+// AMX-INT8 (tile registers, tdpbsud) with AVX-512, and the operating system's leave to use
+// it (Linux: arch_prctl(ARCH_REQ_XCOMP_PERM) for the tile data, asked once per process here):
+// the avx512 path's products over expanded panels take it when present and allowed (Sapphire
+// Rapids and later). set_amx(false) makes the avx512 path what AVX-512 CPUs without AMX get
+// (`tandem bench --isa avx512`); on by default.
+bool cpu_has_amx();
+void set_amx(bool allowed);
+bool amx_allowed();
+// active_isa() is avx512, cpu_has_amx() and allowed.
+bool amx_active();
+// The path kernels take now, for reports: isa_name(active_isa()), "avxvnni" for the avx2
+// path with AVX-VNNI active, "amx" for the avx512 path with AMX active.
 const char* active_path_name();
 
 // Who made the CPU and its x86 family and model as cpuid reports them (family: base plus

@@ -97,6 +97,8 @@ row_span multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float*
   int n_act_types = 0;
   int64_t total_groups = 0;
   const isa path = active_isa();
+  // Products over expanded or per-call panels take the AMX tile unit where it is present (same bits).
+  const bool amx = path == isa::avx512 && amx_active();
   // Many activation rows against quantized weights: packed panels of 16 rows (panel.h).
   const bool panel_path = path == isa::avx512;
   // Panel forms of the activations, one per distinct (activation type, sub-block size).
@@ -366,6 +368,11 @@ row_span multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float*
           if (n_x >= k_expand_min_act_rows && !tile_order) {
             uint8_t* wide = aligned_scratch(panel_scratch, panel_bytes(job.wt, cols));
             expand_packed_avx512(job.wt, panel, cols, wide);
+            if (amx && panel_amx_supported(job.wt)) {
+              panel_sign_codes(job.wt, wide, cols);
+              panel_dot_amx(job.wt, wide, cols, codes, aux, static_cast<int>(n_x), job.y + o, job.rows, n_w);
+              continue;
+            }
             for (int64_t r0 = 0; r0 < n_x; r0 += k_panel_max_act_rows) {
               const int nr = static_cast<int>(std::min<int64_t>(k_panel_max_act_rows, n_x - r0));
               panel_dot_avx512(job.wt, wide, cols, codes + r0 * cols, aux + r0 * aux_per_row, nr,
@@ -400,6 +407,11 @@ row_span multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float*
           const int64_t o = g * k_panel_rows;
           const int n_w = static_cast<int>(std::min<int64_t>(k_panel_rows, job.rows - o));
           pack_panel_avx512(job.wt, static_cast<const uint8_t*>(job.w) + o * p.w_row, p.w_row, n_w, cols, panel);
+          if (amx && panel_amx_supported(job.wt)) {
+            panel_sign_codes(job.wt, panel, cols);
+            panel_dot_amx(job.wt, panel, cols, codes, aux, static_cast<int>(n_x), job.y + o, job.rows, n_w);
+            continue;
+          }
           for (int64_t r0 = 0; r0 < n_x; r0 += k_panel_max_act_rows) {
             const int nr = static_cast<int>(std::min<int64_t>(k_panel_max_act_rows, n_x - r0));
             panel_dot_avx512(job.wt, panel, cols, codes + r0 * cols, aux + r0 * aux_per_row, nr,

@@ -164,6 +164,20 @@ TEST_SUITE("bench") {
       CHECK(vnni.exit_code != 0);
       CHECK(vnni.err.find("AVX-VNNI") != std::string::npos);
     }
+    // avx512 is what AVX-512 CPUs without AMX get, even on one that has it; amx needs the tiles.
+    if (kernels::cpu::isa_supported(kernels::cpu::isa::avx512)) {
+      const auto avx512 = test::run_tandem(bench_cmd("--prompt 4 --gen 2 --batch 2 --reps 1 --isa avx512 --json"));
+      REQUIRE(avx512.exit_code == 0);
+      CHECK(nlohmann::json::parse(avx512.out)["isa"] == "avx512");
+    }
+    const auto amx = test::run_tandem(bench_cmd("--prompt 4 --gen 2 --batch 2 --reps 1 --isa amx --json"));
+    if (kernels::cpu::cpu_has_amx()) {
+      REQUIRE(amx.exit_code == 0);
+      CHECK(nlohmann::json::parse(amx.out)["isa"] == "amx");
+    } else {
+      CHECK(amx.exit_code != 0);
+      CHECK(amx.err.find("AMX") != std::string::npos);
+    }
     const auto bad = test::run_tandem(bench_cmd("--isa avx9"));
     CHECK(bad.exit_code != 0);
     CHECK(bad.err.find("--isa") != std::string::npos);

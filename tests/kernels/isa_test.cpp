@@ -33,3 +33,23 @@ TEST_CASE("this_cpu reads the vendor, family and model cpuid reports") {
   CHECK((id.model & 0xFu) == base_model);
   CHECK(cpu::this_cpu().family == id.family);  // stable across calls
 }
+
+TEST_CASE("AMX: present only with AVX-512 and the CPU's AMX-INT8 bits; set_amx gates it; reports name it") {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool bits = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) != 0 && (edx >> 24 & 1u) != 0 && (edx >> 25 & 1u) != 0;
+  if (cpu::cpu_has_amx()) {
+    CHECK(bits);
+    CHECK(cpu::isa_supported(cpu::isa::avx512));
+  }
+  const cpu::isa before = cpu::requested_isa();
+  cpu::set_amx(false);
+  CHECK_FALSE(cpu::amx_active());
+  CHECK(std::string_view(cpu::active_path_name()) != "amx");
+  cpu::set_amx(true);
+  CHECK(cpu::amx_active() == (cpu::cpu_has_amx() && cpu::active_isa() == cpu::isa::avx512));
+  if (cpu::amx_active()) CHECK(std::string_view(cpu::active_path_name()) == "amx");
+  cpu::set_isa(cpu::isa::scalar);  // another path never takes the tiles
+  CHECK_FALSE(cpu::amx_active());
+  CHECK(std::string_view(cpu::active_path_name()) == "scalar");
+  cpu::set_isa(before);
+}

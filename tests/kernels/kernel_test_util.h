@@ -79,6 +79,7 @@ struct isa_guard {
   ~isa_guard() {
     kernels::cpu::set_isa(kernels::cpu::isa::best);
     kernels::cpu::set_avx_vnni(true);
+    kernels::cpu::set_amx(true);
   }
 };
 

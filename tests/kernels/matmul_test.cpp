@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <new>
 #include <stdexcept>
@@ -341,6 +342,39 @@ TEST_SUITE("matmul") {
     std::vector<uint8_t> w(1024);
     CHECK_THROWS_WITH_AS(matmul(weight_type::q3_k, w.data(), 1, 256, y.data(), 1, y.data(), nullptr, weight_layout::packed),
                          doctest::Contains("Q3_K"), std::invalid_argument);
+  }
+
+  TEST_CASE("AMX products equal the AVX-512 vector kernels' bit for bit, packed and per-call panels") {
+    if (!isa_supported(isa::avx512) || !cpu_has_amx()) {
+      MESSAGE("skipped: this CPU (or its operating system) offers no AMX-INT8");
+      return;
+    }
+    tandem::test::isa_guard guard;
+    set_isa(isa::avx512);
+    thread_pool pool(2);
+    uint32_t seed = 3000;
+    for (const auto t : {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1, weight_type::q8_0,
+                         weight_type::q4_k, weight_type::q5_k, weight_type::q6_k}) {
+      const int64_t rows = 37, cols = info(t).block_elems == 256 ? 512 : 96;
+      const auto p = make_problem(t, rows, cols, ++seed);
+      std::vector<uint8_t> packed(packed_bytes(t, rows, cols));
+      pack_weights(t, p.w.data(), rows, cols, packed.data());
+      for (const int64_t n_x : {int64_t{8}, int64_t{16}, int64_t{21}, k_expand_min_act_rows, k_expand_min_act_rows + 7}) {
+        for (const auto layout : {weight_layout::packed, weight_layout::rows}) {
+          CAPTURE(display_name(t));
+          CAPTURE(n_x);
+          CAPTURE(layout == weight_layout::packed);
+          const void* w = layout == weight_layout::packed ? static_cast<const void*>(packed.data()) : p.w.data();
+          std::vector<float> want(static_cast<size_t>(rows * n_x), -7.0f), got(want);
+          set_amx(false);
+          matmul(t, w, rows, cols, p.x.data(), n_x, want.data(), &pool, layout);
+          set_amx(true);
+          REQUIRE(amx_active());
+          matmul(t, w, rows, cols, p.x.data(), n_x, got.data(), &pool, layout);
+          CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+        }
+      }
+    }
   }
 
   TEST_CASE("packed Q4_1/Q5_1 in the tile's order: a row's products do not depend on how many rows share the call") {

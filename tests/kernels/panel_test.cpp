@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -177,6 +178,45 @@ TEST_CASE("pack_panel_avx512 writes the bytes of pack_panel_ref, and panel_dot_a
               CHECK(std::fabs(got[i] - want[i]) <= tol);
             }
           }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("panel_dot_amx over a signed panel gives panel_dot_avx512's bits for every row count") {
+  if (!cpu_has_amx()) {
+    MESSAGE("skipped: this CPU (or its operating system) offers no AMX-INT8");
+    return;
+  }
+  for (const weight_type wt : panel_types()) {
+    CHECK(panel_amx_supported(wt) == (wt != weight_type::q4_1 && wt != weight_type::q5_1));
+    if (!panel_amx_supported(wt)) continue;
+    for (const int64_t cols : col_counts(wt)) {
+      for (const int n_rows : {1, 5, 16}) {
+        CAPTURE(display_name(wt));
+        CAPTURE(cols);
+        CAPTURE(n_rows);
+        const int max_act = 37;  // two tiles of 16 and a padded remainder
+        const case_data c = make_case(wt, cols, n_rows, max_act, static_cast<uint32_t>(11 * cols + n_rows));
+        aligned_bytes plain(panel_bytes(wt, cols)), sign(panel_bytes(wt, cols));
+        pack_panel_avx512(wt, c.w.data(), c.w_row, n_rows, cols, plain.data);
+        std::memcpy(sign.data, plain.data, panel_bytes(wt, cols));
+        panel_sign_codes(wt, sign.data, cols);
+        if (panel_code_offset(wt) == 0) CHECK(std::memcmp(sign.data, plain.data, panel_bytes(wt, cols)) == 0);
+        std::vector<int8_t> codes(panel_act_code_bytes(cols, max_act));
+        std::vector<float> aux(panel_act_aux_floats(wt, cols, max_act));
+        panel_acts(wt, c.a.data(), c.a_row, max_act, cols, codes.data(), aux.data());
+        const auto aux_row = static_cast<int64_t>(panel_act_aux_floats(wt, cols, 1));
+        for (const int n_act : {1, 7, 16, 19, 32, 37}) {
+          CAPTURE(n_act);
+          const int64_t stride = 21;
+          std::vector<float> want(static_cast<size_t>(stride * n_act), -7.0f), got(want);
+          for (int r0 = 0; r0 < n_act; r0 += k_panel_max_act_rows)
+            panel_dot_avx512(wt, plain.data, cols, codes.data() + r0 * cols, aux.data() + r0 * aux_row,
+                             std::min(k_panel_max_act_rows, n_act - r0), want.data() + r0 * stride, stride, n_rows);
+          panel_dot_amx(wt, sign.data, cols, codes.data(), aux.data(), n_act, got.data(), stride, n_rows);
+          CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);  // -7 past n_rows too
         }
       }
     }
