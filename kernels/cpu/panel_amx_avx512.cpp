@@ -2,13 +2,13 @@
 // -mamx-tile -mamx-int8 on top of the AVX-512 flags (kernels/CMakeLists.txt); reached only
 // where amx_active().
 //
-// An expanded panel's sub-block is already a tile operand: its S/4 groups of 64 bytes (byte
+// A panel's 32-element sub-block is already a tile operand: its 8 groups of 64 bytes (byte
 // 4r + i of group g = code of weight row r, column 4g + i) are the K x N "VNNI" layout of a
-// tdpbsud B tile with N = 16 weight rows, and 16 activation rows of S int8 codes (cols apart)
-// are its M x K A tile. One tile product per sub-block gives the 16 x 16 integer dots that
-// panel_tile's vpdpbusd chains build 4 columns at a time; the float epilogue is panel_tile's
-// own, so every output has its bits (integer sums are exact, and the float steps are the same
-// operations in the same order). The epilogue, not the tile multiply, is the cost, so the
+// B tile with N = 16 weight rows, and up to 16 activation rows of 32 int8 codes (cols apart)
+// are its M x K A tile. One tile product per sub-block gives the integer dots that
+// panel_tile's 128 vpdpbusd build 4 columns at a time; the float epilogue is panel_tile's own,
+// so every output has its bits (integer sums are exact, and the float steps are the same
+// operations in the same order). The epilogue, not the tile product, is the cost, so the
 // types whose codes carry an offset have it taken out of the panel first (panel_sign_codes:
 // signed codes, tdpbssd): the sums are then the signed values' dots, equal to panel_tile's
 // offset-started ones, and each output row saves an add and a broadcast load per sub-block
@@ -16,9 +16,8 @@
 // what remains is one load, conversion, multiply and FMA (and the min term's FMA).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
-#include <cstring>
-#include <vector>
 
 #include "kernels/cpu/panel.h"
 #include "kernels/cpu/simd_avx512.h"
@@ -26,12 +25,14 @@
 namespace tandem::kernels::cpu {
 namespace {
 
-constexpr int M = 16;  // activation rows per tile pass: an A tile's rows, a C tile's rows
+constexpr int S = 32;           // elements per sub-block (Q6_K's 16 are not taken: see panel_amx_supported)
+constexpr int k_max_rows = 16;  // activation rows per pass: an A tile's rows, a C tile's rows
 constexpr __mmask16 k_all16 = 0xFFFF;
 
-// Tile registers: 0-3 C (16 rows x 16 int32), one per sub-block in flight (a tdpbsud's result
-// takes tens of cycles to arrive, longer than one sub-block's epilogue, so the multiplies run
-// k_ahead sub-blocks in front of it); 4-5 A and 6-7 B, alternating. Shapes by sub-block size.
+// Tile registers: 0-3 C (M rows x 16 int32), one per sub-block in flight (a tile product's
+// result takes tens of cycles to arrive, longer than one sub-block's epilogue, so the products
+// run k_ahead sub-blocks in front of it); 4-5 A (M rows x 32 codes) and 6-7 B (8 rows of 64
+// bytes), alternating.
 constexpr int k_c_tiles = 4;
 constexpr int k_ahead = k_c_tiles - 1;
 struct alignas(64) tile_config {
@@ -41,7 +42,7 @@ struct alignas(64) tile_config {
   uint16_t bytes_per_row[16] = {};
   uint8_t rows[16] = {};
 };
-template <int S>
+template <int M>
 constexpr tile_config config_for() {
   tile_config c;
   for (int t = 0; t < k_c_tiles; ++t) {
@@ -59,24 +60,24 @@ constexpr tile_config config_for() {
   return c;
 }
 
-// The sub-block size whose configuration this thread's tile unit holds (0: none yet). The
+// The row count whose configuration this thread's tile unit holds (0: none yet). The
 // configuration is per thread and survives context switches with the rest of the register
-// state; one variable for both sizes (a static in configure_tiles would be one per size).
-thread_local int g_configured_sub = 0;
+// state; one variable for every shape (a static in configure_tiles would be one per shape).
+thread_local int g_configured_rows = 0;
 
-template <int S>
+template <int M>
 void configure_tiles() {
-  alignas(64) static constexpr tile_config config = config_for<S>();
-  if (g_configured_sub != S) {
+  alignas(64) static constexpr tile_config config = config_for<M>();
+  if (g_configured_rows != M) {
     _tile_loadconfig(&config);
-    g_configured_sub = S;
+    g_configured_rows = M;
   }
 }
 
-// One sub-block's 16 x 16 integer dots: A tile of 16 activation rows (`a`, rows a_stride
-// apart), B tile of the panel's groups, into dst (16 rows of 16 int32). A macro: GCC's tile
-// intrinsics paste their register numbers into the instruction text, so they must be literals.
-// Signed: tdpbssd (signed codes), else tdpbsud.
+// One sub-block's M x 16 integer dots: A tile of the activation rows (`a`, rows a_stride
+// apart), B tile of the panel's groups, into dst (M rows of 16 int32). Signed: tdpbssd (signed
+// codes), else tdpbsud. A macro: GCC's tile intrinsics paste their register numbers into the
+// instruction text, so they must be literals.
 #define TANDEM_TILE_DOTS(Signed, C, A, B, a, a_stride, b, dst) \
   do {                                                        \
     _tile_loadd(A, a, a_stride);                              \
@@ -87,15 +88,14 @@ void configure_tiles() {
     _tile_stored(C, dst, 64);                                 \
   } while (false)
 
-// 16 activation rows against one panel of sub-blocks of S elements; `Offset`: the type's codes
-// carry an offset, which panel_sign_codes has taken out (signed codes), and the mins are not
-// read.
-template <int S, bool Offset>
+// M activation rows against one panel; `Offset`: the type's codes carry an offset, which
+// panel_sign_codes has taken out (signed codes), and the mins are not read.
+template <int M, bool Offset>
 void panel_pass_amx(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, float* out,
                     int64_t out_stride, __mmask16 lanes) {
-  constexpr int groups = S / 4;
-  constexpr size_t sub_bytes = groups * 64 + 2 * 64;
+  constexpr size_t sub_bytes = S / 4 * 64 + 2 * 64;
   const int64_t nsub = cols / S;
+  configure_tiles<M>();
   alignas(64) int32_t dots[k_c_tiles][M][16];
   auto multiply = [&](int64_t s) {
     const uint8_t* b = panel + s * sub_bytes;
@@ -114,7 +114,7 @@ void panel_pass_amx(const uint8_t* panel, int64_t cols, const int8_t* codes, con
   for (int64_t s = 0; s < nsub; ++s) {
     if (s + k_ahead < nsub) multiply(s + k_ahead);
     const uint8_t* p = panel + s * sub_bytes;
-    const __m512 sc = _mm512_load_ps(p + groups * 64), mn = _mm512_load_ps(p + groups * 64 + 64);
+    const __m512 sc = _mm512_load_ps(p + S / 4 * 64), mn = _mm512_load_ps(p + S / 4 * 64 + 64);
     const int32_t(&d)[M][16] = dots[s % k_c_tiles];
     TANDEM_UNROLL for (int r = 0; r < M; ++r) {
       const float* x = aux + (r * nsub + s) * k_panel_aux_per_sub;
@@ -128,10 +128,36 @@ void panel_pass_amx(const uint8_t* panel, int64_t cols, const int8_t* codes, con
 
 #undef TANDEM_TILE_DOTS
 
+// f.template operator()<M>() for n in 1..16.
+template <class F>
+static inline void with_rows(int n, F&& f) {
+  switch (n) {
+    case 1: return f.template operator()<1>();
+    case 2: return f.template operator()<2>();
+    case 3: return f.template operator()<3>();
+    case 4: return f.template operator()<4>();
+    case 5: return f.template operator()<5>();
+    case 6: return f.template operator()<6>();
+    case 7: return f.template operator()<7>();
+    case 8: return f.template operator()<8>();
+    case 9: return f.template operator()<9>();
+    case 10: return f.template operator()<10>();
+    case 11: return f.template operator()<11>();
+    case 12: return f.template operator()<12>();
+    case 13: return f.template operator()<13>();
+    case 14: return f.template operator()<14>();
+    case 15: return f.template operator()<15>();
+    case 16: return f.template operator()<16>();
+    default: return;
+  }
+}
+
 }  // namespace
 
 bool panel_amx_supported(weight_type wt) {
-  return panel_supported(wt) && wt != weight_type::q4_1 && wt != weight_type::q5_1;
+  // Q6_K's 16-element sub-blocks halve each tile product's work for the same epilogue: its
+  // prefill measured 0.98-1.02 of the vector kernel's (A/A 1.02-1.03), so it keeps that.
+  return panel_supported(wt) && panel_sub_elems(wt) == S && wt != weight_type::q4_1 && wt != weight_type::q5_1;
 }
 
 void panel_sign_codes(weight_type wt, uint8_t* panel, int64_t cols) {
@@ -149,37 +175,19 @@ void panel_sign_codes(weight_type wt, uint8_t* panel, int64_t cols) {
 
 void panel_dot_amx(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act,
                    float* out, int64_t out_stride, int n_w) {
-  const int64_t nsub = cols / panel_sub_elems(wt);
-  const int64_t aux_per_row = nsub * k_panel_aux_per_sub;
+  const int64_t aux_per_row = cols / S * k_panel_aux_per_sub;
   const __mmask16 lanes = avx512::first16(n_w);
   const bool offset = panel_code_offset(wt) != 0;
-  auto pass = [&](const int8_t* c, const float* x, float* o, int64_t o_stride) {
-    if (panel_sub_elems(wt) == 16) {
-      configure_tiles<16>();
-      if (offset) panel_pass_amx<16, true>(panel, cols, c, x, o, o_stride, lanes);
-      else panel_pass_amx<16, false>(panel, cols, c, x, o, o_stride, lanes);
-    } else {
-      configure_tiles<32>();
-      if (offset) panel_pass_amx<32, true>(panel, cols, c, x, o, o_stride, lanes);
-      else panel_pass_amx<32, false>(panel, cols, c, x, o, o_stride, lanes);
-    }
-  };
-  const int full = n_act / M * M;
-  for (int r0 = 0; r0 < full; r0 += M) pass(codes + r0 * cols, aux + r0 * aux_per_row, out + r0 * out_stride, out_stride);
-  if (full == n_act) return;
-  // The last rows, fewer than a tile's, through a tile of zero-padded copies (an A tile load
-  // reads 16 rows): a row's result does not depend on the rows beside it.
-  const int nr = n_act - full;
-  thread_local std::vector<int8_t> tail_codes;
-  thread_local std::vector<float> tail_aux, tail_out;
-  tail_codes.assign(static_cast<size_t>(M * cols), 0);
-  tail_aux.assign(static_cast<size_t>(M * aux_per_row), 0.0f);
-  tail_out.resize(M * 16);
-  std::memcpy(tail_codes.data(), codes + full * cols, static_cast<size_t>(nr * cols));
-  std::memcpy(tail_aux.data(), aux + full * aux_per_row, static_cast<size_t>(nr * aux_per_row) * sizeof(float));
-  pass(tail_codes.data(), tail_aux.data(), tail_out.data(), 16);
-  for (int r = 0; r < nr; ++r)
-    std::memcpy(out + (full + r) * out_stride, tail_out.data() + r * 16, static_cast<size_t>(n_w) * sizeof(float));
+  // Passes of 16 rows, then one of the rest (its own tile shape).
+  for (int r0 = 0; r0 < n_act; r0 += k_max_rows) {
+    const int8_t* c = codes + r0 * cols;
+    const float* x = aux + r0 * aux_per_row;
+    float* o = out + r0 * out_stride;
+    with_rows(std::min(k_max_rows, n_act - r0), [&]<int M>() {
+      if (offset) panel_pass_amx<M, true>(panel, cols, c, x, o, out_stride, lanes);
+      else panel_pass_amx<M, false>(panel, cols, c, x, o, out_stride, lanes);
+    });
+  }
 }
 
 }  // namespace tandem::kernels::cpu
