@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/panel.h"
+#include "kernels/cpu/panel_avx512.h"
 #include "kernels/cpu/simd_avx512.h"
 
 namespace tandem::kernels::cpu {
@@ -128,30 +129,6 @@ void panel_pass_amx(const uint8_t* panel, int64_t cols, const int8_t* codes, con
 
 #undef TANDEM_TILE_DOTS
 
-// f.template operator()<M>() for n in 1..16.
-template <class F>
-static inline void with_rows(int n, F&& f) {
-  switch (n) {
-    case 1: return f.template operator()<1>();
-    case 2: return f.template operator()<2>();
-    case 3: return f.template operator()<3>();
-    case 4: return f.template operator()<4>();
-    case 5: return f.template operator()<5>();
-    case 6: return f.template operator()<6>();
-    case 7: return f.template operator()<7>();
-    case 8: return f.template operator()<8>();
-    case 9: return f.template operator()<9>();
-    case 10: return f.template operator()<10>();
-    case 11: return f.template operator()<11>();
-    case 12: return f.template operator()<12>();
-    case 13: return f.template operator()<13>();
-    case 14: return f.template operator()<14>();
-    case 15: return f.template operator()<15>();
-    case 16: return f.template operator()<16>();
-    default: return;
-  }
-}
-
 }  // namespace
 
 bool panel_amx_supported(weight_type wt) {
@@ -183,7 +160,7 @@ void panel_dot_amx(weight_type wt, const uint8_t* panel, int64_t cols, const int
     const int8_t* c = codes + r0 * cols;
     const float* x = aux + r0 * aux_per_row;
     float* o = out + r0 * out_stride;
-    with_rows(std::min(k_max_rows, n_act - r0), [&]<int M>() {
+    avx512::with_count<1, k_max_rows>(std::min(k_max_rows, n_act - r0), [&]<int M>() {
       if (offset) panel_pass_amx<M, true>(panel, cols, c, x, o, out_stride, lanes);
       else panel_pass_amx<M, false>(panel, cols, c, x, o, out_stride, lanes);
     });

@@ -13,21 +13,20 @@
 
 namespace tandem::kernels::cpu::avx512 {
 
+// f.template operator()<N>() for the N in [Lo, Hi] that equals n (nothing when none does).
+template <int Lo, int Hi, class F>
+static inline void with_count(int n, F&& f) {
+  if constexpr (Lo <= Hi) {
+    if (n == Lo) return f.template operator()<Lo>();
+    return with_count<Lo + 1, Hi>(n, f);
+  }
+}
+
 // f.template operator()<R>() for R = n, the activation rows of one kernel call; callers split
 // larger counts into calls of at most k_panel_max_act_rows (8) rows.
 template <class F>
 static inline void with_act_rows(int n, F&& f) {
-  switch (n) {
-    case 1: return f.template operator()<1>();
-    case 2: return f.template operator()<2>();
-    case 3: return f.template operator()<3>();
-    case 4: return f.template operator()<4>();
-    case 5: return f.template operator()<5>();
-    case 6: return f.template operator()<6>();
-    case 7: return f.template operator()<7>();
-    case 8: return f.template operator()<8>();
-    default: return;
-  }
+  with_count<1, 8>(n, f);
 }
 
 // The 4 activation bytes at p as one int32 (a vpdpbusd broadcast operand).

@@ -69,6 +69,18 @@ problem make_problem(weight_type wt, int64_t rows, int64_t cols, uint32_t seed) 
   return p;
 }
 
+// make_problem for the packed-weight tests (37 rows, 96 or 512 columns) with its packed form.
+struct packed_problem {
+  problem p;
+  std::vector<uint8_t> packed;
+};
+packed_problem make_packed_problem(weight_type t, uint32_t seed) {
+  const int64_t rows = 37, cols = info(t).block_elems == 256 ? 512 : 96;
+  packed_problem pp{make_problem(t, rows, cols, seed), std::vector<uint8_t>(packed_bytes(t, rows, cols))};
+  pack_weights(t, pp.p.w.data(), rows, cols, pp.packed.data());
+  return pp;
+}
+
 std::vector<float> run(const problem& p, int64_t n_x, thread_pool* pool) {
   std::vector<float> y(static_cast<size_t>(p.rows * n_x), -7.0f);
   matmul(p.wt, p.w.data(), p.rows, p.cols, p.x.data(), n_x, y.data(), pool);
@@ -308,10 +320,8 @@ TEST_SUITE("matmul") {
     uint32_t seed = 2000;
     for (const auto t : {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1, weight_type::q8_0,
                          weight_type::q4_k, weight_type::q5_k, weight_type::q6_k}) {
-      const int64_t rows = 37, cols = info(t).block_elems == 256 ? 512 : 96;
-      const auto p = make_problem(t, rows, cols, ++seed);
-      std::vector<uint8_t> packed(packed_bytes(t, rows, cols));
-      pack_weights(t, p.w.data(), rows, cols, packed.data());
+      const auto [p, packed] = make_packed_problem(t, ++seed);
+      const int64_t rows = p.rows, cols = p.cols;
       for (const auto& [path, vnni] : paths) {
         set_isa(path);
         set_avx_vnni(vnni);
@@ -355,10 +365,8 @@ TEST_SUITE("matmul") {
     uint32_t seed = 3000;
     for (const auto t : {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1, weight_type::q8_0,
                          weight_type::q4_k, weight_type::q5_k, weight_type::q6_k}) {
-      const int64_t rows = 37, cols = info(t).block_elems == 256 ? 512 : 96;
-      const auto p = make_problem(t, rows, cols, ++seed);
-      std::vector<uint8_t> packed(packed_bytes(t, rows, cols));
-      pack_weights(t, p.w.data(), rows, cols, packed.data());
+      const auto [p, packed] = make_packed_problem(t, ++seed);
+      const int64_t rows = p.rows, cols = p.cols;
       for (const int64_t n_x : {int64_t{8}, int64_t{16}, int64_t{21}, k_expand_min_act_rows, k_expand_min_act_rows + 7}) {
         for (const auto layout : {weight_layout::packed, weight_layout::rows}) {
           CAPTURE(display_name(t));
