@@ -20,6 +20,7 @@ size_t packed_near_ahead_avx2_for(weight_type wt, const cpu_identity& cpu) {
 
 const size_t g_packed_q4_0_near_ahead_avx2 = packed_near_ahead_avx2_for(weight_type::q4_0, this_cpu());
 const bool g_packed_self_streaming = streams_prefetch_themselves(this_cpu());
+const bool g_packed_split_sums8 = packed_avx512_split_sums(8, this_cpu());
 
 namespace {
 

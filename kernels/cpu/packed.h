@@ -193,6 +193,21 @@ inline avx512_requests packed_avx512_requests(weight_type wt, int act_rows, sum_
   return packed_avx512_requests(wt, act_rows, order, g_packed_self_streaming);
 }
 
+// Whether an AVX-512 tile pass of `act_rows` (2..8) rows on `cpu` splits each row's integer
+// sum of a chunk into two chains (even and odd column groups, or low and high nibbles) added
+// before the conversion. On the Zen 4 one chain of 8 vpdpbusd per row was longer than a pass
+// over 8 rows, and the core waited on it (8 rows 52 -> 49 cycles a chunk in L1, batched
+// decode of 16 +9%). On the Xeon of stop 40 the out-of-order window overlaps the next chunk's
+// chains, and a pass of 8 rows ran faster with one sum per row (no add, no shift back):
+// batched decode of 8 sequences, A/B in one process (12 pairs each, A/A 0.99-1.01), Q4_0
+// 1.04-1.08, Q4_K 1.02-1.05, Q5_0 1.03, Q5_K 1.03, Q8_0 1.00; batches of 2 and 4 (passes of
+// 2 and 4 rows) 0.98 and 1.00, so they keep two.
+static constexpr bool packed_avx512_split_sums(int act_rows, const cpu_identity& cpu) {
+  return cpu.amd || act_rows < 8;
+}
+// packed_avx512_split_sums(8, this_cpu()), read once.
+extern const bool g_packed_split_sums8;
+
 // Whether the AVX2 decode passes (1-2 activation rows) of `wt` in `order` ask for lines at the
 // two distances above (true) or once, k_packed_near_ahead_avx2 ahead. Passes of more rows
 // always ask at both.

@@ -117,8 +117,10 @@ void packed_dot_tiled_avx512(weight_type wt, const uint8_t* panel, int64_t cols,
     for (int r0 = 0; r0 < n_act; r0 += k_panel_max_act_rows) {
       avx512::with_act_rows(std::min(k_panel_max_act_rows, n_act - r0), [&]<int R>() {
         with_requests<WT, R>([&]<avx512_requests REQ>() {
-          packed_tile<WT, R, REQ>(panel, cols, tiled_codes + r0 * 32, tiled_aux + r0 * k_panel_aux_per_sub, n_act,
-                                  out + r0 * out_stride, out_stride, lanes);
+          with_split<R>([&]<bool Split>() {
+            packed_tile<WT, R, REQ, Split>(panel, cols, tiled_codes + r0 * 32, tiled_aux + r0 * k_panel_aux_per_sub,
+                                           n_act, out + r0 * out_stride, out_stride, lanes);
+          });
         });
       });
     }

@@ -14,9 +14,10 @@ void packed_dot_q6k_gfni_avx512(const uint8_t* panel, int64_t cols, const int8_t
   for (int r0 = 0; r0 < n_act; r0 += k_panel_max_act_rows) {
     avx512::with_act_rows(std::min(k_panel_max_act_rows, n_act - r0), [&]<int R>() {
       with_requests<weight_type::q6_k, R>([&]<avx512_requests REQ>() {
-        packed_tile<weight_type::q6_k, R, REQ, true>(panel, cols, tiled_codes + r0 * 32,
-                                                     tiled_aux + r0 * k_panel_aux_per_sub, n_act, out + r0 * out_stride,
-                                                     out_stride, lanes);
+        // Split does not apply to Q6_K (two sums per chunk, one per sub-block, on every CPU).
+        packed_tile<weight_type::q6_k, R, REQ, true, true>(panel, cols, tiled_codes + r0 * 32,
+                                                           tiled_aux + r0 * k_panel_aux_per_sub, n_act,
+                                                           out + r0 * out_stride, out_stride, lanes);
       });
     });
   }

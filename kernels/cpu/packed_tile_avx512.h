@@ -77,14 +77,16 @@ static inline __m512i q6_pair_gfni(__m512i h, int q) {
 // pass reads lies at a fixed distance from one pointer per chunk (with one pointer per row, 16
 // rows ran out of general registers and the compiler parked pointers in vector registers,
 // whose moves took the vector ports: 95 cycles per chunk against 82 tiled). REQ: how the pass
-// asks for its lines ahead (packed_avx512_requests; with_requests picks this CPU's).
-template <weight_type WT, int R, avx512_requests REQ, bool GFNI = false>
+// asks for its lines ahead (packed_avx512_requests; with_requests picks this CPU's). Split:
+// two integer sums per row up to 8 rows (packed_avx512_split_sums; with_split picks this CPU's).
+template <weight_type WT, int R, avx512_requests REQ, bool Split = true, bool GFNI = false>
 void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int group, float* out,
                  int64_t out_stride, __mmask16 lanes) {
   static_assert(R <= k_panel_max_act_rows || (R == k_packed_max_act_rows && WT != weight_type::q6_k));
-  // Two integer sums per row up to 8 rows; one at 16, where a pass over all rows takes longer
-  // than one sum's chain of 8 latencies and the registers hold no second set.
-  constexpr bool k_split = R <= k_panel_max_act_rows && WT != weight_type::q6_k;
+  // Two integer sums per row up to 8 rows where the CPU wants them (Split); one at 16, where a
+  // pass over all rows takes longer than one sum's chain of 8 latencies and the registers hold
+  // no second set.
+  constexpr bool k_split = Split && R <= k_panel_max_act_rows && WT != weight_type::q6_k;
   // With split sums, the high nibbles of the plain 4-bit types go in unshifted (16 x code, up
   // to 240: vpdpbusd's unsigned operand takes it) and acc1 is shifted back once per chunk,
   // exactly, since it holds a multiple of 16: one shift per chunk instead of one per group.
@@ -231,6 +233,13 @@ static inline void with_requests(F&& f) {
       case avx512_requests::l2_and_l1: return f.template operator()<avx512_requests::l2_and_l1>();
     }
   }
+}
+
+// f.template operator()<Split>() with whether this CPU's passes of R rows split their sums.
+template <int R, class F>
+static inline void with_split(F&& f) {
+  if (R == k_panel_max_act_rows && !g_packed_split_sums8) return f.template operator()<false>();
+  return f.template operator()<true>();
 }
 
 }  // namespace

@@ -160,6 +160,16 @@ TEST_CASE("AVX-512 requests: none for front-to-back decode streams on AMD only, 
   CHECK(packed_avx512_requests(weight_type::q4_0, 1, sum_order::tile) == on(this_cpu(), weight_type::q4_0, 1));
 }
 
+TEST_CASE("AVX-512 tile passes: split sums everywhere on AMD, one sum per row for passes of 8 elsewhere") {
+  const cpu_identity zen4{true, 0x19u, 0x61u}, xeon{false, 6u, 0xA7u};
+  for (int rows = 2; rows <= 8; ++rows) {
+    CAPTURE(rows);
+    CHECK(packed_avx512_split_sums(rows, zen4));
+    CHECK(packed_avx512_split_sums(rows, xeon) == (rows < 8));
+  }
+  CHECK(g_packed_split_sums8 == packed_avx512_split_sums(8, this_cpu()));
+}
+
 TEST_CASE("packed sizes: the GGUF size for the legacy types and Q6_K, 64 bytes more per 16 x 256 for Q4_K/Q5_K") {
   for (const weight_type wt :
        {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1, weight_type::q8_0, weight_type::q6_k})
