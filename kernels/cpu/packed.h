@@ -168,7 +168,7 @@ enum class sum_order { ggml, tile };
 //    miss buffers until its line arrives, requests into L2 can have many more lines in
 //    flight. 250M decode, A/B in one process against l1 on the Zen 4: Q6_K +14%, +30%; Q4_K
 //    +1%, +23% (both runs at a ~33 GB/s read ceiling). On a 2-core Intel Xeon with AMX (stop
-//    40), against none: Q4_0 +81%, Q8_0 +28%; against l1: Q4_0 +9%, Q8_0 +7%, Q5_0 +18%,
+//    39), against none: Q4_0 +67-81%, Q8_0 +20-28%; against l1: Q4_0 +9%, Q8_0 +7%, Q5_0 +18%,
 //    Q5_K +27%, Q4_K +6%; SmolLM2 (ggml-order Q4_1) l1 +31% over none.
 enum class avx512_requests { none, l1, l2_and_l1 };
 // The AVX2 kernels' distances, measured only at those values on the Zen 4; on the Xeon 32/4,
@@ -197,7 +197,7 @@ inline avx512_requests packed_avx512_requests(weight_type wt, int act_rows, sum_
 // sum of a chunk into two chains (even and odd column groups, or low and high nibbles) added
 // before the conversion. On the Zen 4 one chain of 8 vpdpbusd per row was longer than a pass
 // over 8 rows, and the core waited on it (8 rows 52 -> 49 cycles a chunk in L1, batched
-// decode of 16 +9%). On the Xeon of stop 40 the out-of-order window overlaps the next chunk's
+// decode of 16 +9%). On the Xeon of stop 39 the out-of-order window overlaps the next chunk's
 // chains, and a pass of 8 rows ran faster with one sum per row (no add, no shift back):
 // batched decode of 8 sequences, A/B in one process (12 pairs each, A/A 0.99-1.01), Q4_0
 // 1.04-1.08, Q4_K 1.02-1.05, Q5_0 1.03, Q5_K 1.03, Q8_0 1.00; batches of 2 and 4 (passes of
