@@ -238,7 +238,9 @@ static inline void with_requests(F&& f) {
 // f.template operator()<Split>() with whether this CPU's passes of R rows split their sums.
 template <int R, class F>
 static inline void with_split(F&& f) {
-  if (R == k_panel_max_act_rows && !g_packed_split_sums8) return f.template operator()<false>();
+  if constexpr (R == k_panel_max_act_rows) {
+    if (!g_packed_split_sums8) return f.template operator()<false>();
+  }
   return f.template operator()<true>();
 }
 
