@@ -197,8 +197,8 @@ inline avx512_requests packed_avx512_requests(weight_type wt, int act_rows, sum_
 // sum of a chunk into two chains (even and odd column groups, or low and high nibbles) added
 // before the conversion. On the Zen 4 one chain of 8 vpdpbusd per row was longer than a pass
 // over 8 rows, and the core waited on it (8 rows 52 -> 49 cycles a chunk in L1, batched
-// decode of 16 +9%). On the Xeon of stop 39 the out-of-order window overlaps the next chunk's
-// chains, and a pass of 8 rows ran faster with one sum per row (no add, no shift back):
+// decode of 16 +9%). On the Xeon of stop 39 a pass of 8 rows ran faster with one sum per row
+// (no add, no shift back; the core seems to overlap the next chunk's chains, not measured):
 // batched decode of 8 sequences, A/B in one process (12 pairs each, A/A 0.99-1.01), Q4_0
 // 1.04-1.08, Q4_K 1.02-1.05, Q5_0 1.03, Q5_K 1.03, Q8_0 1.00; batches of 2 and 4 (passes of
 // 2 and 4 rows) 0.98 and 1.00, so they keep two.
