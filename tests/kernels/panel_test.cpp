@@ -197,7 +197,7 @@ TEST_CASE("panel_dot_amx over a signed panel gives panel_dot_avx512's bits for e
         CAPTURE(display_name(wt));
         CAPTURE(cols);
         CAPTURE(n_rows);
-        const int max_act = 37;  // two tiles of 16 and a padded remainder
+        const int max_act = 37;  // two passes of 16 and one of 5 (its own tile shape)
         const case_data c = make_case(wt, cols, n_rows, max_act, static_cast<uint32_t>(11 * cols + n_rows));
         aligned_bytes plain(panel_bytes(wt, cols)), sign(panel_bytes(wt, cols));
         pack_panel_avx512(wt, c.w.data(), c.w_row, n_rows, cols, plain.data);
