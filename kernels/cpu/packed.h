@@ -152,8 +152,8 @@ enum class sum_order { ggml, tile };
 // How an AVX-512 pass of `wt` in `order` over `act_rows` activation rows asks for its lines
 // ahead of reading them, on a CPU whose own prefetchers do (`self_streaming`: AMD) or do not
 // keep up with a packed stream read front to back:
-//  - l1: every line k_packed_prefetch_ahead ahead, into L1 (passes of several rows, and
-//    decode over the types not named below on AMD);
+//  - l1: every line k_packed_prefetch_ahead ahead, into L1 (passes of several rows on AMD, and
+//    of Q4_K, Q4_1 and Q5_1 elsewhere; decode over the types not named below on AMD);
 //  - none: not at all, in decode over Q4_0, Q8_0 and ggml-order Q4_1 on AMD, which read each
 //    unit front to back: on a 2-core Zen 4 the core's own prefetchers keep up with those
 //    streams, and the requests only took load slots. Against l1, 128 MB streams on both cores
@@ -169,7 +169,13 @@ enum class sum_order { ggml, tile };
 //    flight. 250M decode, A/B in one process against l1 on the Zen 4: Q6_K +14%, +30%; Q4_K
 //    +1%, +23% (both runs at a ~33 GB/s read ceiling). On a 2-core Intel Xeon with AMX (stop
 //    39), against none: Q4_0 +67-81%, Q8_0 +20-28%; against l1: Q4_0 +9%, Q8_0 +7%, Q5_0 +18%,
-//    Q5_K +27%, Q4_K +6%; SmolLM2 (ggml-order Q4_1) l1 +31% over none.
+//    Q5_K +27%, Q4_K +6%; SmolLM2 (ggml-order Q4_1) l1 +31% over none. Passes of several
+//    rows there (batched decode) ask at both levels too, but for Q4_K, Q4_1 and Q5_1. One
+//    thread over 8-row Q4_0 passes, against l1: 553 MB (DRAM) +25%, 138 MB +11-40%, 18 MB
+//    +2-3%; two threads over 74 MB each +3-25%. The model's batched decode of 8 (64 steps, A/B
+//    in one process, 16-24 pairs): Q8_0 +16% (twice), Q5_0 +4%, +5%, Q6_K +3%, +5%, Q5_K +3%,
+//    Q4_0 +1% (twice), but Q4_K -5% (twice) and SmolLM2 (tile-order Q4_1, Q8_0 head) -1%; with
+//    its Q4_1 left on l1, +0.6%. Q5_1 was not measured and goes with Q4_1.
 enum class avx512_requests { none, l1, l2_and_l1 };
 // The AVX2 kernels' distances, measured only at those values on the Zen 4; on the Xeon 32/4,
 // 32/2, 16/4 KiB read 0.99-1.01 of 16/2 and 8/2 KiB 0.97-0.98.
@@ -177,7 +183,10 @@ inline constexpr size_t k_packed_l1_ahead_avx512 = k_packed_l1_ahead_avx2;
 inline constexpr size_t k_packed_l2_ahead_avx512 = k_packed_l2_ahead_avx2;
 static constexpr avx512_requests packed_avx512_requests(weight_type wt, int act_rows, sum_order order,
                                                         bool self_streaming) {
-  if (act_rows != 1) return avx512_requests::l1;
+  if (act_rows != 1) {
+    if (self_streaming || wt == weight_type::q4_k || wt == weight_type::q4_1 || wt == weight_type::q5_1) return avx512_requests::l1;
+    return avx512_requests::l2_and_l1;
+  }
   if (wt == weight_type::q4_k || wt == weight_type::q6_k || !self_streaming) return avx512_requests::l2_and_l1;
   if (wt == weight_type::q4_0 || wt == weight_type::q8_0) return avx512_requests::none;
   if (wt == weight_type::q4_1 && order == sum_order::ggml) return avx512_requests::none;

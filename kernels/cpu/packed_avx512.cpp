@@ -109,8 +109,9 @@ void packed_dot_tiled_avx512(weight_type wt, const uint8_t* panel, int64_t cols,
   auto rows = [&]<weight_type WT>() {
     if constexpr (WT != weight_type::q6_k) {
       if (n_act == k_packed_max_act_rows) {
-        constexpr avx512_requests req = packed_avx512_requests(WT, k_packed_max_act_rows, sum_order::tile, true);
-        packed_tile<WT, k_packed_max_act_rows, req>(panel, cols, tiled_codes, tiled_aux, n_act, out, out_stride, lanes);
+        with_requests<WT, k_packed_max_act_rows>([&]<avx512_requests REQ>() {
+          packed_tile<WT, k_packed_max_act_rows, REQ>(panel, cols, tiled_codes, tiled_aux, n_act, out, out_stride, lanes);
+        });
         return;
       }
     }

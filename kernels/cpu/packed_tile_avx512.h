@@ -221,11 +221,13 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
 }
 
 // f.template operator()<REQ>() with the requests this CPU's passes of R rows of WT (tile
-// order) take: a run-time choice in decode (packed_avx512_requests), compiled in for each.
+// order) take (packed_avx512_requests, a run-time choice): for one row any of the three, for
+// several l1 or l2_and_l1, each compiled in.
 template <weight_type WT, int R, class F>
 static inline void with_requests(F&& f) {
   if constexpr (R != 1) {
-    f.template operator()<packed_avx512_requests(WT, R, sum_order::tile, true)>();
+    if (packed_avx512_requests(WT, R, sum_order::tile) == avx512_requests::l1) return f.template operator()<avx512_requests::l1>();
+    return f.template operator()<avx512_requests::l2_and_l1>();
   } else {
     switch (packed_avx512_requests(WT, 1, sum_order::tile)) {
       case avx512_requests::none: return f.template operator()<avx512_requests::none>();

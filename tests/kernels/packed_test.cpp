@@ -126,7 +126,7 @@ TEST_CASE("the AVX2 near request distance: Zen 3's for Q4_0 on AMD family 19h on
   CHECK(packed_near_ahead_avx2(weight_type::q8_0) == k_packed_near_ahead_avx2);
 }
 
-TEST_CASE("AVX-512 requests: none for front-to-back decode streams on AMD only, both levels elsewhere") {
+TEST_CASE("AVX-512 requests: none for front-to-back decode streams on AMD only, both levels elsewhere; passes of several rows by type") {
   const cpu_identity zen4{true, 0x19u, 0x61u}, xeon{false, 6u, 0xA7u};
   CHECK(streams_prefetch_themselves(zen4));
   CHECK_FALSE(streams_prefetch_themselves(xeon));
@@ -149,15 +149,19 @@ TEST_CASE("AVX-512 requests: none for front-to-back decode streams on AMD only, 
     CAPTURE(display_name(wt));
     CHECK(on(xeon, wt, 1) == req::l2_and_l1);
     CHECK(on(xeon, wt, 1, sum_order::ggml) == req::l2_and_l1);
-    // Passes of several rows ask once, into L1, on either.
+    // Passes of several rows ask once, into L1, on AMD; elsewhere at both levels, except
+    // Q4_K and the types with a min in either order.
+    const bool near_only = wt == weight_type::q4_k || wt == weight_type::q4_1 || wt == weight_type::q5_1;
     for (const int rows : {2, 8, 16}) {
-      CHECK(on(xeon, wt, rows) == req::l1);
       CHECK(on(zen4, wt, rows) == req::l1);
+      CHECK(on(xeon, wt, rows) == (near_only ? req::l1 : req::l2_and_l1));
+      CHECK(on(xeon, wt, rows, sum_order::ggml) == (near_only ? req::l1 : req::l2_and_l1));
     }
   }
   // This process's choice is the one for this CPU.
   CHECK(g_packed_self_streaming == streams_prefetch_themselves(this_cpu()));
   CHECK(packed_avx512_requests(weight_type::q4_0, 1, sum_order::tile) == on(this_cpu(), weight_type::q4_0, 1));
+  CHECK(packed_avx512_requests(weight_type::q8_0, 8, sum_order::tile) == on(this_cpu(), weight_type::q8_0, 8));
 }
 
 TEST_CASE("AVX-512 tile passes: split sums everywhere on AMD, one sum per row for passes of 8 elsewhere") {
