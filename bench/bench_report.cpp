@@ -46,6 +46,17 @@ double bench_report::layer_teams_vs_step_jobs() const {
   const auto samples = layer_teams_vs_step_jobs_samples();
   return samples.empty() ? 0.0 : summarize(samples).median;
 }
+std::vector<double> bench_report::prefill_server_vs_exact_samples() const {
+  std::vector<double> out;
+  const auto& server = result.prefill_server_tok_s;
+  const auto& exact = result.prefill_tok_s;
+  for (size_t i = 0; i < server.size() && i < exact.size(); ++i) out.push_back(ratio(server[i], exact[i]));
+  return out;
+}
+double bench_report::prefill_server_vs_exact() const {
+  const auto samples = prefill_server_vs_exact_samples();
+  return samples.empty() ? 0.0 : summarize(samples).median;
+}
 double bench_report::compute_ceiling_tok_s() const {
   return rows_per_second(dots.gmac_s_summary.median, result.int8_macs_per_token);
 }
@@ -141,6 +152,11 @@ nlohmann::json to_json(const bench_report& r) {
   j["batched_attention"] = r.params.fast_batched_attention ? "fast" : "exact";
   j["reps"] = r.params.reps;
   put(j, "prefill_tok_s", r.result.prefill, r.result.prefill_tok_s);
+  if (r.params.compare_prompt) {
+    put(j, "prefill_server_tok_s", r.result.prefill_server, r.result.prefill_server_tok_s);
+    j["prefill_server_vs_exact"] = r.prefill_server_vs_exact();
+    j["prefill_server_vs_exact_samples"] = r.prefill_server_vs_exact_samples();
+  }
   put(j, "decode_tok_s", r.result.decode, r.result.decode_tok_s);
   put(j, "batched_decode_tok_s", r.result.batched_decode, r.result.batched_decode_tok_s);
   put(j, "decode_as_batched_tok_s", r.result.decode_as_batched, r.result.decode_as_batched_tok_s);
@@ -175,6 +191,10 @@ std::string format_table(const bench_report& r) {
   char note[128];
   const std::string at = p.depth > 0 ? " @ " + std::to_string(p.depth) : "";
   out += line("prefill", std::to_string(p.prompt) + " tokens" + at, r.result.prefill, "tok/s");
+  if (p.compare_prompt) {
+    std::snprintf(note, sizeof note, "%.2fx the prefill above (llama.cpp's arithmetic), pass by pass", r.prefill_server_vs_exact());
+    out += line("prefill", std::to_string(p.prompt) + " tok, server" + at, r.result.prefill_server, "tok/s", note);
+  }
   out += line("decode", std::to_string(p.gen) + " tokens" + at, r.result.decode, "tok/s");
   if (p.compare_layer_teams) {
     std::snprintf(note, sizeof note, "%.3fx the decode above (a job per step), pass by pass", r.layer_teams_vs_step_jobs());

@@ -62,6 +62,10 @@ struct bench_report {
   // repetition, and their median (0 without the comparison).
   std::vector<double> layer_teams_vs_step_jobs_samples() const;
   double layer_teams_vs_step_jobs() const;
+  // compare_prompt: prefill_server_tok_s[i] / prefill_tok_s[i], repetition by repetition,
+  // and their median (0 without the comparison).
+  std::vector<double> prefill_server_vs_exact_samples() const;
+  double prefill_server_vs_exact() const;
   // Rows per second the int8 dot ceiling allows: dots median / int8 MACs per row (0 for a
   // model without quantized matrices), and batched decode's aggregate over it.
   double compute_ceiling_tok_s() const;
@@ -85,7 +89,8 @@ bench_report run_bench(const bench_options& o);
 // (batched_vs_single, batched_vs_decode, decode_vs_ceiling with decode_vs_ceiling_samples,
 // compute_ceiling_tok_s, batched_vs_compute_ceiling),
 // with --compare-layer-teams also decode_layer_teams_tok_s and layer_teams_vs_step_jobs
-// (with its _samples), and the run's settings (model, arch, type, threads, isa, prompt, gen, batch, reps,
+// (with its _samples), with --compare-prompt also prefill_server_tok_s and
+// prefill_server_vs_exact (with its _samples), and the run's settings (model, arch, type, threads, isa, prompt, gen, batch, reps,
 // decode_bytes_per_token, int8_macs_per_token, read_buffer_bytes, weight_bytes).
 nlohmann::json to_json(const bench_report& r);
 

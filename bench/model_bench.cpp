@@ -46,6 +46,9 @@ void check_params(const model_bench_params& p) {
   if (p.depth < 0 || p.depth > models::k_max_context - std::max(p.prompt, p.gen))
     throw std::invalid_argument("bench: depth must be in [0, " + std::to_string(models::k_max_context - std::max(p.prompt, p.gen)) +
                                 "] (the context holds depth + max(prompt, gen) tokens), got " + std::to_string(p.depth));
+  if (p.compare_prompt && p.fast_prompt_attention)
+    throw std::invalid_argument("bench: compare_prompt measures the server's prefill beside llama.cpp's; "
+                                "with fast_prompt_attention both would be the server's");
 }
 
 // The matrices a decode step multiplies by: the output head and every layer's projections.
@@ -179,12 +182,18 @@ model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_
       c.reset();
       return tok_s;
     };
-    for (int rep = 0; rep < p.reps; ++rep) {
-      fill(p.fast_prompt_attention ? p.prompt : 0);
+    // One timed prefill of the prompt by the server's arithmetic (fast) or llama.cpp's.
+    auto prefill_rate = [&](bool fast) {
+      fill(fast ? p.prompt : 0);
       r.prefill_start_position = ctx.pos();
       const auto t0 = clock_type::now();
       ctx.eval({prompt_ids, static_cast<size_t>(p.prompt)});
-      r.prefill_tok_s.push_back(static_cast<double>(p.prompt) / seconds_since(t0));
+      return static_cast<double>(p.prompt) / seconds_since(t0);
+    };
+    for (int rep = 0; rep < p.reps; ++rep) {
+      if (p.compare_prompt && rep % 2 == 1) r.prefill_server_tok_s.push_back(prefill_rate(true));
+      r.prefill_tok_s.push_back(prefill_rate(p.fast_prompt_attention));
+      if (p.compare_prompt && rep % 2 == 0) r.prefill_server_tok_s.push_back(prefill_rate(true));
     }
     // As llama-bench's tg test: from an empty cache (or one `depth` tokens deep, as its -d),
     // one token per pass, no sampling.
@@ -236,6 +245,7 @@ model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_
   r.decode_as_batched = summarize(r.decode_as_batched_tok_s);
   r.decode_gb = summarize(r.decode_gb_s);
   if (!r.decode_layer_teams_tok_s.empty()) r.decode_layer_teams = summarize(r.decode_layer_teams_tok_s);
+  if (!r.prefill_server_tok_s.empty()) r.prefill_server = summarize(r.prefill_server_tok_s);
   return r;
 }
 

@@ -36,6 +36,11 @@ struct model_bench_params {
   // default) and also on a second context whose layers each run as one team job, repetition
   // by repetition in alternating order, to compare the two.
   bool compare_layer_teams = false;
+  // Prefill also by the server's arithmetic, in every repetition beside the prefill above
+  // (which goes first alternating by repetition, so a slow spell of a shared machine weighs on
+  // both): what `tandem serve` computes a prompt with, next to what `tandem run` computes it
+  // with. Needs fast_prompt_attention off (run_model_bench throws otherwise).
+  bool compare_prompt = false;
   // Every this many tokens of each timed single-sequence decode (0: never), the decode stops
   // its clock and runs run_model_bench's `during_decode` hook: run_bench reads the memory
   // ceiling there, so the ceiling a decode figure is compared with is sampled across the
@@ -55,7 +60,9 @@ struct model_bench_result {
   std::vector<double> decode_gb_s;            // decode_bytes_per_token * decode_tok_s / 1e9
   // compare_layer_teams: decode_tok_s's measure with a team job per layer (empty otherwise).
   std::vector<double> decode_layer_teams_tok_s;
-  summary prefill, decode, batched_decode, decode_as_batched, decode_gb, decode_layer_teams;
+  // compare_prompt: prefill_tok_s's measure by the server's arithmetic (empty otherwise).
+  std::vector<double> prefill_server_tok_s;
+  summary prefill, decode, batched_decode, decode_as_batched, decode_gb, decode_layer_teams, prefill_server;
   uint64_t decode_bytes_per_token = 0;        // decode_weight_bytes(model)
   uint64_t int8_macs_per_token = 0;           // decode_int8_macs(model)
   // The position the first timed token of prefill and of decode took (the context's, read

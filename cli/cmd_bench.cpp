@@ -281,8 +281,11 @@ void add_bench_command(CLI::App& root) {
   cmd->add_option("--isa", a->isa, "kernel path for the whole run, model load included: best, amx, avx512, avxvnni, avx2 or scalar (amx: AVX-512 with AMX tiles for prefill, Sapphire Rapids and later; avx512: without them; avxvnni: AVX2 with AVX-VNNI, as Intel Alder Lake and later without AVX-512; avx2: without it)")
       ->check(CLI::IsMember({"best", "amx", "avx512", "avxvnni", "avx2", "scalar"}))
       ->capture_default_str();
-  cmd->add_flag("--fast-prompt", p.fast_prompt_attention,
-                "prefill by the server's arithmetic (tiled attention, SwiGLU's vector e^x, Q4_1/Q5_1 tile order) (default: llama.cpp's, as `tandem run`)");
+  auto* fast_prompt = cmd->add_flag("--fast-prompt", p.fast_prompt_attention,
+                                    "prefill by the server's arithmetic (tiled attention, SwiGLU's vector e^x, Q4_1/Q5_1 tile order) (default: llama.cpp's, as `tandem run`)");
+  cmd->add_flag("--compare-prompt", p.compare_prompt,
+                "also prefill by the server's arithmetic beside llama.cpp's, alternating repetitions, and report the ratio")
+      ->excludes(fast_prompt);
   cmd->add_flag("!--exact-batched", p.fast_batched_attention,
                 "batched decode by llama.cpp's arithmetic, as single decode (default: the server's: tiled attention, SwiGLU's vector e^x, Q4_1/Q5_1 tile order)");
   cmd->add_flag("--compare-layer-teams", p.compare_layer_teams,

@@ -145,6 +145,26 @@ TEST_SUITE("bench_model") {
     CHECK(r.decode_start_position == 0);
   }
 
+  TEST_CASE("run_model_bench: compare_prompt prefills by the server's arithmetic too, once per repetition") {
+    const models::model m(test::data_path("stories260K.gguf").string());
+    kernels::cpu::thread_pool pool(2);
+    auto p = two_reps(8, 4, 2);
+    p.reps = 3;
+    const auto plain = bench::run_model_bench(m, pool, p);
+    CHECK(plain.prefill_server_tok_s.empty());
+    CHECK(plain.prefill_server.count == 0);
+    p.compare_prompt = true;
+    const auto r = bench::run_model_bench(m, pool, p);
+    REQUIRE(r.prefill_server_tok_s.size() == 3);
+    for (double x : r.prefill_server_tok_s) CHECK(x > 0);
+    CHECK(r.prefill_tok_s.size() == 3);
+    CHECK(r.prefill_server.count == 3);
+    CHECK(r.prefill_start_position == 0);
+    // Both figures would be the server's.
+    p.fast_prompt_attention = true;
+    CHECK_THROWS_WITH_AS(bench::run_model_bench(m, pool, p), doctest::Contains("compare_prompt"), std::invalid_argument);
+  }
+
   TEST_CASE("run_model_bench: --depth starts the timed prefill and decode that deep in the cache") {
     const models::model m(test::data_path("stories260K.gguf").string());
     kernels::cpu::thread_pool pool(2);

@@ -119,6 +119,34 @@ TEST_SUITE("bench") {
     CHECK_FALSE(plain.contains("layer_teams_vs_step_jobs"));
   }
 
+  TEST_CASE("--compare-prompt adds the server's prefill and its ratio over llama.cpp's arithmetic") {
+    const auto r = test::run_tandem(bench_cmd("--prompt 8 --gen 2 --batch 2 --reps 2 --compare-prompt --json"));
+    REQUIRE(r.exit_code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    CHECK(j["prompt_attention"] == "exact");
+    const auto& server = j["prefill_server_tok_s_samples"];
+    const auto& exact = j["prefill_tok_s_samples"];
+    const auto& ratios = j["prefill_server_vs_exact_samples"];
+    REQUIRE(server.size() == 2);
+    REQUIRE(ratios.size() == 2);
+    for (size_t i = 0; i < 2; ++i)
+      CHECK(ratios[i].get<double>() == doctest::Approx(server[i].get<double>() / exact[i].get<double>()));
+    CHECK(j["prefill_server_tok_s"].get<double>() > 0);
+    CHECK(j["prefill_server_vs_exact"].get<double>() ==
+          doctest::Approx((ratios[0].get<double>() + ratios[1].get<double>()) / 2));
+    const auto table = test::run_tandem(bench_cmd("--prompt 8 --gen 2 --batch 2 --reps 1 --compare-prompt"));
+    REQUIRE(table.exit_code == 0);
+    CHECK(table.out.find("tok, server") != std::string::npos);
+    CHECK(table.out.find("the prefill above") != std::string::npos);
+    const auto plain = nlohmann::json::parse(test::run_tandem(bench_cmd("--prompt 8 --gen 2 --batch 2 --reps 1 --json")).out);
+    CHECK_FALSE(plain.contains("prefill_server_tok_s"));
+    CHECK_FALSE(plain.contains("prefill_server_vs_exact"));
+    // With --fast-prompt both figures would be the server's.
+    const auto both = test::run_tandem(bench_cmd("--prompt 8 --gen 2 --reps 1 --compare-prompt --fast-prompt"));
+    CHECK(both.exit_code != 0);
+    CHECK(both.err.find("--fast-prompt") != std::string::npos);
+  }
+
   TEST_CASE("the table names every figure") {
     const auto r = test::run_tandem(bench_cmd("--prompt 8 --gen 2 --batch 2 --reps 1"));
     REQUIRE(r.exit_code == 0);
