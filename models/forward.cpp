@@ -485,7 +485,8 @@ void forward_context::step(std::span<const int32_t> tokens, std::span<const int6
 }
 
 template <class Inputs>
-void forward_context::decode_layer_team(const layer_weights& L, bool fast, float attn_scale, Inputs& attention_inputs) {
+void forward_context::decode_layer_team(const layer_weights& L, int64_t n, bool fast, float attn_scale,
+                                        Inputs& attention_inputs) {
   const auto& c = model_.config();
   const int64_t D = c.n_embd, Q = c.q_dim(), F = c.n_ff;
   const sum_order order = order_for(fast);
@@ -505,25 +506,26 @@ void forward_context::decode_layer_team(const layer_weights& L, bool fast, float
   pool_->run_team([&](int member, kernels::cpu::team& t) {
     const kernels::cpu::team_part part{member, t.members()};
     thread_local std::vector<float> own;
-    if (own.size() < static_cast<size_t>(2 * D)) own.resize(static_cast<size_t>(2 * D));
+    if (own.size() < static_cast<size_t>(2 * n * D)) own.resize(static_cast<size_t>(2 * n * D));
     float* const xn = own.data();
-    float* const xr = xn + D;
-    kernels::cpu::rms_norm(x_, L.attn_norm, xn, D, c.rms_eps);
-    kernels::cpu::matmul_many_part(qkv, 3, D, xn, 1, part);
+    float* const xr = xn + n * D;
+    for (int64_t r = 0; r < n; ++r) kernels::cpu::rms_norm(x_ + r * D, L.attn_norm, xn + r * D, D, c.rms_eps);
+    kernels::cpu::matmul_many_part(qkv, 3, D, xn, n, part);
     t.sync(member);
     if (member == 0) attention_inputs();
     t.sync(member);
     kernels::cpu::attention_many_part(runs_.data(), static_cast<int64_t>(runs_.size()), kv_type_, static_cast<int>(c.n_head),
                                       static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), attn_scale, part);
     t.sync(member);
-    kernels::cpu::matmul_many_part(&wo, 1, Q, attn_, 1, part);
+    kernels::cpu::matmul_many_part(&wo, 1, Q, attn_, n, part);
     t.sync(member);
-    for (int64_t i = 0; i < D; ++i) xr[i] = x_[i] + xb_[i];
-    kernels::cpu::rms_norm(xr, L.ffn_norm, xn, D, c.rms_eps);
-    kernels::cpu::matmul_swiglu_part(gate, up, D, xn, 1, part, exp);
+    for (int64_t i = 0; i < n * D; ++i) xr[i] = x_[i] + xb_[i];
+    for (int64_t r = 0; r < n; ++r) kernels::cpu::rms_norm(xr + r * D, L.ffn_norm, xn + r * D, D, c.rms_eps);
+    kernels::cpu::matmul_swiglu_part(gate, up, D, xn, n, part, exp);
     t.sync(member);
-    const kernels::cpu::row_span rows = kernels::cpu::matmul_many_part(&down, 1, F, ff_gate_, 1, part);
-    for (int64_t i = rows.begin; i < rows.end; ++i) x_[i] = xr[i] + xb_[i];
+    const kernels::cpu::row_span rows = kernels::cpu::matmul_many_part(&down, 1, F, ff_gate_, n, part);
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t i = rows.begin; i < rows.end; ++i) x_[r * D + i] = xr[r * D + i] + xb_[r * D + i];
   });
 }
 
@@ -558,6 +560,10 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
   // Rows of the server's arithmetic (set_prompt_end): tiled attention, SwiGLU's vector e^x,
   // packed Q4_1/Q5_1 in the tile's order.
   auto fast = [&](int64_t r) { return positions[r] < prompt_end_[static_cast<size_t>(seqs[r])]; };
+  // Decode steps (up to k_team_max_rows rows, all of one arithmetic) run each layer as one
+  // team job (context_params::layer_teams).
+  bool team_rows = layer_teams_ && n <= k_team_max_rows && pool_ && pool_->size() > 1;
+  for (int64_t r = 1; r < n && team_rows; ++r) team_rows = fast(r) == fast(0);
   layer_weights leased;
   const std::byte* last_layer = nullptr;  // held past the loop: the output norm is in it
   segment_hold layer_held;
@@ -610,8 +616,8 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
         r0 = r1;
       }
     };
-    if (layer_teams_ && n == 1 && pool_ && pool_->size() > 1) {
-      decode_layer_team(L, fast(0), attn_scale, attention_inputs);
+    if (team_rows) {
+      decode_layer_team(L, n, fast(0), attn_scale, attention_inputs);
     } else {
       // Attention block.
       for (int64_t r = 0; r < n; ++r) kernels::cpu::rms_norm(x_ + r * D, L.attn_norm, xb_ + r * D, D, c.rms_eps);

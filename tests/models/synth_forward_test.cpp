@@ -247,6 +247,59 @@ TEST_SUITE("synth_forward") {
     }
   }
 
+  TEST_CASE("a batched decode step on a team of threads gives the inline logits bit for bit") {
+    // Batched steps of up to k_team_max_rows rows, all of one arithmetic, run as layer teams
+    // too (every product and attention over all the rows, in fixed parts); a step whose rows
+    // mix the two arithmetics, or with more rows, takes a pool job per step. Every setup must
+    // give the one-thread logits.
+    kernels::cpu::thread_pool two(2), three(3);
+    for (const std::string arch : {"llama", "qwen2"}) {
+      for (const weight_type type : {weight_type::q4_0, weight_type::q4_1}) {
+        CAPTURE(arch);
+        CAPTURE(kernels::display_name(type));
+        test::scratch_dir dir;
+        const auto path = (dir / "m.gguf").string();
+        models::synth_model(small_model(arch, type), path);
+        const models::model m(path);
+        // fast[s]: whether sequence s is of the server's arithmetic; the last mixes them.
+        const std::vector<std::vector<bool>> arithmetics = {{false, false, false}, {true, true, true}, {true, false, true}};
+        for (const auto& fast : arithmetics) {
+          for (const int64_t n_seq : {int64_t{3}, models::k_team_max_rows + 1}) {
+            CAPTURE(n_seq);
+            std::vector<std::vector<float>> runs;
+            const std::pair<kernels::cpu::thread_pool*, bool> setups[] = {{nullptr, true}, {&two, true}, {&three, true}, {&two, false}};
+            for (const auto& [pool, teams] : setups) {
+              models::forward_context ctx(m, {.n_ctx = 16, .kv = kv_type::f16, .max_batch = n_seq, .n_seq = n_seq, .layer_teams = teams},
+                                          pool);
+              std::vector<int64_t> seqs(static_cast<size_t>(n_seq));
+              std::vector<int32_t> toks(static_cast<size_t>(n_seq));
+              for (int64_t s = 0; s < n_seq; ++s) {
+                seqs[static_cast<size_t>(s)] = s;
+                toks[static_cast<size_t>(s)] = static_cast<int32_t>(300 + 7 * s);
+                if (fast[static_cast<size_t>(s) % fast.size()]) ctx.set_prompt_end(s, 1 << 20);
+              }
+              std::vector<float> seen;
+              for (int step = 0; step < 4; ++step) {
+                ctx.decode(toks, seqs);
+                const auto all = ctx.all_logits_rows();
+                seen.insert(seen.end(), all.begin(), all.end());
+                const auto V = static_cast<int64_t>(all.size()) / n_seq;
+                for (int64_t s = 0; s < n_seq; ++s) {
+                  const auto row = all.begin() + s * V;
+                  toks[static_cast<size_t>(s)] = static_cast<int32_t>(std::max_element(row, row + V) - row);
+                }
+              }
+              runs.push_back(std::move(seen));
+            }
+            CHECK(runs[1] == runs[0]);
+            CHECK(runs[2] == runs[0]);
+            CHECK(runs[3] == runs[0]);
+          }
+        }
+      }
+    }
+  }
+
   TEST_CASE("the bounds are far below the error of a wrong model") {
     // Another seed's weights give an error of order 1, so the bounds above (at most 4.5%) do
     // tell a correct forward pass from a broken one.
