@@ -334,6 +334,7 @@ forward_context::forward_context(const model& m, const context_params& p, kernel
   layer_teams_ = p.layer_teams;
   row_seq_.resize(static_cast<size_t>(max_batch_));
   runs_.reserve(static_cast<size_t>(max_batch_));  // at most one run per row: no allocation per step
+  run_start_.reserve(static_cast<size_t>(max_batch_) + 1);
   step_out_.reserve(static_cast<size_t>(max_batch_));
   row_pos_.resize(static_cast<size_t>(max_batch_));
   if (p.kv_pool) {
@@ -512,7 +513,12 @@ void forward_context::decode_layer_team(const layer_weights& L, int64_t n, bool 
     for (int64_t r = 0; r < n; ++r) kernels::cpu::rms_norm(x_ + r * D, L.attn_norm, xn + r * D, D, c.rms_eps);
     kernels::cpu::matmul_many_part(qkv, 3, D, xn, n, part);
     t.sync(member);
-    if (member == 0) attention_inputs();
+    // This member's runs: those whose first row falls in its share of the rows.
+    auto first_run_from = [&](int64_t row) {
+      return static_cast<int64_t>(std::lower_bound(run_start_.begin(), run_start_.end() - 1, row) - run_start_.begin());
+    };
+    const int64_t m = member, count = t.members();
+    attention_inputs(first_run_from((m * n + count - 1) / count), first_run_from(((m + 1) * n + count - 1) / count));
     t.sync(member);
     kernels::cpu::attention_many_part(runs_.data(), static_cast<int64_t>(runs_.size()), kv_type_, static_cast<int>(c.n_head),
                                       static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim), attn_scale, part);
@@ -560,6 +566,14 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
   // Rows of the server's arithmetic (set_prompt_end): tiled attention, SwiGLU's vector e^x,
   // packed Q4_1/Q5_1 in the tile's order.
   auto fast = [&](int64_t r) { return positions[r] < prompt_end_[static_cast<size_t>(seqs[r])]; };
+  // Attention runs: consecutive rows of one sequence (the whole chunk for a prompt, one row per
+  // sequence in a batched decode), the same in every layer. run_start_ holds each run's first
+  // row and n after the last; both vectors were reserved for max_batch_ rows.
+  run_start_.clear();
+  for (int64_t r = 0; r < n; ++r)
+    if (r == 0 || seqs[r] != seqs[r - 1]) run_start_.push_back(r);
+  runs_.resize(run_start_.size());
+  run_start_.push_back(n);
   // Decode steps (up to k_team_max_rows rows, all of one arithmetic) run each layer as one
   // team job (context_params::layer_teams).
   bool team_rows = layer_teams_ && n <= k_team_max_rows && pool_ && pool_->size() > 1;
@@ -577,43 +591,39 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
       for (int d = 1; d <= depth && seg + d <= plan.last_segment(); ++d) residency_->prefetch(seg + d);
     }
     const auto& L = residency_ ? leased : w.layers[l];
-    // Everything between the Q/K/V products and attention: biases, QK norms, RoPE, the KV
-    // store, and one attention run per run of rows of one sequence (the whole chunk for a
-    // prompt, one row per sequence in a batched decode).
-    auto attention_inputs = [&] {
-      add_bias(q_, L.bq, n, Q);
-      add_bias(k_, L.bk, n, KV);
-      add_bias(v_, L.bv, n, KV);
-      for (int64_t r = 0; r < n; ++r) {
-        float* q = q_ + r * Q;
-        float* k = k_ + r * KV;
-        if (L.q_norm) {
-          for (int64_t h = 0; h < c.n_head; ++h) kernels::cpu::rms_norm(q + h * hd, L.q_norm, q + h * hd, hd, c.rms_eps);
-          for (int64_t h = 0; h < c.n_head_kv; ++h) kernels::cpu::rms_norm(k + h * hd, L.k_norm, k + h * hd, hd, c.rms_eps);
-        }
-        const float* cs = rope_cs_ + r * hd;
-        kernels::cpu::rope_apply(q, static_cast<int>(c.n_head), static_cast<int>(hd), cs, rope_);
-        kernels::cpu::rope_apply(k, static_cast<int>(c.n_head_kv), static_cast<int>(hd), cs, rope_);
-      }
-      // Attention per run of rows of one sequence (the whole chunk for a prompt, one row per
-      // sequence in a batched decode), all runs in one pass over the pool.
-      runs_.clear();
-      for (int64_t r0 = 0; r0 < n;) {
-        int64_t r1 = r0 + 1;
-        while (r1 < n && seqs[r1] == seqs[r0]) ++r1;
+    // Everything between the Q/K/V products and attention for runs [i0, i1) (run_start_):
+    // biases, QK norms, RoPE, the KV store, and each run's attention_run. Runs are rows of
+    // distinct sequences, so parts of them may go to different threads.
+    auto attention_inputs = [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t r0 = run_start_[static_cast<size_t>(i)], r1 = run_start_[static_cast<size_t>(i) + 1];
         const int64_t s = seqs[r0], len = r1 - r0, p0 = positions[r0];
+        add_bias(q_ + r0 * Q, L.bq, len, Q);
+        add_bias(k_ + r0 * KV, L.bk, len, KV);
+        add_bias(v_ + r0 * KV, L.bv, len, KV);
+        for (int64_t r = r0; r < r1; ++r) {
+          float* q = q_ + r * Q;
+          float* k = k_ + r * KV;
+          if (L.q_norm) {
+            for (int64_t h = 0; h < c.n_head; ++h) kernels::cpu::rms_norm(q + h * hd, L.q_norm, q + h * hd, hd, c.rms_eps);
+            for (int64_t h = 0; h < c.n_head_kv; ++h) kernels::cpu::rms_norm(k + h * hd, L.k_norm, k + h * hd, hd, c.rms_eps);
+          }
+          const float* cs = rope_cs_ + r * hd;
+          kernels::cpu::rope_apply(q, static_cast<int>(c.n_head), static_cast<int>(hd), cs, rope_);
+          kernels::cpu::rope_apply(k, static_cast<int>(c.n_head_kv), static_cast<int>(hd), cs, rope_);
+        }
+        kernels::cpu::attention_run& run = runs_[static_cast<size_t>(i)];
         if (kv_pool_) {
           paged_store(s, l, p0, r0, len);
           const int64_t elem = static_cast<int64_t>(kv_elem_bytes(kv_type_));
           const kernels::cpu::kv_pages pages{kv_pool_->table(s).data(), kv_pool_->block_tokens(), static_cast<int64_t>(kv_pool_->block_bytes()) / elem};
-          runs_.push_back({q_ + r0 * Q, len, p0, kv_pool_->data() + paged_offset(l, 0), kv_pool_->data() + paged_offset(l, 1), attn_ + r0 * Q, pages});
+          run = {q_ + r0 * Q, len, p0, kv_pool_->data() + paged_offset(l, 0), kv_pool_->data() + paged_offset(l, 1), attn_ + r0 * Q, pages};
         } else {
           kernels::cpu::kv_store(k_cache(s, l), kv_type_, p0, k_ + r0 * KV, len, KV);
           kernels::cpu::kv_store(v_cache(s, l), kv_type_, p0, v_ + r0 * KV, len, KV);
-          runs_.push_back({q_ + r0 * Q, len, p0, k_cache(s, l), v_cache(s, l), attn_ + r0 * Q});
+          run = {q_ + r0 * Q, len, p0, k_cache(s, l), v_cache(s, l), attn_ + r0 * Q};
         }
-        runs_.back().prompt_rows = std::clamp<int64_t>(prompt_end_[static_cast<size_t>(s)] - p0, 0, len);
-        r0 = r1;
+        run.prompt_rows = std::clamp<int64_t>(prompt_end_[static_cast<size_t>(s)] - p0, 0, len);
       }
     };
     if (team_rows) {
@@ -624,7 +634,7 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
       by_arithmetic(n, fast, [&](int64_t r0, int64_t r1, bool f) {
         project3(L.wq, q_ + r0 * Q, L.wk, k_ + r0 * KV, L.wv, v_ + r0 * KV, xb_ + r0 * D, r1 - r0, pool_, order_for(f));
       });
-      attention_inputs();
+      attention_inputs(0, static_cast<int64_t>(runs_.size()));
       kernels::cpu::attention_many(runs_.data(), static_cast<int64_t>(runs_.size()), kv_type_, static_cast<int>(c.n_head),
                                    static_cast<int>(c.n_head_kv), static_cast<int>(hd), attn_scale, pool_);
       by_arithmetic(n, fast, [&](int64_t r0, int64_t r1, bool f) {

@@ -176,8 +176,9 @@ class forward_context final : public forward_pass {
   // One layer of a decode step of n rows (one sequence's, or a batch's) as a team of the
   // pool's threads (thread_pool::run_team): each product split in fixed row shares, attention
   // in fixed task shares, with a barrier between steps instead of a pool job per step.
-  // attention_inputs (biases, RoPE, the KV store, runs_) runs on member 0. Results equal the
-  // per-step path bit for bit.
+  // attention_inputs(i0, i1) (biases, RoPE, the KV store, runs_ [i0, i1)) runs on every member
+  // for the runs starting in its share of the rows. Results equal the per-step path bit for
+  // bit.
   template <class Inputs>
   void decode_layer_team(const layer_weights& L, int64_t n, bool fast, float attn_scale, Inputs& attention_inputs);
 
@@ -199,6 +200,7 @@ class forward_context final : public forward_pass {
   std::vector<int64_t> prompt_end_;  // per sequence: set_prompt_end
   bool layer_teams_ = false;          // context_params::layer_teams
   std::vector<kernels::cpu::attention_run> runs_;  // one per sequence of a chunk (reserved)
+  std::vector<int64_t> run_start_;  // first row of each run of runs_, then the pass's rows (reserved)
   std::vector<int64_t> step_out_;                  // step(): the last row of each sequence's run
 
   // KV cache: one allocation on transparent huge pages, left uninitialised so pages (2 MiB
