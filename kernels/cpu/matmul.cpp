@@ -176,7 +176,7 @@ row_span multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float*
   auto tiled_job = [&](const matmul_job& job) {
     const bool tile_order = has_ggml_order(job.wt) && job.order == sum_order::tile;
     return job.layout == weight_layout::packed && path == isa::avx512 && n_x > 1 &&
-           (!has_ggml_order(job.wt) || tile_order) && (n_x < k_expand_min_act_rows || tile_order);
+           (!has_ggml_order(job.wt) || tile_order) && (n_x < k_expand_min_act_rows || (tile_order && !amx));
   };
   bool tiled_slot[k_max_matmul_jobs] = {};
   for (int j = 0; j < n_jobs; ++j)
@@ -362,13 +362,14 @@ row_span multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float*
             packed_dot_ref(job.wt, panel, cols, codes, aux, static_cast<int>(n_x), job.y + o, job.rows, n_w);
             continue;
           }
-          // Q4_1/Q5_1 in the tile's order stay on the packed tile for every row count: the
-          // expanded panel kernel keeps ggml's, and a row must not change order with n_x.
+          // Q4_1/Q5_1 in the tile's order stay on the packed tile for every row count, as
+          // the expanded panel's vector kernel keeps ggml's and a row must not change order
+          // with n_x, except on the tile unit, whose epilogue is the packed tile's own.
           const bool tile_order = has_ggml_order(job.wt) && job.order == sum_order::tile;
-          if (n_x >= k_expand_min_act_rows && !tile_order) {
+          if (n_x >= k_expand_min_act_rows && (!tile_order || amx)) {
             uint8_t* wide = aligned_scratch(panel_scratch, panel_bytes(job.wt, cols));
             expand_packed_avx512(job.wt, panel, cols, wide);
-            if (amx && panel_amx_supported(job.wt)) {
+            if (amx && (panel_amx_supported(job.wt) || tile_order)) {
               panel_sign_codes(job.wt, wide, cols);
               panel_dot_amx(job.wt, wide, cols, codes, aux, static_cast<int>(n_x), job.y + o, job.rows, n_w);
               continue;

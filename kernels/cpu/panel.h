@@ -93,12 +93,14 @@ void panel_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const 
                       int n_act, float* out, int64_t out_stride, int n_w);
 
 // AMX form (panel_amx_avx512.cpp), for the types panel_amx_supported names (Q4_0, Q5_0, Q8_0,
-// Q4_K, Q5_K: not Q4_1 and Q5_1, whose kernel keeps ggml's float order, nor Q6_K, which
+// Q4_K, Q5_K: not Q4_1 and Q5_1, whose panel kernel keeps ggml's float order, nor Q6_K, which
 // measured no faster on the tiles); only call where amx_active()
 // (isa.h). panel_sign_codes first takes the code offset out of a panel in place (types with
 // panel_code_offset; the codes become the signed values, as int8), which panel_dot_amx needs;
 // panel_dot_amx then gives panel_dot_avx512's bits over the unsigned panel, for any n_act, 16
-// activation rows a pass on the tile unit.
+// activation rows a pass on the tile unit. Over an expanded Q4_1 or Q5_1 panel it gives the
+// packed tile kernel's order instead (packed.h, sum_order::tile: the same epilogue, scale FMA
+// then min FMA per sub-block), which matmul uses for packed products of that order.
 bool panel_amx_supported(weight_type wt);
 void panel_sign_codes(weight_type wt, uint8_t* panel, int64_t cols);
 void panel_dot_amx(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act,

@@ -354,7 +354,7 @@ TEST_SUITE("matmul") {
                          doctest::Contains("Q3_K"), std::invalid_argument);
   }
 
-  TEST_CASE("AMX products equal the AVX-512 vector kernels' bit for bit, packed and per-call panels") {
+  TEST_CASE("AMX products equal the AVX-512 vector kernels' bit for bit, packed and per-call panels, both orders") {
     if (!isa_supported(isa::avx512) || !cpu_has_amx()) {
       MESSAGE("skipped: this CPU (or its operating system) offers no AMX-INT8");
       return;
@@ -369,17 +369,23 @@ TEST_SUITE("matmul") {
       const int64_t rows = p.rows, cols = p.cols;
       for (const int64_t n_x : {int64_t{8}, int64_t{16}, int64_t{21}, k_expand_min_act_rows, k_expand_min_act_rows + 7}) {
         for (const auto layout : {weight_layout::packed, weight_layout::rows}) {
-          CAPTURE(display_name(t));
-          CAPTURE(n_x);
-          CAPTURE(layout == weight_layout::packed);
-          const void* w = layout == weight_layout::packed ? static_cast<const void*>(packed.data()) : p.w.data();
-          std::vector<float> want(static_cast<size_t>(rows * n_x), -7.0f), got(want);
-          set_amx(false);
-          matmul(t, w, rows, cols, p.x.data(), n_x, want.data(), &pool, layout);
-          set_amx(true);
-          REQUIRE(amx_active());
-          matmul(t, w, rows, cols, p.x.data(), n_x, got.data(), &pool, layout);
-          CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+          // Packed Q4_1/Q5_1 in the tile's order take the tiles from k_expand_min_act_rows
+          // rows on, where the vector path keeps the packed tile kernel.
+          for (const auto order : {sum_order::ggml, sum_order::tile}) {
+            if (order == sum_order::tile && !has_ggml_order(t)) continue;
+            CAPTURE(display_name(t));
+            CAPTURE(n_x);
+            CAPTURE(layout == weight_layout::packed);
+            CAPTURE(order == sum_order::tile);
+            const void* w = layout == weight_layout::packed ? static_cast<const void*>(packed.data()) : p.w.data();
+            std::vector<float> want(static_cast<size_t>(rows * n_x), -7.0f), got(want);
+            set_amx(false);
+            matmul(t, w, rows, cols, p.x.data(), n_x, want.data(), &pool, layout, order);
+            set_amx(true);
+            REQUIRE(amx_active());
+            matmul(t, w, rows, cols, p.x.data(), n_x, got.data(), &pool, layout, order);
+            CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);
+          }
         }
       }
     }
