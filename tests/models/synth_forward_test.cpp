@@ -269,7 +269,7 @@ TEST_SUITE("synth_forward") {
             std::vector<std::vector<float>> runs;
             const std::pair<kernels::cpu::thread_pool*, bool> setups[] = {{nullptr, true}, {&two, true}, {&three, true}, {&two, false}};
             for (const auto& [pool, teams] : setups) {
-              models::forward_context ctx(m, {.n_ctx = 16, .kv = kv_type::f16, .max_batch = n_seq, .n_seq = n_seq, .layer_teams = teams},
+              models::forward_context ctx(m, {.n_ctx = 16, .kv = kv_type::f16, .max_batch = n_seq + 2, .n_seq = n_seq, .layer_teams = teams},
                                           pool);
               std::vector<int64_t> seqs(static_cast<size_t>(n_seq));
               std::vector<int32_t> toks(static_cast<size_t>(n_seq));
@@ -279,6 +279,19 @@ TEST_SUITE("synth_forward") {
                 if (fast[static_cast<size_t>(s) % fast.size()]) ctx.set_prompt_end(s, 1 << 20);
               }
               std::vector<float> seen;
+              // A step as the engine makes them: a 3-row prompt chunk of sequence 0 beside one
+              // row of each other sequence (runs of several rows split between members).
+              {
+                std::vector<int32_t> mixed = {11, 12, 13};
+                std::vector<int64_t> mixed_seqs = {0, 0, 0};
+                for (int64_t s = 1; s < n_seq; ++s) {
+                  mixed.push_back(static_cast<int32_t>(20 + s));
+                  mixed_seqs.push_back(s);
+                }
+                ctx.step(mixed, mixed_seqs);
+                const auto all = ctx.all_logits_rows();
+                seen.insert(seen.end(), all.begin(), all.end());
+              }
               for (int step = 0; step < 4; ++step) {
                 ctx.decode(toks, seqs);
                 const auto all = ctx.all_logits_rows();
