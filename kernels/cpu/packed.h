@@ -94,8 +94,9 @@ inline constexpr size_t k_packed_prefetch_ahead = 8192;
 // one request 8 KiB ahead into L1): Q8_0 +2-4%, Q4_0 and Q4_1 +4-6%, Q4_K and Q6_K +7-9%.
 inline constexpr size_t k_packed_l1_ahead_avx2 = 2048;
 inline constexpr size_t k_packed_l2_ahead_avx2 = 16384;
-// Except in decode passes (up to 2 activation rows) that read their units front to back, which
-// the core's own stream prefetcher follows far ahead: tile-order Q4_0, Q4_1 and Q8_0. There the
+// Except, on AMD, in decode passes (up to 2 activation rows) that read their units front to back,
+// which the core's own stream prefetcher follows far ahead: tile-order Q4_0, Q4_1 and Q8_0 (an
+// Intel core's does not: packed_avx2_two_levels). There the
 // far requests only took load slots from it, and one request into L1 k_packed_near_ahead_avx2
 // ahead streams faster. On a 2-core Zen 2, against the two levels: 128 MB streams, both cores,
 // 384 to 1,024 bytes, +4-14% for Q4_0, Q8_0 and Q4_1; 250M decode, A/B in one process, Q4_0
@@ -193,7 +194,7 @@ static constexpr avx512_requests packed_avx512_requests(weight_type wt, int act_
   return avx512_requests::l1;
 }
 // Whether `cpu`'s own prefetchers keep up with a front-to-back packed stream: measured so on
-// AMD (Zen 4) and not on Intel (the Xeon above), so AMD it is.
+// AMD (Zen 2, 3 and 4) and not on Intel (the Xeon above, on both SIMD paths), so AMD it is.
 inline bool streams_prefetch_themselves(const cpu_identity& cpu) { return cpu.amd; }
 // streams_prefetch_themselves(this_cpu()), read once.
 extern const bool g_packed_self_streaming;
@@ -218,11 +219,20 @@ static constexpr bool packed_avx512_split_sums(int act_rows, const cpu_identity&
 extern const bool g_packed_split_sums8;
 
 // Whether the AVX2 decode passes (1-2 activation rows) of `wt` in `order` ask for lines at the
-// two distances above (true) or once, k_packed_near_ahead_avx2 ahead. Passes of more rows
-// always ask at both.
-static constexpr bool packed_avx2_two_levels(weight_type wt, sum_order order) {
+// two distances above (true) or once, k_packed_near_ahead_avx2 ahead, on a CPU whose own
+// prefetchers do (`self_streaming`: AMD) or do not keep up with a packed stream. Passes of more
+// rows always ask at both, and so does every pass where the CPU is not AMD: on the Xeon of stop
+// 40 with the avx2 path forced (`tandem bench --isa avx2`), the near request alone left 250M
+// Q4_0 decode at 0.29 of the read ceiling and Q8_0 at 0.39 while Q4_K, asking at both, ran at
+// 1.25 (figures with both in docs/cpu-kernels.md).
+static constexpr bool packed_avx2_two_levels(weight_type wt, sum_order order, bool self_streaming) {
+  if (!self_streaming) return true;
   if (wt == weight_type::q4_0 || wt == weight_type::q8_0) return false;
   return !(wt == weight_type::q4_1 && order == sum_order::tile);
+}
+// packed_avx2_two_levels for this CPU.
+inline bool packed_avx2_two_levels(weight_type wt, sum_order order) {
+  return packed_avx2_two_levels(wt, order, g_packed_self_streaming);
 }
 // Whether `wt` has both orders (Q4_1, Q5_1: the types with a min whose kernel is not repacked
 // in llama.cpp, so its plain kernel's order is what llama.cpp computes).

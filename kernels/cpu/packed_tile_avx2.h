@@ -54,10 +54,9 @@ static inline __m256 negate(__m256 x) { return _mm256_xor_ps(x, _mm256_set1_ps(-
 // inlined: GCC 12 finds a function whose only effects are prefetches const (or pure), and
 // drops the calls to one it leaves out of line (seen with a larger body in an experiment: no
 // request was left).
-template <bool TwoLevels>
-__attribute__((always_inline)) static inline void prefetch(const void* p, size_t offset, size_t near_ahead) {
+__attribute__((always_inline)) static inline void prefetch(const void* p, size_t offset, size_t near_ahead, bool two_levels) {
   const char* at = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + offset);
-  if constexpr (TwoLevels) {
+  if (two_levels) {
     _mm_prefetch(at + k_packed_l2_ahead_avx2, _MM_HINT_T1);
     _mm_prefetch(at + k_packed_l1_ahead_avx2, _MM_HINT_T0);
   } else {
@@ -150,6 +149,7 @@ void packed_pass(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
   const int64_t nsub = cols / sub;
   const int64_t aux_row = nsub * k_panel_aux_per_sub;
   const size_t near_ahead = packed_near_ahead_avx2(WT);
+  const bool two_levels = R > 2 || packed_avx2_two_levels(WT, sum_order::tile);
   __m256 f[H][R];
   for (int h = 0; h < H; ++h)
     TANDEM_UNROLL for (int r = 0; r < R; ++r) f[h][r] = _mm256_setzero_ps();
@@ -159,7 +159,7 @@ void packed_pass(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
       constexpr size_t share = ub / (uc / 32);
       if (h0 == 0)
         for (size_t b = 0; b < share; b += 64)
-          prefetch<(R > 2 || packed_avx2_two_levels(WT, sum_order::tile))>(unit, ch * share + b, near_ahead);
+          prefetch(unit, ch * share + b, near_ahead, two_levels);
       const int64_t col0 = u * uc + ch * 32;
       for (int hh = 0; hh < H; ++hh) {
         const int h = h0 + hh;
@@ -296,13 +296,14 @@ void packed_row_ggml(const uint8_t* panel, int64_t cols, const int8_t* codes, co
   const int64_t nb = cols / 32;
   const int passes = n_w > 8 ? 2 : 1;
   const size_t near_ahead = packed_near_ahead_avx2(WT);
+  const bool two_levels = packed_avx2_two_levels(WT, sum_order::ggml);
   for (int h = 0; h < passes; ++h) {
     __m256 f[8], msum = _mm256_setzero_ps();
     TANDEM_UNROLL for (int g = 0; g < 8; ++g) f[g] = _mm256_setzero_ps();
     const size_t l_begin = h == 0 ? 0 : split, l_end = passes == 2 && h == 0 ? split : ub;
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* unit = panel + b * ub;
-      for (size_t l = l_begin; l < l_end; l += 64) prefetch<packed_avx2_two_levels(WT, sum_order::ggml)>(unit, l, near_ahead);
+      for (size_t l = l_begin; l < l_end; l += 64) prefetch(unit, l, near_ahead, two_levels);
       const float* x = aux + b * k_panel_aux_per_sub;
       const __m256 dd = _mm256_mul_ps(f16x8(unit + sc + 16 * h), _mm256_set1_ps(x[0]));
       msum = _mm256_fmadd_ps(f16x8(unit + sc + 2 * R16 + 16 * h), _mm256_set1_ps(x[1]), msum);

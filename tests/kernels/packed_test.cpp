@@ -158,8 +158,20 @@ TEST_CASE("AVX-512 requests: none for front-to-back decode streams on AMD only, 
       CHECK(on(xeon, wt, rows, sum_order::ggml) == (near_only ? req::l1 : req::l2_and_l1));
     }
   }
+  // The AVX2 decode passes: one near request for the front-to-back streams on AMD only.
+  CHECK_FALSE(packed_avx2_two_levels(weight_type::q4_0, sum_order::tile, streams_prefetch_themselves(zen4)));
+  CHECK_FALSE(packed_avx2_two_levels(weight_type::q8_0, sum_order::tile, streams_prefetch_themselves(zen4)));
+  CHECK_FALSE(packed_avx2_two_levels(weight_type::q4_1, sum_order::tile, streams_prefetch_themselves(zen4)));
+  CHECK(packed_avx2_two_levels(weight_type::q4_1, sum_order::ggml, streams_prefetch_themselves(zen4)));
+  CHECK(packed_avx2_two_levels(weight_type::q4_k, sum_order::tile, streams_prefetch_themselves(zen4)));
+  for (const weight_type wt : {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1,
+                               weight_type::q8_0, weight_type::q4_k, weight_type::q5_k, weight_type::q6_k})
+    for (const sum_order order : {sum_order::ggml, sum_order::tile})
+      CHECK(packed_avx2_two_levels(wt, order, streams_prefetch_themselves(xeon)));
   // This process's choice is the one for this CPU.
   CHECK(g_packed_self_streaming == streams_prefetch_themselves(this_cpu()));
+  CHECK(packed_avx2_two_levels(weight_type::q4_0, sum_order::tile) ==
+        packed_avx2_two_levels(weight_type::q4_0, sum_order::tile, streams_prefetch_themselves(this_cpu())));
   CHECK(packed_avx512_requests(weight_type::q4_0, 1, sum_order::tile) == on(this_cpu(), weight_type::q4_0, 1));
   CHECK(packed_avx512_requests(weight_type::q8_0, 8, sum_order::tile) == on(this_cpu(), weight_type::q8_0, 8));
 }
