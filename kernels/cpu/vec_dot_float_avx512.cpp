@@ -5,6 +5,7 @@
 // slice.
 #include <immintrin.h>
 
+#include "kernels/cpu/packed.h"
 #include "kernels/cpu/simd_avx512.h"
 #include "kernels/cpu/vec_dot.h"
 
@@ -54,6 +55,10 @@ struct bf16_format {
   static __m512 madd(__m512 acc, slice w, slice a) { return _mm512_dpbf16_ps(acc, w, a); }
 };
 
+// How many tiles ahead the L2 requests go. On the Xeon of stop 40, 250M F16 decode, A/B in one
+// process (8 pairs, without over with): 2, 4, 8 tiles 0.900, 0.895, 0.896.
+constexpr size_t k_far_tiles = 4;
+
 template <class Fmt, int NW, int NR>
 void tile(int64_t n, const uint8_t* w, size_t w_stride, const uint8_t* act, size_t act_stride, float* out,
           int64_t out_stride) {
@@ -63,6 +68,9 @@ void tile(int64_t n, const uint8_t* w, size_t w_stride, const uint8_t* act, size
   for (int o = 0; o < NW; ++o)
     TANDEM_UNROLL
     for (int r = 0; r < NR; ++r) acc[o][r] = _mm512_setzero_ps();
+  // Where the CPU's own prefetchers do not keep up (not AMD: packed.h), the same lines
+  // k_far_tiles tiles on are asked into L2 as well, as the packed kernels ask.
+  const bool far = !g_packed_self_streaming;
   auto step = [&](int64_t i, auto load) {
     typename Fmt::slice ws[NW];
     TANDEM_UNROLL
@@ -81,6 +89,10 @@ void tile(int64_t n, const uint8_t* w, size_t w_stride, const uint8_t* act, size
     TANDEM_UNROLL
     for (int o = 0; o < NW; ++o)
       prefetch(w + o * w_stride + i * Fmt::bytes, NW * w_stride);
+    if (far) {
+      TANDEM_UNROLL
+      for (int o = 0; o < NW; ++o) prefetch_l2(w + o * w_stride + i * Fmt::bytes, k_far_tiles * NW * w_stride);
+    }
     step(i, [](const uint8_t* p) { return Fmt::load(p); });
   }
   if (i < n) step(i, [k = n - i](const uint8_t* p) { return Fmt::load_first(p, k); });
