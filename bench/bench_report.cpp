@@ -13,6 +13,14 @@ namespace {
 
 double ratio(double a, double b) { return b != 0 ? a / b : 0.0; }
 
+// a[i] / b[i] for the repetitions both have (a comparison measured beside each repetition).
+std::vector<double> pair_ratios(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> out;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) out.push_back(ratio(a[i], b[i]));
+  return out;
+}
+double median_or_zero(const std::vector<double>& v) { return v.empty() ? 0.0 : summarize(v).median; }
+
 void put(nlohmann::json& j, const std::string& name, const summary& s, const std::vector<double>& samples) {
   j[name] = s.median;
   j[name + "_min"] = s.min;
@@ -36,27 +44,13 @@ double bench_report::decode_vs_ceiling() const {
   return ratio(result.decode_gb.median, ceiling.gb_s_summary.median);
 }
 std::vector<double> bench_report::layer_teams_vs_step_jobs_samples() const {
-  std::vector<double> out;
-  const auto& teams = result.decode_layer_teams_tok_s;
-  const auto& steps = result.decode_tok_s;
-  for (size_t i = 0; i < teams.size() && i < steps.size(); ++i) out.push_back(ratio(teams[i], steps[i]));
-  return out;
+  return pair_ratios(result.decode_layer_teams_tok_s, result.decode_tok_s);
 }
-double bench_report::layer_teams_vs_step_jobs() const {
-  const auto samples = layer_teams_vs_step_jobs_samples();
-  return samples.empty() ? 0.0 : summarize(samples).median;
-}
+double bench_report::layer_teams_vs_step_jobs() const { return median_or_zero(layer_teams_vs_step_jobs_samples()); }
 std::vector<double> bench_report::prefill_server_vs_exact_samples() const {
-  std::vector<double> out;
-  const auto& server = result.prefill_server_tok_s;
-  const auto& exact = result.prefill_tok_s;
-  for (size_t i = 0; i < server.size() && i < exact.size(); ++i) out.push_back(ratio(server[i], exact[i]));
-  return out;
+  return pair_ratios(result.prefill_server_tok_s, result.prefill_tok_s);
 }
-double bench_report::prefill_server_vs_exact() const {
-  const auto samples = prefill_server_vs_exact_samples();
-  return samples.empty() ? 0.0 : summarize(samples).median;
-}
+double bench_report::prefill_server_vs_exact() const { return median_or_zero(prefill_server_vs_exact_samples()); }
 double bench_report::compute_ceiling_tok_s() const {
   return rows_per_second(dots.gmac_s_summary.median, result.int8_macs_per_token);
 }
