@@ -32,6 +32,13 @@ constexpr int R16 = k_panel_rows;
 constexpr __mmask16 k_all16 = 0xFFFF;
 constexpr size_t k_prefetch_ahead = k_packed_prefetch_ahead;
 
+// Makes p opaque to the optimiser (it can no longer relate it to other pointers), so the
+// accesses at constant offsets from it keep one base register.
+template <class T>
+static inline void opaque(T*& p) {
+  asm("" : "+r"(p));
+}
+
 // The int32 offset term of an activation sub-block (panel.h: the third aux float's bits).
 static inline int32_t offset_term(const float* x) { return panel_offset_term(x); }
 
@@ -123,6 +130,14 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
         }
       }
       const int64_t col0 = u * uc + ch * 32;
+      // The chunk's activation codes and aux floats, each row at a constant distance from one
+      // pointer. Hidden from the optimiser, which otherwise derives a pointer per row and,
+      // short of general registers at 8 rows, parks them in vector registers: the moves back
+      // took the vector ports (24 vmovq per chunk of 8 rows).
+      const int8_t* ca = codes + (col0 / 32) * group * 32;
+      const float* xa = aux + (col0 / sub) * group * k_panel_aux_per_sub;
+      opaque(ca);
+      opaque(xa);
       // Integer sums: for Q6_K acc0 holds the chunk's first 16 columns and acc1 the rest; for
       // the other types up to 8 rows the two split the groups and are added before the
       // conversion. One chain of 8 vpdpbusd per row is 8 latencies long, longer than the pass
@@ -134,7 +149,7 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
       __m512i acc0[R], acc1[k_split || WT == weight_type::q6_k ? R : 1];
       TANDEM_UNROLL for (int r = 0; r < R; ++r) {
         if constexpr (k_offset) {
-          const float* x = aux + ((col0 / sub) * group + r) * k_panel_aux_per_sub;
+          const float* x = xa + r * k_panel_aux_per_sub;
           acc0[r] = _mm512_set1_epi32(offset_term(x));
           if constexpr (WT == weight_type::q6_k) acc1[r] = _mm512_set1_epi32(offset_term(x + group * k_panel_aux_per_sub));
           else if constexpr (k_split) acc1[r] = _mm512_setzero_si512();
@@ -170,7 +185,7 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
           }
         }
         TANDEM_UNROLL for (int r = 0; r < R; ++r) {
-          const int8_t* a = codes + (col0 / 32 * group + r) * 32;
+          const int8_t* a = ca + r * 32;
           if constexpr (WT == weight_type::q8_0) {
             const __m512i b = _mm512_set1_epi32(act4(a + 4 * q));
             if constexpr (k_split) {
@@ -188,9 +203,10 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
         }
       }
       // Scales and mins of the chunk's sub-blocks, then the float update per row.
+      // s: the sub-block's index within the chunk (Q6_K: 0 or 1).
       auto update = [&](const __m512i (&acc)[R], __m512 scale, __m512 min, int64_t s) {
         TANDEM_UNROLL for (int r = 0; r < R; ++r) {
-          const float* x = aux + (s * group + r) * k_panel_aux_per_sub;
+          const float* x = xa + (s * group + r) * k_panel_aux_per_sub;
           const __m512 t = _mm512_maskz_cvtepi32_ps(k_all16, acc[r]);
           f[r] = _mm512_fmadd_ps(t, _mm512_mul_ps(scale, _mm512_set1_ps(x[0])), f[r]);
           if constexpr (!k_offset) f[r] = _mm512_fmadd_ps(min, _mm512_set1_ps(x[1]), f[r]);
@@ -202,18 +218,18 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
           acc0[r] = _mm512_add_epi32(acc0[r], k_high_unshifted ? _mm512_maskz_srai_epi32(k_all16, acc1[r], 4) : acc1[r]);
       }
       if constexpr (WT == weight_type::q4_0 || WT == weight_type::q5_0 || WT == weight_type::q8_0) {
-        update(acc0, f16x16(unit + sc), no_min, col0 / 32);
+        update(acc0, f16x16(unit + sc), no_min, 0);
       } else if constexpr (WT == weight_type::q4_1 || WT == weight_type::q5_1) {
-        update(acc0, f16x16(unit + sc), f16x16(unit + sc + 2 * R16), col0 / 32);
+        update(acc0, f16x16(unit + sc), f16x16(unit + sc + 2 * R16), 0);
       } else if constexpr (WT == weight_type::q4_k || WT == weight_type::q5_k) {
         const uint8_t* at = unit + sc + 4 * R16;
         const __m512 s = _mm512_mul_ps(d, u8x16(at + R16 * ch));
         const __m512 m = negate(_mm512_mul_ps(dmin, u8x16(at + 8 * R16 + R16 * ch)));
-        update(acc0, s, m, col0 / 32);
+        update(acc0, s, m, 0);
       } else {
         const uint8_t* at = unit + sc + 2 * R16;
-        update(acc0, _mm512_mul_ps(d, i8x16(at + R16 * (2 * ch))), no_min, col0 / 16);
-        update(acc1, _mm512_mul_ps(d, i8x16(at + R16 * (2 * ch + 1))), no_min, col0 / 16 + 1);
+        update(acc0, _mm512_mul_ps(d, i8x16(at + R16 * (2 * ch))), no_min, 0);
+        update(acc1, _mm512_mul_ps(d, i8x16(at + R16 * (2 * ch + 1))), no_min, 1);
       }
     }
   }
