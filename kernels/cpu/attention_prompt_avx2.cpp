@@ -14,6 +14,9 @@ struct avx2_prompt_lanes {
   using ivec = __m256i;
   using mask = __m256;
   static constexpr int W = k_prompt_lanes_avx2;
+  // Not the decode-row fold from the cache (prompt_kernel::fold_row_block): 16 registers hold
+  // too few accumulators.
+  static constexpr bool k_fold_from_cache = false;
   static vec load(const float* p) { return _mm256_load_ps(p); }
   static vec loadu(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, vec a) { _mm256_store_ps(p, a); }

@@ -16,6 +16,8 @@ struct avx512_prompt_lanes {
   using ivec = __m512i;
   using mask = __mmask16;
   static constexpr int W = 16;
+  // The decode-row fold from the cache (prompt_kernel::fold_row_block): its registers fit AVX-512's 32.
+  static constexpr bool k_fold_from_cache = true;
   static vec load(const float* p) { return _mm512_load_ps(p); }
   static vec loadu(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, vec a) { _mm512_store_ps(p, a); }
@@ -49,27 +51,37 @@ struct avx512_prompt_lanes {
     else return _mm512_broadcast_f32x4(_mm_loadu_ps(x));
   }
 
+  // P = 4 registers holding elements e .. e+15 of KV heads 0..3 (r[h]: head h's) to o[4 * k + h]
+  // for k < 16: a 4 x 16 transpose in 8 two-source permutes (the unpack and shuffle ladder took
+  // 16, and was the tile's largest cost in a decode row's tile): pairs of heads a, b
+  // interleaved element by element, then the pairs' 64-bit (a, b) and (c, d) units alternated.
+  template <int P>
+    requires(P == 4)
+  static void interleave_regs(const __m512* r, float* o) {
+    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    const __m512i first = _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11), second = _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15);
+    // ab_lo: a0 b0 a1 b1 .. a7 b7; ab_hi: a8 b8 .. a15 b15; cd_* likewise.
+    const __m512d ab_lo = _mm512_castps_pd(_mm512_permutex2var_ps(r[0], lo, r[1]));
+    const __m512d ab_hi = _mm512_castps_pd(_mm512_permutex2var_ps(r[0], hi, r[1]));
+    const __m512d cd_lo = _mm512_castps_pd(_mm512_permutex2var_ps(r[2], lo, r[3]));
+    const __m512d cd_hi = _mm512_castps_pd(_mm512_permutex2var_ps(r[2], hi, r[3]));
+    // Moves of whole 64-bit units: the floats' bits pass unchanged.
+    _mm512_store_ps(o, _mm512_castpd_ps(_mm512_permutex2var_pd(ab_lo, first, cd_lo)));        // elements e .. e+3
+    _mm512_store_ps(o + 16, _mm512_castpd_ps(_mm512_permutex2var_pd(ab_lo, second, cd_lo)));  // e+4 .. e+7
+    _mm512_store_ps(o + 32, _mm512_castpd_ps(_mm512_permutex2var_pd(ab_hi, first, cd_hi)));   // e+8 .. e+11
+    _mm512_store_ps(o + 48, _mm512_castpd_ps(_mm512_permutex2var_pd(ab_hi, second, cd_hi)));  // e+12 .. e+15
+  }
+
   // Key row j of the tile's KV heads into the interleaved block: P rows of dp floats at `rows`
   // (row h: KV head h, zero rows past the tile's) to kb[(j * dp + e) * P + h].
   template <int P>
   static void interleave_keys(const float* rows, int dp, float* dst) {
     if constexpr (P == 4) {
-      // A 4 x 16 transpose per 16 elements: unpack pairs, then pick 128-bit quarters.
       for (int e = 0; e < dp; e += 16) {
-        const __m512 a = _mm512_load_ps(rows + e), b = _mm512_load_ps(rows + dp + e);
-        const __m512 c = _mm512_load_ps(rows + 2 * dp + e), d = _mm512_load_ps(rows + 3 * dp + e);
-        const __m512 ab_lo = _mm512_unpacklo_ps(a, b), ab_hi = _mm512_unpackhi_ps(a, b);
-        const __m512 cd_lo = _mm512_unpacklo_ps(c, d), cd_hi = _mm512_unpackhi_ps(c, d);
-        // u_k holds, in 128-bit quarter Q, element 4Q + k of a, b, c, d.
-        const __m512 u0 = _mm512_shuffle_ps(ab_lo, cd_lo, 0x44), u1 = _mm512_shuffle_ps(ab_lo, cd_lo, 0xEE);
-        const __m512 u2 = _mm512_shuffle_ps(ab_hi, cd_hi, 0x44), u3 = _mm512_shuffle_ps(ab_hi, cd_hi, 0xEE);
-        const __m512 v0 = _mm512_shuffle_f32x4(u0, u1, 0x44), v1 = _mm512_shuffle_f32x4(u2, u3, 0x44);
-        const __m512 v2 = _mm512_shuffle_f32x4(u0, u1, 0xEE), v3 = _mm512_shuffle_f32x4(u2, u3, 0xEE);
-        float* o = dst + static_cast<size_t>(e) * 4;
-        _mm512_store_ps(o, _mm512_shuffle_f32x4(v0, v1, 0x88));       // elements e .. e+3
-        _mm512_store_ps(o + 16, _mm512_shuffle_f32x4(v0, v1, 0xDD));  // e+4 .. e+7
-        _mm512_store_ps(o + 32, _mm512_shuffle_f32x4(v2, v3, 0x88));  // e+8 .. e+11
-        _mm512_store_ps(o + 48, _mm512_shuffle_f32x4(v2, v3, 0xDD));  // e+12 .. e+15
+        const __m512 r[4] = {_mm512_load_ps(rows + e), _mm512_load_ps(rows + dp + e), _mm512_load_ps(rows + 2 * dp + e),
+                             _mm512_load_ps(rows + 3 * dp + e)};
+        interleave_regs<4>(r, dst + static_cast<size_t>(e) * 4);
       }
     } else {
       interleave_keys_any<P>(rows, dp, dst);

@@ -94,6 +94,28 @@ struct prompt_kernel {
     for (int i = d; i < t.padded_dim; ++i) dst[i] = 0.0f;
   }
 
+  // Whether V transposes P registers of keys straight into the interleaved block.
+  template <int P>
+  static constexpr bool k_interleaves_regs = requires(const vec* r, float* o) { V::template interleave_regs<P>(r, o); };
+
+  // Key row p of the tile's KV heads from the cache into the interleaved block, without the
+  // widened rows in between (their stores and loads back took as long as the transpose).
+  // Rows without padding only; KV heads past the tile's are zero, as widened rows would be.
+  template <int P>
+  static void widen_interleaved(const prompt_tile& t, int64_t p, float* dst) {
+    const int64_t off = kv_row_offset(t.pages, t.kv_stride, p);
+    for (int e = 0; e < t.head_dim; e += L) {
+      vec r[P];
+      for (int h = 0; h < P; ++h) {
+        const int64_t at = off + static_cast<int64_t>(h) * t.head_dim + e;
+        if (h >= t.n_kv) r[h] = V::zero();
+        else if (t.kt == kv_type::f16) r[h] = V::load_f16(static_cast<const uint16_t*>(t.k) + at);
+        else r[h] = V::loadu(static_cast<const float*>(t.k) + at);
+      }
+      V::template interleave_regs<P>(r, dst + static_cast<size_t>(e) * P);
+    }
+  }
+
   // Scores of keys kb[0..NK) for every lane: NK independent chains over the dimensions. The
   // block holds key j's element e of KV head h at (j * dp + e) * P + h.
   template <int NK, int P>
@@ -136,6 +158,81 @@ struct prompt_kernel {
     }
   }
 
+  // The fold of one block for G lanes that share KV head h, straight from the cache: each
+  // value row is loaded (widened from f16) once for the G lanes, whose accumulators stay in
+  // registers through the block. Every lane takes fold<C>'s steps for all nb keys (a decode
+  // row's lanes see every key of each block), so the bits are the same.
+  template <int C, int G>
+  static void fold_lanes(float* acc, const int* lane, const float* w, const float* alpha, const prompt_tile& t, int64_t t0,
+                         int nb, int h) {
+    vec a[G][C];
+    for (int g = 0; g < G; ++g) {
+      const vec al = V::set1(alpha[lane[g]]);
+      for (int c = 0; c < C; ++c) a[g][c] = V::mul(V::load(acc + static_cast<size_t>(lane[g]) * t.padded_dim + c * L), al);
+    }
+    const int64_t head_off = static_cast<int64_t>(h) * t.head_dim;
+    for (int j = 0; j < nb; ++j) {
+      const int64_t off = kv_row_offset(t.pages, t.kv_stride, t0 + j) + head_off;
+      vec v[C];
+      if (t.kt == kv_type::f16) {
+        const auto* src = static_cast<const uint16_t*>(t.v) + off;
+        for (int c = 0; c < C; ++c) v[c] = V::load_f16(src + c * L);
+      } else {
+        const auto* src = static_cast<const float*>(t.v) + off;
+        for (int c = 0; c < C; ++c) v[c] = V::loadu(src + c * L);
+      }
+      for (int g = 0; g < G; ++g) {
+        const vec wj = V::set1(w[j * L + lane[g]]);
+        for (int c = 0; c < C; ++c) a[g][c] = V::fmadd(wj, v[c], a[g][c]);
+      }
+    }
+    for (int g = 0; g < G; ++g)
+      for (int c = 0; c < C; ++c) V::store(acc + static_cast<size_t>(lane[g]) * t.padded_dim + c * L, a[g][c]);
+  }
+
+  // Every live lane of a one-row tile, by KV head, in groups of up to k_fold_group(C) lanes.
+  template <int C>
+  static void fold_row_block(float* acc, const float* w, const float* alpha, const prompt_tile& t, int P, int64_t t0, int nb) {
+    constexpr int G = k_fold_group(C);
+    for (int h = 0; h < t.n_kv; ++h) {
+      for (int q0 = 0; q0 < t.n_heads; q0 += G) {
+        int lane[G];
+        const int n = t.n_heads - q0 < G ? t.n_heads - q0 : G;
+        for (int g = 0; g < n; ++g) lane[g] = (q0 + g) * P + h;
+        switch (n) {
+          case 1: fold_lanes<C, 1>(acc, lane, w, alpha, t, t0, nb, h); break;
+          case 2: if constexpr (G >= 2) fold_lanes<C, 2>(acc, lane, w, alpha, t, t0, nb, h); break;
+          case 3: if constexpr (G >= 3) fold_lanes<C, 3>(acc, lane, w, alpha, t, t0, nb, h); break;
+          default: if constexpr (G >= 4) fold_lanes<C, 4>(acc, lane, w, alpha, t, t0, nb, h); break;
+        }
+      }
+    }
+  }
+
+  // Lanes per group of fold_lanes: their accumulators (G x C registers) and the C value
+  // registers fit the 32 of AVX-512 with room to spare.
+  static constexpr int k_fold_group(int C) { return C <= 4 ? 4 : C <= 5 ? 3 : 2; }
+
+  // Whether a tile takes fold_row_block: one row (every lane sees every key), rows without
+  // padding (the cache rows are read as they are), up to 8 registers a row, AVX-512.
+  static bool folds_from_cache(const prompt_tile& t) {
+    return V::k_fold_from_cache && t.n_rows == 1 && t.head_dim == t.padded_dim && t.padded_dim % L == 0 &&
+           t.padded_dim <= 8 * L;
+  }
+
+  static void fold_row_any(float* acc, const float* w, const float* alpha, const prompt_tile& t, int P, int64_t t0, int nb) {
+    switch (t.padded_dim / L) {
+      case 1: return fold_row_block<1>(acc, w, alpha, t, P, t0, nb);
+      case 2: return fold_row_block<2>(acc, w, alpha, t, P, t0, nb);
+      case 3: return fold_row_block<3>(acc, w, alpha, t, P, t0, nb);
+      case 4: return fold_row_block<4>(acc, w, alpha, t, P, t0, nb);
+      case 5: return fold_row_block<5>(acc, w, alpha, t, P, t0, nb);
+      case 6: return fold_row_block<6>(acc, w, alpha, t, P, t0, nb);
+      case 7: return fold_row_block<7>(acc, w, alpha, t, P, t0, nb);
+      default: return fold_row_block<8>(acc, w, alpha, t, P, t0, nb);
+    }
+  }
+
   template <int P>
   static void attend_tile(const prompt_tile& t, float* scratch) {
     const int d = t.head_dim, dp = t.padded_dim, H = t.n_heads;
@@ -151,6 +248,8 @@ struct prompt_kernel {
     std::memset(acc, 0, sizeof(float) * static_cast<size_t>(dp) * L);
     if (t.n_kv < P) std::memset(krows, 0, sizeof(float) * static_cast<size_t>(dp) * P);
     const int M = t.n_rows * H;  // query vectors per KV head
+    // A decode row folds straight from the cache (fold_row_block), so its values are not widened.
+    const bool from_cache = folds_from_cache(t);
     alignas(64) int32_t pos[L];
     auto lane_q = [&](int i) -> int64_t {  // offset of lane i's query (and output) from t.q
       const int h = i % P, qi = i / P;
@@ -171,14 +270,37 @@ struct prompt_kernel {
     const int64_t n_keys = t.row0_pos + t.n_rows;  // the tile's last row sees this many
     for (int64_t t0 = 0; t0 < n_keys; t0 += KB) {
       const int nb = n_keys - t0 < KB ? static_cast<int>(n_keys - t0) : KB;
+      if (from_cache) {
+        // The block's value rows, read by the fold after the scores, and the next block's keys.
+        const int64_t row_bytes = static_cast<int64_t>(t.n_kv) * t.head_dim * (t.kt == kv_type::f16 ? 2 : 4);
+        const int64_t elem = t.kt == kv_type::f16 ? 2 : 4;
+        for (int j = 0; j < nb; ++j) {
+          const char* v = static_cast<const char*>(t.v) + kv_row_offset(t.pages, t.kv_stride, t0 + j) * elem;
+          for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(v + b, _MM_HINT_T0);
+        }
+        for (int64_t j = t0 + KB; j < n_keys && j < t0 + 2 * KB; ++j) {
+          const char* k = static_cast<const char*>(t.k) + kv_row_offset(t.pages, t.kv_stride, j) * elem;
+          for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(k + b, _MM_HINT_T1);
+        }
+      }
       for (int j = 0; j < nb; ++j) {
         if constexpr (P == 1) {
           widen(t, t.k, t0 + j, 0, kb + static_cast<size_t>(j) * dp);
         } else {
-          for (int h = 0; h < t.n_kv; ++h) widen(t, t.k, t0 + j, h, krows + static_cast<size_t>(h) * dp);
-          V::template interleave_keys<P>(krows, dp, kb + static_cast<size_t>(j) * dp * P);
+          bool interleaved = false;
+          if constexpr (k_interleaves_regs<P>) {
+            if (t.head_dim == dp) {
+              widen_interleaved<P>(t, t0 + j, kb + static_cast<size_t>(j) * dp * P);
+              interleaved = true;
+            }
+          }
+          if (!interleaved) {
+            for (int h = 0; h < t.n_kv; ++h) widen(t, t.k, t0 + j, h, krows + static_cast<size_t>(h) * dp);
+            V::template interleave_keys<P>(krows, dp, kb + static_cast<size_t>(j) * dp * P);
+          }
         }
-        for (int h = 0; h < t.n_kv; ++h) widen(t, t.v, t0 + j, h, vb + (static_cast<size_t>(h) * KB + j) * dp);
+        if (!from_cache)
+          for (int h = 0; h < t.n_kv; ++h) widen(t, t.v, t0 + j, h, vb + (static_cast<size_t>(h) * KB + j) * dp);
       }
       vec s[KB];
       int j0 = 0;
@@ -204,6 +326,10 @@ struct prompt_kernel {
       }
       V::store(alpha, al);
       m = m_new;
+      if (from_cache) {
+        fold_row_any(acc, w, alpha, t, P, t0, nb);
+        continue;
+      }
       // Each lane folds only the keys its row sees: their weights are the only non-zero ones,
       // and a later key's value row (a non-finite one, say) must not reach an earlier row.
       for (int i = 0; i < L; ++i) {

@@ -407,13 +407,15 @@ TEST_SUITE("attention") {
 
   TEST_CASE("a paged cache gives the contiguous result bit for bit, on every path") {
     // The rows of each problem copied into blocks of a pool in a scrambled order, with a gap
-    // between blocks; every path must read position p from block table[p / block_tokens].
+    // between blocks; every path must read position p from block table[p / block_tokens], the
+    // exact path and the prompt rows' tiles (a decode row's reads its keys and values straight
+    // from the cache).
     tandem::test::isa_guard guard;
     std::mt19937 rng(4242);
     thread_pool pool(2);
     for (const kv_type kt : {kv_type::f16, kv_type::f32}) {
       for (const int64_t bt : {16, 32}) {
-        for (const shape sh : {shape{8, 2, 64, 1, 70}, shape{4, 4, 40, 9, 23}, shape{6, 3, 16, 33, 0}}) {
+        for (const shape sh : {shape{8, 2, 64, 1, 70}, shape{4, 4, 40, 9, 23}, shape{6, 3, 16, 33, 0}, shape{16, 4, 64, 1, 50}}) {
           CAPTURE(bt);
           CAPTURE(sh.head_dim);
           problem p = make_problem(rng, sh, kt);
@@ -438,6 +440,17 @@ TEST_SUITE("attention") {
             attention_run r{p.q.data(), sh.n_q, sh.pos0, kpool.data(), vpool.data(), out.data(), {table.data(), bt, stride}};
             attention_many(&r, 1, kt, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale, &pool);
             CHECK(out == want);
+            // On one thread a decode row's tile takes every KV head (up to 4), on two it is split.
+            for (thread_pool* pl : {static_cast<thread_pool*>(nullptr), &pool}) {
+              std::vector<float> want_prompt(p.q.size(), -1.0f), got_prompt(p.q.size(), -2.0f);
+              attention_run c{p.q.data(), sh.n_q, sh.pos0, p.k.data(), p.v.data(), want_prompt.data()};
+              c.prompt_rows = sh.n_q;
+              attention_many(&c, 1, kt, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale, pl);
+              r.out = got_prompt.data();
+              r.prompt_rows = sh.n_q;
+              attention_many(&r, 1, kt, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale, pl);
+              CHECK(got_prompt == want_prompt);
+            }
           }
         }
       }
