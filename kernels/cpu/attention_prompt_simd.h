@@ -10,7 +10,10 @@
 // accumulators of every query vector of the tile. Keys and values are widened once per tile,
 // not per row. With several KV heads in a tile (decode rows: one row has too few heads of one
 // KV head to fill the lanes) the widened keys are interleaved, element e of every KV head side
-// by side, so one 2- or 4-float broadcast hands each lane its own KV head's element.
+// by side, so one 2- or 4-float broadcast hands each lane its own KV head's element. A tile of
+// one row (a decode row) on AVX-512 folds the values straight from the cache instead, the
+// lanes of one KV head together (fold_lanes), and its keys go from the cache into the
+// interleaved block without widened rows in between.
 //
 // Every lane's arithmetic depends on its own row alone, never on which rows share the tile or
 // how far the tile's keys reach: keys a row cannot see get a weight of exactly zero, blocks
@@ -272,8 +275,8 @@ struct prompt_kernel {
       const int nb = n_keys - t0 < KB ? static_cast<int>(n_keys - t0) : KB;
       if (from_cache) {
         // The block's value rows, read by the fold after the scores, and the next block's keys.
-        const int64_t row_bytes = static_cast<int64_t>(t.n_kv) * t.head_dim * (t.kt == kv_type::f16 ? 2 : 4);
         const int64_t elem = t.kt == kv_type::f16 ? 2 : 4;
+        const int64_t row_bytes = static_cast<int64_t>(t.n_kv) * t.head_dim * elem;
         for (int j = 0; j < nb; ++j) {
           const char* v = static_cast<const char*>(t.v) + kv_row_offset(t.pages, t.kv_stride, t0 + j) * elem;
           for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(v + b, _MM_HINT_T0);
