@@ -73,6 +73,16 @@ struct avx512_prompt_lanes {
     _mm512_store_ps(o + 48, _mm512_castpd_ps(_mm512_permutex2var_pd(ab_hi, second, cd_hi)));  // e+12 .. e+15
   }
 
+  // P = 2: elements e .. e+15 of KV heads 0 and 1 to o[2 * k + h], two two-source permutes.
+  template <int P>
+    requires(P == 2)
+  static void interleave_regs(const __m512* r, float* o) {
+    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    _mm512_store_ps(o, _mm512_permutex2var_ps(r[0], lo, r[1]));       // elements e .. e+7
+    _mm512_store_ps(o + 16, _mm512_permutex2var_ps(r[0], hi, r[1]));  // e+8 .. e+15
+  }
+
   // Key row j of the tile's KV heads into the interleaved block: P rows of dp floats at `rows`
   // (row h: KV head h, zero rows past the tile's) to kb[(j * dp + e) * P + h].
   template <int P>
@@ -82,6 +92,11 @@ struct avx512_prompt_lanes {
         const __m512 r[4] = {_mm512_load_ps(rows + e), _mm512_load_ps(rows + dp + e), _mm512_load_ps(rows + 2 * dp + e),
                              _mm512_load_ps(rows + 3 * dp + e)};
         interleave_regs<4>(r, dst + static_cast<size_t>(e) * 4);
+      }
+    } else if constexpr (P == 2) {
+      for (int e = 0; e < dp; e += 16) {
+        const __m512 r[2] = {_mm512_load_ps(rows + e), _mm512_load_ps(rows + dp + e)};
+        interleave_regs<2>(r, dst + static_cast<size_t>(e) * 2);
       }
     } else {
       interleave_keys_any<P>(rows, dp, dst);
