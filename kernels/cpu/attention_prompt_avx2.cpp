@@ -55,10 +55,41 @@ struct avx2_prompt_lanes {
     else return _mm256_broadcast_ps(reinterpret_cast<const __m128*>(x));
   }
 
-  // Only decode rows interleave (kv_period > 1), a key at a time: the plain loop.
+  // P registers holding elements e .. e+7 of KV heads 0..P-1 (r[h]: head h's) to o[P * k + h]
+  // for k < 8, by unpacks, shuffles and 128-bit permutes (the plain loop stored a float at a
+  // time).
+  template <int P>
+    requires(P == 2 || P == 4)
+  static void interleave_regs(const __m256* r, float* o) {
+    const __m256 ab_lo = _mm256_unpacklo_ps(r[0], r[1]), ab_hi = _mm256_unpackhi_ps(r[0], r[1]);
+    if constexpr (P == 2) {
+      // ab_lo: a0 b0 a1 b1 | a4 b4 a5 b5; ab_hi: a2 b2 a3 b3 | a6 b6 a7 b7.
+      _mm256_storeu_ps(o, _mm256_permute2f128_ps(ab_lo, ab_hi, 0x20));      // elements e .. e+3
+      _mm256_storeu_ps(o + 8, _mm256_permute2f128_ps(ab_lo, ab_hi, 0x31));  // e+4 .. e+7
+    } else {
+      const __m256 cd_lo = _mm256_unpacklo_ps(r[2], r[3]), cd_hi = _mm256_unpackhi_ps(r[2], r[3]);
+      // u_k holds element k of the four heads in its low half and element k + 4 in its high.
+      const __m256 u0 = _mm256_shuffle_ps(ab_lo, cd_lo, 0x44), u1 = _mm256_shuffle_ps(ab_lo, cd_lo, 0xEE);
+      const __m256 u2 = _mm256_shuffle_ps(ab_hi, cd_hi, 0x44), u3 = _mm256_shuffle_ps(ab_hi, cd_hi, 0xEE);
+      _mm256_storeu_ps(o, _mm256_permute2f128_ps(u0, u1, 0x20));       // elements e, e+1
+      _mm256_storeu_ps(o + 8, _mm256_permute2f128_ps(u2, u3, 0x20));   // e+2, e+3
+      _mm256_storeu_ps(o + 16, _mm256_permute2f128_ps(u0, u1, 0x31));  // e+4, e+5
+      _mm256_storeu_ps(o + 24, _mm256_permute2f128_ps(u2, u3, 0x31));  // e+6, e+7
+    }
+  }
+
+  // Only decode rows interleave (kv_period > 1), a key at a time.
   template <int P>
   static void interleave_keys(const float* rows, int dp, float* dst) {
-    interleave_keys_any<P>(rows, dp, dst);
+    if constexpr (P == 2 || P == 4) {
+      for (int e = 0; e < dp; e += W) {
+        __m256 r[P];
+        for (int h = 0; h < P; ++h) r[h] = _mm256_loadu_ps(rows + static_cast<size_t>(h) * dp + e);
+        interleave_regs<P>(r, dst + static_cast<size_t>(e) * P);
+      }
+    } else {
+      interleave_keys_any<P>(rows, dp, dst);
+    }
   }
 };
 
