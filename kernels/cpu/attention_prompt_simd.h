@@ -104,18 +104,24 @@ struct prompt_kernel {
   // Key row p of the tile's KV heads from the cache into the interleaved block, without the
   // widened rows in between (their stores and loads back took as long as the transpose).
   // Rows without padding only; KV heads past the tile's are zero, as widened rows would be.
+  // off: the key row's offset in the cache (kv_row_offset).
   template <int P>
-  static void widen_interleaved(const prompt_tile& t, int64_t p, float* dst) {
-    const int64_t off = kv_row_offset(t.pages, t.kv_stride, p);
-    for (int e = 0; e < t.head_dim; e += L) {
-      vec r[P];
-      for (int h = 0; h < P; ++h) {
-        const int64_t at = off + static_cast<int64_t>(h) * t.head_dim + e;
-        if (h >= t.n_kv) r[h] = V::zero();
-        else if (t.kt == kv_type::f16) r[h] = V::load_f16(static_cast<const uint16_t*>(t.k) + at);
-        else r[h] = V::loadu(static_cast<const float*>(t.k) + at);
+  static void widen_interleaved(const prompt_tile& t, int64_t off, float* dst) {
+    const int d = t.head_dim;
+    if (t.kt == kv_type::f16) {
+      const uint16_t* src = static_cast<const uint16_t*>(t.k) + off;
+      for (int e = 0; e < d; e += L) {
+        vec r[P];
+        for (int h = 0; h < P; ++h) r[h] = h < t.n_kv ? V::load_f16(src + h * d + e) : V::zero();
+        V::template interleave_regs<P>(r, dst + static_cast<size_t>(e) * P);
       }
-      V::template interleave_regs<P>(r, dst + static_cast<size_t>(e) * P);
+    } else {
+      const float* src = static_cast<const float*>(t.k) + off;
+      for (int e = 0; e < d; e += L) {
+        vec r[P];
+        for (int h = 0; h < P; ++h) r[h] = h < t.n_kv ? V::loadu(src + h * d + e) : V::zero();
+        V::template interleave_regs<P>(r, dst + static_cast<size_t>(e) * P);
+      }
     }
   }
 
@@ -161,6 +167,12 @@ struct prompt_kernel {
     }
   }
 
+  // Offset of key t0's row, t0 a multiple of KB: the block's KB rows follow it kv_stride
+  // apart, also in a paged cache, whose pages hold a multiple of KB positions (attention.cpp
+  // checks) and so never split a block.
+  static_assert(KB == k_attention_key_block);
+  static int64_t block_rows_at(const prompt_tile& t, int64_t t0) { return kv_row_offset(t.pages, t.kv_stride, t0); }
+
   // The fold of one block for G lanes that share KV head h, straight from the cache: each
   // value row is loaded (widened from f16) once for the G lanes, whose accumulators stay in
   // registers through the block. Every lane takes fold<C>'s steps for all nb keys (a decode
@@ -173,9 +185,10 @@ struct prompt_kernel {
       const vec al = V::set1(alpha[lane[g]]);
       for (int c = 0; c < C; ++c) a[g][c] = V::mul(V::load(acc + static_cast<size_t>(lane[g]) * t.padded_dim + c * L), al);
     }
-    const int64_t head_off = static_cast<int64_t>(h) * t.head_dim;
+    // A block's keys lie in one page of a paged cache (block_rows_at).
+    const int64_t row0 = block_rows_at(t, t0) + static_cast<int64_t>(h) * t.head_dim;
     for (int j = 0; j < nb; ++j) {
-      const int64_t off = kv_row_offset(t.pages, t.kv_stride, t0 + j) + head_off;
+      const int64_t off = row0 + j * t.kv_stride;
       vec v[C];
       if (t.kt == kv_type::f16) {
         const auto* src = static_cast<const uint16_t*>(t.v) + off;
@@ -276,14 +289,15 @@ struct prompt_kernel {
       if (from_cache) {
         // The block's value rows, read by the fold after the scores, and the next block's keys.
         const int64_t elem = t.kt == kv_type::f16 ? 2 : 4;
-        const int64_t row_bytes = static_cast<int64_t>(t.n_kv) * t.head_dim * elem;
-        for (int j = 0; j < nb; ++j) {
-          const char* v = static_cast<const char*>(t.v) + kv_row_offset(t.pages, t.kv_stride, t0 + j) * elem;
+        const int64_t row_bytes = static_cast<int64_t>(t.n_kv) * t.head_dim * elem, stride = t.kv_stride * elem;
+        const char* v = static_cast<const char*>(t.v) + block_rows_at(t, t0) * elem;
+        for (int j = 0; j < nb; ++j, v += stride)
           for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(v + b, _MM_HINT_T0);
-        }
-        for (int64_t j = t0 + KB; j < n_keys && j < t0 + 2 * KB; ++j) {
-          const char* k = static_cast<const char*>(t.k) + kv_row_offset(t.pages, t.kv_stride, j) * elem;
-          for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(k + b, _MM_HINT_T1);
+        if (t0 + KB < n_keys) {
+          const int next = n_keys - (t0 + KB) < KB ? static_cast<int>(n_keys - (t0 + KB)) : KB;
+          const char* k = static_cast<const char*>(t.k) + block_rows_at(t, t0 + KB) * elem;
+          for (int j = 0; j < next; ++j, k += stride)
+            for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(k + b, _MM_HINT_T1);
         }
       }
       for (int j = 0; j < nb; ++j) {
@@ -293,7 +307,7 @@ struct prompt_kernel {
           bool interleaved = false;
           if constexpr (k_interleaves_regs<P>) {
             if (t.head_dim == dp) {
-              widen_interleaved<P>(t, t0 + j, kb + static_cast<size_t>(j) * dp * P);
+              widen_interleaved<P>(t, block_rows_at(t, t0) + j * t.kv_stride, kb + static_cast<size_t>(j) * dp * P);
               interleaved = true;
             }
           }
