@@ -195,9 +195,9 @@ std::string format_table(const bench_report& r) {
     out += line("decode", std::to_string(p.gen) + " tok, layer teams", r.result.decode_layer_teams, "tok/s", note);
   }
   std::snprintf(note, sizeof note, "%.2fx one sequence alike, %.2fx decode above", r.batched_vs_single(), r.batched_vs_decode());
-  out += line("batched", std::to_string(p.batch) + " seqs x " + std::to_string(p.gen) + " tokens", r.result.batched_decode,
+  out += line("batched", std::to_string(p.batch) + " seqs x " + std::to_string(p.gen) + " tok" + at, r.result.batched_decode,
               "tok/s", note);
-  out += line("alone", "1 seq, as batched", r.result.decode_as_batched, "tok/s",
+  out += line("alone", "1 seq, as batched" + at, r.result.decode_as_batched, "tok/s",
               p.fast_batched_attention ? "the batched context and arithmetic" : "the batched context");
   std::snprintf(note, sizeof note, "%.2f of the read ceiling%s", r.decode_vs_ceiling(),
                 r.decode_vs_ceiling_samples.empty() ? "" : ", pass by pass");

@@ -210,33 +210,39 @@ model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_
   }  // the one-sequence context is freed before the batched one is made
   {
     models::context_params cp;
-    cp.n_ctx = p.gen;
+    cp.n_ctx = p.depth + p.gen;
     cp.n_seq = p.batch;
-    cp.max_batch = p.batch;
+    cp.max_batch = std::max<int64_t>(p.batch, std::min<int64_t>(p.depth, 512));
     models::forward_context ctx(m, cp, &pool);
     std::vector<int64_t> seqs(static_cast<size_t>(p.batch));
     std::iota(seqs.begin(), seqs.end(), int64_t{0});
-    auto reset_all = [&] {
-      for (int64_t s = 0; s < p.batch; ++s) {
-        ctx.reset(s);  // also clears the prompt end
-        ctx.set_prompt_end(s, p.fast_batched_attention ? std::numeric_limits<int64_t>::max() : 0);
+    // Sequences [0, n) emptied, then (untimed) `depth` tokens deep, as the single-sequence
+    // phases start: the fill by the server's arithmetic, the timed rows by the batch's.
+    auto reset_fill = [&](int64_t n) {
+      for (int64_t s = 0; s < p.batch; ++s) ctx.reset(s);  // also clears the prompt end
+      for (int64_t s = 0; s < n; ++s) {
+        ctx.set_prompt_end(s, p.fast_batched_attention ? std::numeric_limits<int64_t>::max() : p.depth);
+        if (p.depth > 0) ctx.eval({depth_ids, static_cast<size_t>(p.depth)}, false, s);
       }
     };
-    reset_all();
+    reset_fill(p.batch);
     ctx.decode({batch_ids, seqs.size()}, seqs);  // warm-up
-    reset_all();
     // Batched passes and one sequence alone, alternating by repetition so that a slow spell
     // of a shared machine weighs on both sides of their ratio.
     const int64_t seq0 = 0;
     for (int rep = 0; rep < p.reps; ++rep) {
+      reset_fill(p.batch);
+      if (rep == 0) {
+        r.batched_start_position = ctx.pos(0);
+        for (int64_t s = 1; s < p.batch; ++s) r.batched_start_position = std::min(r.batched_start_position, ctx.pos(s));
+      }
       auto t0 = clock_type::now();
       for (int64_t i = 0; i < p.gen; ++i) ctx.decode({batch_ids + i * p.batch, seqs.size()}, seqs);
       r.batched_decode_tok_s.push_back(static_cast<double>(p.batch * p.gen) / seconds_since(t0));
-      reset_all();
+      reset_fill(1);
       t0 = clock_type::now();
       for (int64_t i = 0; i < p.gen; ++i) ctx.decode({batch_ids + i * p.batch, 1}, {&seq0, 1});
       r.decode_as_batched_tok_s.push_back(static_cast<double>(p.gen) / seconds_since(t0));
-      reset_all();
     }
   }
   r.prefill = summarize(r.prefill_tok_s);

@@ -18,9 +18,9 @@ struct model_bench_params {
   int64_t gen = 128;     // decode: tokens evaluated one per pass after `depth` ones; batched
                          // decode: passes, each one token of every sequence
   int64_t batch = 8;     // batched decode: sequences per pass (1 .. models::k_max_sequences)
-  // Tokens already in the cache when each timed prefill and single-sequence decode starts
-  // (llama-bench's -d): an untimed prompt of this many tokens first, by the server's
-  // arithmetic. Batched decode still starts from empty sequences.
+  // Tokens already in the cache when each timed prefill, decode and batched decode starts
+  // (llama-bench's -d): an untimed prompt of this many tokens first (into every sequence of
+  // the batch), by the server's arithmetic.
   int64_t depth = 0;
   int reps = 3;          // timed repetitions of each phase (after one untimed warm-up)
   uint64_t seed = 1;     // token ids
@@ -65,9 +65,9 @@ struct model_bench_result {
   summary prefill, decode, batched_decode, decode_as_batched, decode_gb, decode_layer_teams, prefill_server;
   uint64_t decode_bytes_per_token = 0;        // decode_weight_bytes(model)
   uint64_t int8_macs_per_token = 0;           // decode_int8_macs(model)
-  // The position the first timed token of prefill and of decode took (the context's, read
-  // after the untimed fill): depth.
-  int64_t prefill_start_position = 0, decode_start_position = 0;
+  // The position the first timed token of prefill, of decode and of batched decode (every
+  // sequence's) took (the context's, read after the untimed fill): depth.
+  int64_t prefill_start_position = 0, decode_start_position = 0, batched_start_position = 0;
 };
 
 // Deterministic pseudo-random token ids in [0, n_vocab): the same (n_vocab, n, seed) gives
@@ -91,8 +91,9 @@ uint64_t decode_int8_macs(const models::model& m);
 kernels::weight_type main_weight_type(const models::model& m);
 
 // Runs the phases: prefill and decode on a one-sequence context (f16 KV cache, as
-// llama.cpp's default; each repetition after an untimed fill of `depth` tokens), then, on a context of `batch` sequences, batched decode and one
-// sequence decoded alone in the same arithmetic. Decode feeds
+// llama.cpp's default; each repetition after an untimed fill of `depth` tokens), then, on a
+// context of `batch` sequences each filled likewise, batched decode and one sequence decoded
+// alone in the same arithmetic. Decode feeds
 // ids from bench_tokens and never samples, so only the forward pass is timed. Throws
 // std::invalid_argument for prompt, gen, reps, batch or depth out of range (a message naming the
 // parameter), and what forward_context throws (e.g. not enough memory).

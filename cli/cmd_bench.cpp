@@ -271,7 +271,7 @@ void add_bench_command(CLI::App& root) {
   cmd->add_option("-b,--batch", p.batch, "batched decode: sequences decoded together")
       ->check(CLI::Range(int64_t{1}, models::k_max_sequences))
       ->capture_default_str();
-  cmd->add_option("-d,--depth", p.depth, "prefill and decode: tokens already in the cache (llama-bench's -d; untimed fill)")
+  cmd->add_option("-d,--depth", p.depth, "prefill, decode and batched decode: tokens already in each sequence's cache (llama-bench's -d; untimed fill)")
       ->check(CLI::Range(int64_t{0}, models::k_max_context))
       ->capture_default_str();
   cmd->add_option("-r,--reps", p.reps, "timed repetitions of each measurement")->check(CLI::Range(1, 1000))->capture_default_str();

@@ -125,6 +125,7 @@ TEST_SUITE("bench_model") {
     CHECK(r.decode_as_batched.min <= r.decode_as_batched.median);
     CHECK(r.prefill_start_position == 0);  // no --depth: from an empty cache
     CHECK(r.decode_start_position == 0);
+    CHECK(r.batched_start_position == 0);
   }
 
   TEST_CASE("run_model_bench: compare_layer_teams decodes a second context with layer teams, once per repetition") {
@@ -143,6 +144,7 @@ TEST_SUITE("bench_model") {
     CHECK(r.decode_tok_s.size() == 3);
     CHECK(r.decode_layer_teams.count == 3);
     CHECK(r.decode_start_position == 0);
+    CHECK(r.batched_start_position == 0);
   }
 
   TEST_CASE("run_model_bench: compare_prompt prefills by the server's arithmetic too, once per repetition") {
@@ -165,7 +167,7 @@ TEST_SUITE("bench_model") {
     CHECK_THROWS_WITH_AS(bench::run_model_bench(m, pool, p), doctest::Contains("compare_prompt"), std::invalid_argument);
   }
 
-  TEST_CASE("run_model_bench: --depth starts the timed prefill and decode that deep in the cache") {
+  TEST_CASE("run_model_bench: --depth starts the timed prefill, decode and batched decode that deep in the cache") {
     const models::model m(test::data_path("stories260K.gguf").string());
     kernels::cpu::thread_pool pool(2);
     auto p = two_reps(8, 4, 2);
@@ -176,6 +178,7 @@ TEST_SUITE("bench_model") {
       const auto deep = bench::run_model_bench(m, pool, p);
       CHECK(deep.prefill_start_position == 40);
       CHECK(deep.decode_start_position == 40);
+      CHECK(deep.batched_start_position == 40);
       for (const auto* v : {&deep.prefill_tok_s, &deep.decode_tok_s, &deep.batched_decode_tok_s}) {
         REQUIRE(v->size() == 2);
         for (double x : *v) CHECK(x > 0);
