@@ -408,7 +408,7 @@ TEST_SUITE("attention") {
   TEST_CASE("a paged cache gives the contiguous result bit for bit, on every path") {
     // The rows of each problem copied into blocks of a pool in a scrambled order, with a gap
     // between blocks; every path must read position p from block table[p / block_tokens], the
-    // exact path and the prompt rows' tiles (a decode row's reads its keys and values straight
+    // exact path and the prompt rows' tiles (a decode row's tile reads its keys and values straight
     // from the cache).
     tandem::test::isa_guard guard;
     std::mt19937 rng(4242);
