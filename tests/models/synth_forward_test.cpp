@@ -93,6 +93,13 @@ models::synth_options small_model(const std::string& arch, weight_type type) {
   return o;
 }
 
+// small_model(arch, type) written into `dir` and loaded (dir must outlive the model).
+models::model load_small_model(const test::scratch_dir& dir, const std::string& arch, weight_type type) {
+  const auto path = (dir / "m.gguf").string();
+  models::synth_model(small_model(arch, type), path);
+  return models::model(path);
+}
+
 const std::vector<int32_t> k_tokens = {1, 403, 407, 261, 378, 432};
 
 // Largest relative_max_error seen over the three architectures and seeds 7..10, and the bound
@@ -213,9 +220,7 @@ TEST_SUITE("synth_forward") {
         CAPTURE(arch);
         CAPTURE(kernels::display_name(type));
         test::scratch_dir dir;
-        const auto path = (dir / "m.gguf").string();
-        models::synth_model(small_model(arch, type), path);
-        const models::model m(path);
+        const models::model m = load_small_model(dir, arch, type);
         for (const kv_type kv : {kv_type::f32, kv_type::f16}) {
           for (const bool fast : {false, true}) {
             CAPTURE(kv == kv_type::f32 ? "kv f32" : "kv f16");
@@ -258,9 +263,7 @@ TEST_SUITE("synth_forward") {
         CAPTURE(arch);
         CAPTURE(kernels::display_name(type));
         test::scratch_dir dir;
-        const auto path = (dir / "m.gguf").string();
-        models::synth_model(small_model(arch, type), path);
-        const models::model m(path);
+        const models::model m = load_small_model(dir, arch, type);
         // fast[s]: whether sequence s is of the server's arithmetic; the last mixes them.
         const std::vector<std::vector<bool>> arithmetics = {{false, false, false}, {true, true, true}, {true, false, true}};
         for (const auto& fast : arithmetics) {
