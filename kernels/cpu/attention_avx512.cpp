@@ -66,6 +66,52 @@ struct avx512_lanes {
     m = last[15];  // lanes past nb hold -inf scores, so the max stands there too
   }
 
+  // The f16 contract's key block two keys to a register (attention_simd.h, run_f16): chunk i
+  // (elements 8i .. 8i+7) of keys 2p and 2p+1 side by side at dst + (i * 8 + p) * 16, so one
+  // 16-lane multiply-add serves two keys' eight partial sums and a chunk of the block is 512
+  // contiguous bytes. rows[b] is key b's row (d halves, d a multiple of 8), for b < nb;
+  // keys nb .. 15 are zeros.
+  static void widen_keys_paired(const uint16_t* const* rows, int nb, int d, float* dst) {
+    for (int p = 0; p < 8; ++p) {
+      const uint16_t* a = 2 * p < nb ? rows[2 * p] : nullptr;
+      const uint16_t* b = 2 * p + 1 < nb ? rows[2 * p + 1] : nullptr;
+      for (int i = 0; i < d / 8; ++i) {
+        const __m128i lo = a ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 8 * i)) : _mm_setzero_si128();
+        const __m128i hi = b ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 8 * i)) : _mm_setzero_si128();
+        const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+        _mm512_storeu_ps(dst + (i * 8 + p) * 16, _mm512_maskz_cvtph_ps(k_all, both));
+      }
+    }
+  }
+
+  // scores[0..16) = dot(q, key b) * scale for the 16 keys of a paired block, each in the
+  // contract's order: lane l of a key's eight sums takes elements 8i + l in turn, then the
+  // pairwise tree ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)). The products of halves
+  // are exact, so fused multiply-adds round as separate ones would (attention_simd.h).
+  static void dot_pairs(const float* q, const float* kp, int d, float scale, float* scores) {
+    __m512 acc[8];
+    for (int p = 0; p < 8; ++p) acc[p] = _mm512_setzero_ps();
+    for (int i = 0; i < d / 8; ++i) {
+      const __m512 x = _mm512_maskz_broadcast_f32x8(k_all, _mm256_loadu_ps(q + 8 * i));
+      const float* c = kp + i * 128;
+#pragma GCC unroll 8
+      for (int p = 0; p < 8; ++p) acc[p] = _mm512_fmadd_ps(x, _mm512_loadu_ps(c + 16 * p), acc[p]);
+    }
+    // In each 128-bit lane, [a0 + a1, a2 + a3, b0 + b1, b2 + b3], as _mm_hadd_ps.
+    auto hadd = [](__m512 a, __m512 b) {
+      return _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+    };
+    // Four pair registers (keys 2g .. 2g+7) -> their 8 sums: lanes 0-3 keys 2g, 2g+2, 2g+4,
+    // 2g+6 (128-bit lane 0's sums 0-3 plus lane 1's sums 4-7), lanes 8-11 the odd keys.
+    auto tree = [&](int g) {
+      const __m512 v = hadd(hadd(acc[g], acc[g + 1]), hadd(acc[g + 2], acc[g + 3]));
+      return _mm512_add_ps(v, _mm512_maskz_shuffle_f32x4(k_all, v, v, _MM_SHUFFLE(2, 3, 0, 1)));
+    };
+    const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 16, 24, 17, 25, 18, 26, 19, 27);
+    const __m512 all = _mm512_permutex2var_ps(tree(0), order, tree(4));
+    _mm512_storeu_ps(scores, _mm512_mul_ps(all, _mm512_set1_ps(scale)));
+  }
+
   // a shifted up by k lanes, the k lowest lanes taken from fill's (all alike here).
   template <int K>
   static __m512 shift_in_k(__m512 a, __m512 fill) {

@@ -65,7 +65,11 @@ struct simd_attention {
   // order of the contract: eight lanes, the tail into lane 0, then the pairwise tree. Each key
   // is one chain of dependent adds; eight at a time keep more of them in flight (3.7 -> 3.2
   // cycles per head and key, head_dim 64).
-  template <int NK>
+  // Halves: q and the rows hold f16 values (the f16 cache's contract), whose products have at
+  // most 22 significant bits and lie far inside float's range, so every product is exact and
+  // a fused multiply-add rounds exactly as the product-then-add of the contract: one operation
+  // instead of two (the f32 cache's products round, so they stay apart).
+  template <int NK, bool Halves>
   static void dot_keys(const float* q, const float* rows, int64_t stride, int d, float scale, float* scores) {
     __m256 acc[8];
     for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
@@ -75,14 +79,18 @@ struct simd_attention {
       // Unrolled, or GCC below -O3 keeps acc in memory and every add waits on a store and a
       // reload (10.6 cycles per head and key at -O2).
 #pragma GCC unroll 8
-      for (int j = 0; j < NK; ++j)
-        acc[j] = _mm256_add_ps(acc[j], unfused(_mm256_mul_ps(x, _mm256_loadu_ps(rows + j * stride + i))));
+      for (int j = 0; j < NK; ++j) {
+        const __m256 y = _mm256_loadu_ps(rows + j * stride + i);
+        acc[j] = Halves ? _mm256_fmadd_ps(x, y, acc[j]) : _mm256_add_ps(acc[j], unfused(_mm256_mul_ps(x, y)));
+      }
     }
     for (int j = 0; j < NK; ++j) {
       if (i == d) break;
       __m128 s = _mm256_castps256_ps128(acc[j]);
-      for (int e = i; e < d; ++e)
-        s = _mm_add_ss(s, unfused(_mm_mul_ss(_mm_load_ss(q + e), _mm_load_ss(rows + j * stride + e))));
+      for (int e = i; e < d; ++e) {
+        const __m128 x = _mm_load_ss(q + e), y = _mm_load_ss(rows + j * stride + e);
+        s = Halves ? _mm_fmadd_ss(x, y, s) : _mm_add_ss(s, unfused(_mm_mul_ss(x, y)));
+      }
       acc[j] = _mm256_blend_ps(acc[j], _mm256_castps128_ps256(s), 1);
     }
     // hadd twice leaves (s0+s1)+(s2+s3) of key j in lane j and (s4+s5)+(s6+s7) in lane 4+j.
@@ -95,17 +103,18 @@ struct simd_attention {
     for (int j = 0; j < NK; ++j) scores[j] = out[j];
   }
 
+  template <bool Halves>
   static void dots(const float* q, const float* rows, int64_t stride, int n, int d, float scale, float* scores) {
     int b = 0;
-    for (; b + 8 <= n; b += 8) dot_keys<8>(q, rows + b * stride, stride, d, scale, scores + b);
+    for (; b + 8 <= n; b += 8) dot_keys<8, Halves>(q, rows + b * stride, stride, d, scale, scores + b);
     switch (n - b) {
-      case 7: dot_keys<7>(q, rows + b * stride, stride, d, scale, scores + b); break;
-      case 6: dot_keys<6>(q, rows + b * stride, stride, d, scale, scores + b); break;
-      case 5: dot_keys<5>(q, rows + b * stride, stride, d, scale, scores + b); break;
-      case 4: dot_keys<4>(q, rows + b * stride, stride, d, scale, scores + b); break;
-      case 3: dot_keys<3>(q, rows + b * stride, stride, d, scale, scores + b); break;
-      case 2: dot_keys<2>(q, rows + b * stride, stride, d, scale, scores + b); break;
-      case 1: dot_keys<1>(q, rows + b * stride, stride, d, scale, scores + b); break;
+      case 7: dot_keys<7, Halves>(q, rows + b * stride, stride, d, scale, scores + b); break;
+      case 6: dot_keys<6, Halves>(q, rows + b * stride, stride, d, scale, scores + b); break;
+      case 5: dot_keys<5, Halves>(q, rows + b * stride, stride, d, scale, scores + b); break;
+      case 4: dot_keys<4, Halves>(q, rows + b * stride, stride, d, scale, scores + b); break;
+      case 3: dot_keys<3, Halves>(q, rows + b * stride, stride, d, scale, scores + b); break;
+      case 2: dot_keys<2, Halves>(q, rows + b * stride, stride, d, scale, scores + b); break;
+      case 1: dot_keys<1, Halves>(q, rows + b * stride, stride, d, scale, scores + b); break;
       default: break;
     }
   }
@@ -235,6 +244,10 @@ struct simd_attention {
   // Every row of the task against each key block, widened once for all of them. Head h of the
   // scratch is row h / G's head h % G; a row stops at its own last key (row r attends
   // n_keys + r), so each row's arithmetic is that of a task of its own.
+  // Whether L scores a key block two keys to a register (AVX-512: widen_keys_paired and
+  // dot_pairs, for heads whose size is a multiple of 8; the layout of s.k is then theirs).
+  static constexpr bool paired = requires { L::dot_pairs(nullptr, nullptr, 0, 0.0f, nullptr); };
+
   static void run_f16(const attention_task& t, const attention_scratch& s) {
     const int d = t.head_dim, dp = t.padded_dim, G = t.n_group, H = t.n_rows * t.n_group;
     const auto* k = static_cast<const uint16_t*>(t.k);
@@ -253,8 +266,15 @@ struct simd_attention {
     const int64_t last_keys = t.n_keys + t.n_rows - 1;
     for (int64_t t0 = 0; t0 < last_keys; t0 += B) {
       const int nb_all = last_keys - t0 < B ? static_cast<int>(last_keys - t0) : B;
+      if constexpr (paired) {
+        if (d % 8 == 0) {
+          const uint16_t* rows[B];
+          for (int b = 0; b < nb_all; ++b) rows[b] = k + kv_row_offset(t.pages, t.kv_stride, t0 + b);
+          L::widen_keys_paired(rows, nb_all, d, s.k);
+        }
+      }
       for (int b = 0; b < nb_all; ++b) {
-        widen_row(k + kv_row_offset(t.pages, t.kv_stride, t0 + b), s.k + b * dp, d, dp);
+        if (!paired || d % 8 != 0) widen_row(k + kv_row_offset(t.pages, t.kv_stride, t0 + b), s.k + b * dp, d, dp);
         widen_row(v + kv_row_offset(t.pages, t.kv_stride, t0 + b), s.v + b * dp, d, dp);
       }
       // The next block's rows, asked for while this one is computed: in decode the cache has
@@ -276,7 +296,15 @@ struct simd_attention {
         // Every head's scores first, then every head's weights: a head's weights wait on its
         // scores (the dot chains, then a prefix max and expf), so scoring the heads in turn
         // left that wait exposed once per head; apart, the weights of several heads overlap.
-        for (int h = r * G; h < (r + 1) * G; ++h) dots(s.q + h * dp, s.k, dp, nb, d, t.scale, s.scores + h * B);
+        for (int h = r * G; h < (r + 1) * G; ++h) {
+          if constexpr (paired) {
+            if (d % 8 == 0) {
+              L::dot_pairs(s.q + h * dp, s.k, d, t.scale, s.scores + h * B);
+              continue;
+            }
+          }
+          dots<true>(s.q + h * dp, s.k, dp, nb, d, t.scale, s.scores + h * B);
+        }
         for (int h = r * G; h < (r + 1) * G; ++h) {
           float* sc = s.scores + h * B;
           if constexpr (requires { L::online_weights(sc, nb, s.m[h], s.ms, s.w); }) {
@@ -324,7 +352,7 @@ struct simd_attention {
       const int nb = n - t0 < B ? static_cast<int>(n - t0) : B;
       int64_t stride = 0;
       const float* rows = block(k, s.k, t0, nb, stride);
-      for (int g = 0; g < G; ++g) dots(t.q + g * d, rows, stride, nb, d, t.scale, s.scores + g * n + t0);
+      for (int g = 0; g < G; ++g) dots<false>(t.q + g * d, rows, stride, nb, d, t.scale, s.scores + g * n + t0);
     }
     for (int g = 0; g < G; ++g) {
       softmax(s.scores + g * n, n);

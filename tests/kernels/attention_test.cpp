@@ -254,7 +254,7 @@ TEST_SUITE("attention") {
 
   TEST_CASE("f16 prompt rows attended several to a task equal each row attended alone, bit for bit") {
     // On an f16 cache a long prompt's rows go k_attention_task_rows to a task (one widening of
-    // each key block for all of them); tails of 1-3 rows and every thread count must leave
+    // each key block for all of them); tails of fewer rows and every thread count must leave
     // each row's result as a one-row call gives it, on every path.
     tandem::test::isa_guard guard;
     std::mt19937 rng(515);
