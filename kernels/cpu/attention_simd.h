@@ -9,11 +9,13 @@
 //   round_f16(a) (nearest even, widened back); load_f16(const uint16_t*) for W halves;
 //   unfused(a), which returns a unchanged but keeps the compiler from fusing the multiply that
 //   made it into a following add; fold_slices, how many W-lane accumulators one fold holds.
+// Optionally online_weights (below) and widen_keys_paired + dot_pairs, which score an f16 key
+// block two keys to a register (AVX-512's).
 //
 // Arithmetic contract: attention_impl.h. Per key block the keys and values are widened into
 // scratch once for every head of the group; each head scores the block (eight keys at a
-// time, so eight dot chains overlap), then each finds its online-softmax weights (key by key
-// here, or by an L's own online_weights: AVX-512's takes 16 keys at once); the running sums
+// time, so eight dot chains overlap, or by L's dot_pairs), then each finds its online-softmax
+// weights (key by key here, or by an L's own online_weights: AVX-512's takes 16 keys at once); the running sums
 // advance four heads to a register; then the value rows are folded into the accumulators, up
 // to L::fold_slices W-lane slices of whole heads held in registers across the block, so that
 // their f16 round trips overlap.
@@ -241,13 +243,13 @@ struct simd_attention {
     }
   }
 
-  // Every row of the task against each key block, widened once for all of them. Head h of the
-  // scratch is row h / G's head h % G; a row stops at its own last key (row r attends
-  // n_keys + r), so each row's arithmetic is that of a task of its own.
   // Whether L scores a key block two keys to a register (AVX-512: widen_keys_paired and
   // dot_pairs, for heads whose size is a multiple of 8; the layout of s.k is then theirs).
   static constexpr bool paired = requires { L::dot_pairs(nullptr, nullptr, 0, 0.0f, nullptr); };
 
+  // Every row of the task against each key block, widened once for all of them. Head h of the
+  // scratch is row h / G's head h % G; a row stops at its own last key (row r attends
+  // n_keys + r), so each row's arithmetic is that of a task of its own.
   static void run_f16(const attention_task& t, const attention_scratch& s) {
     const int d = t.head_dim, dp = t.padded_dim, G = t.n_group, H = t.n_rows * t.n_group;
     const auto* k = static_cast<const uint16_t*>(t.k);
