@@ -58,14 +58,13 @@ struct avx512_prompt_lanes {
   template <int P>
     requires(P == 4)
   static void interleave_regs(const __m512* r, float* o) {
-    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
     const __m512i first = _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11), second = _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15);
     // ab_lo: a0 b0 a1 b1 .. a7 b7; ab_hi: a8 b8 .. a15 b15; cd_* likewise.
-    const __m512d ab_lo = _mm512_castps_pd(_mm512_permutex2var_ps(r[0], lo, r[1]));
-    const __m512d ab_hi = _mm512_castps_pd(_mm512_permutex2var_ps(r[0], hi, r[1]));
-    const __m512d cd_lo = _mm512_castps_pd(_mm512_permutex2var_ps(r[2], lo, r[3]));
-    const __m512d cd_hi = _mm512_castps_pd(_mm512_permutex2var_ps(r[2], hi, r[3]));
+    __m512 ab[2], cd[2];
+    interleave_pair(r[0], r[1], ab);
+    interleave_pair(r[2], r[3], cd);
+    const __m512d ab_lo = _mm512_castps_pd(ab[0]), ab_hi = _mm512_castps_pd(ab[1]);
+    const __m512d cd_lo = _mm512_castps_pd(cd[0]), cd_hi = _mm512_castps_pd(cd[1]);
     // Moves of whole 64-bit units: the floats' bits pass unchanged.
     _mm512_store_ps(o, _mm512_castpd_ps(_mm512_permutex2var_pd(ab_lo, first, cd_lo)));        // elements e .. e+3
     _mm512_store_ps(o + 16, _mm512_castpd_ps(_mm512_permutex2var_pd(ab_lo, second, cd_lo)));  // e+4 .. e+7
@@ -77,10 +76,18 @@ struct avx512_prompt_lanes {
   template <int P>
     requires(P == 2)
   static void interleave_regs(const __m512* r, float* o) {
+    __m512 ab[2];
+    interleave_pair(r[0], r[1], ab);
+    _mm512_store_ps(o, ab[0]);       // elements e .. e+7
+    _mm512_store_ps(o + 16, ab[1]);  // e+8 .. e+15
+  }
+
+  // a and b interleaved element by element: out[0] = a0 b0 a1 b1 .. a7 b7, out[1] = a8 b8 .. a15 b15.
+  static void interleave_pair(__m512 a, __m512 b, __m512 (&out)[2]) {
     const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
     const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-    _mm512_store_ps(o, _mm512_permutex2var_ps(r[0], lo, r[1]));       // elements e .. e+7
-    _mm512_store_ps(o + 16, _mm512_permutex2var_ps(r[0], hi, r[1]));  // e+8 .. e+15
+    out[0] = _mm512_permutex2var_ps(a, lo, b);
+    out[1] = _mm512_permutex2var_ps(a, hi, b);
   }
 
   // Key row j of the tile's KV heads into the interleaved block: P rows of dp floats at `rows`

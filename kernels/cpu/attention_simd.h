@@ -252,6 +252,7 @@ struct simd_attention {
   // n_keys + r), so each row's arithmetic is that of a task of its own.
   static void run_f16(const attention_task& t, const attention_scratch& s) {
     const int d = t.head_dim, dp = t.padded_dim, G = t.n_group, H = t.n_rows * t.n_group;
+    const bool pair_keys = paired && d % 8 == 0;  // s.k in widen_keys_paired's layout
     const auto* k = static_cast<const uint16_t*>(t.k);
     const auto* v = static_cast<const uint16_t*>(t.v);
     for (int h = 0; h < H; ++h) {
@@ -268,16 +269,18 @@ struct simd_attention {
     const int64_t last_keys = t.n_keys + t.n_rows - 1;
     for (int64_t t0 = 0; t0 < last_keys; t0 += B) {
       const int nb_all = last_keys - t0 < B ? static_cast<int>(last_keys - t0) : B;
+      int64_t off[B];
+      for (int b = 0; b < nb_all; ++b) off[b] = kv_row_offset(t.pages, t.kv_stride, t0 + b);
       if constexpr (paired) {
-        if (d % 8 == 0) {
+        if (pair_keys) {
           const uint16_t* rows[B];
-          for (int b = 0; b < nb_all; ++b) rows[b] = k + kv_row_offset(t.pages, t.kv_stride, t0 + b);
+          for (int b = 0; b < nb_all; ++b) rows[b] = k + off[b];
           L::widen_keys_paired(rows, nb_all, d, s.k);
         }
       }
       for (int b = 0; b < nb_all; ++b) {
-        if (!paired || d % 8 != 0) widen_row(k + kv_row_offset(t.pages, t.kv_stride, t0 + b), s.k + b * dp, d, dp);
-        widen_row(v + kv_row_offset(t.pages, t.kv_stride, t0 + b), s.v + b * dp, d, dp);
+        if (!pair_keys) widen_row(k + off[b], s.k + b * dp, d, dp);
+        widen_row(v + off[b], s.v + b * dp, d, dp);
       }
       // The next block's rows, asked for while this one is computed: in decode the cache has
       // usually left every cache level since the last token's pass over this layer.
@@ -299,13 +302,11 @@ struct simd_attention {
         // scores (the dot chains, then a prefix max and expf), so scoring the heads in turn
         // left that wait exposed once per head; apart, the weights of several heads overlap.
         for (int h = r * G; h < (r + 1) * G; ++h) {
-          if constexpr (paired) {
-            if (d % 8 == 0) {
-              L::dot_pairs(s.q + h * dp, s.k, d, t.scale, s.scores + h * B);
-              continue;
-            }
+          if (!pair_keys) {
+            dots<true>(s.q + h * dp, s.k, dp, nb, d, t.scale, s.scores + h * B);
+          } else if constexpr (paired) {
+            L::dot_pairs(s.q + h * dp, s.k, d, t.scale, s.scores + h * B);
           }
-          dots<true>(s.q + h * dp, s.k, dp, nb, d, t.scale, s.scores + h * B);
         }
         for (int h = r * G; h < (r + 1) * G; ++h) {
           float* sc = s.scores + h * B;
