@@ -48,7 +48,7 @@ std::vector<double> bench_report::layer_teams_vs_step_jobs_samples() const {
 }
 double bench_report::layer_teams_vs_step_jobs() const { return median_or_zero(layer_teams_vs_step_jobs_samples()); }
 std::vector<double> bench_report::prefill_server_vs_exact_samples() const {
-  return pair_ratios(result.prefill_server_tok_s, result.prefill_tok_s);
+  return pair_ratios(result.prefill_tok_s, result.prefill_exact_tok_s);
 }
 double bench_report::prefill_server_vs_exact() const { return median_or_zero(prefill_server_vs_exact_samples()); }
 double bench_report::compute_ceiling_tok_s() const {
@@ -143,11 +143,12 @@ nlohmann::json to_json(const bench_report& r) {
   j["batch"] = r.params.batch;
   j["depth"] = r.params.depth;
   j["prompt_attention"] = r.params.fast_prompt_attention ? "fast" : "exact";
+  j["decode_attention"] = r.params.fast_decode_attention ? "fast" : "exact";
   j["batched_attention"] = r.params.fast_batched_attention ? "fast" : "exact";
   j["reps"] = r.params.reps;
   put(j, "prefill_tok_s", r.result.prefill, r.result.prefill_tok_s);
   if (r.params.compare_prompt) {
-    put(j, "prefill_server_tok_s", r.result.prefill_server, r.result.prefill_server_tok_s);
+    put(j, "prefill_exact_tok_s", r.result.prefill_exact, r.result.prefill_exact_tok_s);
     j["prefill_server_vs_exact"] = r.prefill_server_vs_exact();
     j["prefill_server_vs_exact_samples"] = r.prefill_server_vs_exact_samples();
   }
@@ -184,12 +185,16 @@ std::string format_table(const bench_report& r) {
   std::string out = head;
   char note[128];
   const std::string at = p.depth > 0 ? " @ " + std::to_string(p.depth) : "";
-  out += line("prefill", std::to_string(p.prompt) + " tokens" + at, r.result.prefill, "tok/s");
+  // Which arithmetic a phase took: the server's unless asked for llama.cpp's.
+  auto arith = [](bool fast) { return fast ? "" : ", llama.cpp's arithmetic"; };
+  out += line("prefill", std::to_string(p.prompt) + " tokens" + at, r.result.prefill, "tok/s",
+              p.fast_prompt_attention ? "" : "llama.cpp's arithmetic, as `tandem run`");
   if (p.compare_prompt) {
-    std::snprintf(note, sizeof note, "%.2fx the prefill above (llama.cpp's arithmetic), pass by pass", r.prefill_server_vs_exact());
-    out += line("prefill", std::to_string(p.prompt) + " tok, server" + at, r.result.prefill_server, "tok/s", note);
+    std::snprintf(note, sizeof note, "the prefill above is %.2fx it, pass by pass", r.prefill_server_vs_exact());
+    out += line("prefill", std::to_string(p.prompt) + " tok, llama.cpp's" + at, r.result.prefill_exact, "tok/s", note);
   }
-  out += line("decode", std::to_string(p.gen) + " tokens" + at, r.result.decode, "tok/s");
+  out += line("decode", std::to_string(p.gen) + " tokens" + at, r.result.decode, "tok/s",
+              p.fast_decode_attention ? "" : "llama.cpp's arithmetic, as `tandem run`");
   if (p.compare_layer_teams) {
     std::snprintf(note, sizeof note, "%.3fx the decode above (a job per step), pass by pass", r.layer_teams_vs_step_jobs());
     out += line("decode", std::to_string(p.gen) + " tok, layer teams", r.result.decode_layer_teams, "tok/s", note);
@@ -198,7 +203,7 @@ std::string format_table(const bench_report& r) {
   out += line("batched", std::to_string(p.batch) + " seqs x " + std::to_string(p.gen) + " tok" + at, r.result.batched_decode,
               "tok/s", note);
   out += line("alone", "1 seq, as batched" + at, r.result.decode_as_batched, "tok/s",
-              p.fast_batched_attention ? "the batched context and arithmetic" : "the batched context");
+              std::string("the batched context") + arith(p.fast_batched_attention));
   std::snprintf(note, sizeof note, "%.2f of the read ceiling%s", r.decode_vs_ceiling(),
                 r.decode_vs_ceiling_samples.empty() ? "" : ", pass by pass");
   char what[64];

@@ -52,7 +52,7 @@ struct bench_report {
 
   // Medians divided (0 when the divisor is 0): batched aggregate over one sequence decoded in
   // the same context and arithmetic (like for like), batched aggregate over decode_tok_s
-  // (llama.cpp's arithmetic on a one-sequence context).
+  // (a one-sequence context).
   double batched_vs_single() const;
   double batched_vs_decode() const;
   // Decode GB/s over the read ceiling: the median of decode_vs_ceiling_samples (medians
@@ -62,7 +62,7 @@ struct bench_report {
   // repetition, and their median (0 without the comparison).
   std::vector<double> layer_teams_vs_step_jobs_samples() const;
   double layer_teams_vs_step_jobs() const;
-  // compare_prompt: prefill_server_tok_s[i] / prefill_tok_s[i], repetition by repetition,
+  // compare_prompt: prefill_tok_s[i] / prefill_exact_tok_s[i], repetition by repetition,
   // and their median (0 without the comparison).
   std::vector<double> prefill_server_vs_exact_samples() const;
   double prefill_server_vs_exact() const;
@@ -89,7 +89,7 @@ bench_report run_bench(const bench_options& o);
 // (batched_vs_single, batched_vs_decode, decode_vs_ceiling with decode_vs_ceiling_samples,
 // compute_ceiling_tok_s, batched_vs_compute_ceiling),
 // with --compare-layer-teams also decode_layer_teams_tok_s and layer_teams_vs_step_jobs
-// (with its _samples), with --compare-prompt also prefill_server_tok_s and
+// (with its _samples), with --compare-prompt also prefill_exact_tok_s and
 // prefill_server_vs_exact (with its _samples), and the run's settings (model, arch, type, threads, isa, prompt, gen, batch, reps,
 // decode_bytes_per_token, int8_macs_per_token, read_buffer_bytes, weight_bytes).
 nlohmann::json to_json(const bench_report& r);

@@ -46,9 +46,9 @@ void check_params(const model_bench_params& p) {
   if (p.depth < 0 || p.depth > models::k_max_context - std::max(p.prompt, p.gen))
     throw std::invalid_argument("bench: depth must be in [0, " + std::to_string(models::k_max_context - std::max(p.prompt, p.gen)) +
                                 "] (the context holds depth + max(prompt, gen) tokens), got " + std::to_string(p.depth));
-  if (p.compare_prompt && p.fast_prompt_attention)
-    throw std::invalid_argument("bench: compare_prompt measures the server's prefill beside llama.cpp's; "
-                                "with fast_prompt_attention both would be the server's");
+  if (p.compare_prompt && !p.fast_prompt_attention)
+    throw std::invalid_argument("bench: compare_prompt measures llama.cpp's prefill beside the server's; "
+                                "without fast_prompt_attention both would be llama.cpp's");
 }
 
 // The matrices a decode step multiplies by: the output head and every layer's projections.
@@ -164,7 +164,7 @@ model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_
     // gen one-token passes from the filled cache, in tokens per second.
     // With `pauses`, the clock stops every decode_pause_every tokens for during_decode.
     auto decode_rate = [&](models::forward_context& c, bool pauses) {
-      fill_context(c, 0);
+      fill_context(c, p.fast_decode_attention ? p.gen : 0);
       r.decode_start_position = c.pos();
       const int64_t every = pauses && during_decode ? p.decode_pause_every : 0;
       double seconds = 0;
@@ -191,9 +191,9 @@ model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_
       return static_cast<double>(p.prompt) / seconds_since(t0);
     };
     for (int rep = 0; rep < p.reps; ++rep) {
-      if (p.compare_prompt && rep % 2 == 1) r.prefill_server_tok_s.push_back(prefill_rate(true));
+      if (p.compare_prompt && rep % 2 == 1) r.prefill_exact_tok_s.push_back(prefill_rate(false));
       r.prefill_tok_s.push_back(prefill_rate(p.fast_prompt_attention));
-      if (p.compare_prompt && rep % 2 == 0) r.prefill_server_tok_s.push_back(prefill_rate(true));
+      if (p.compare_prompt && rep % 2 == 0) r.prefill_exact_tok_s.push_back(prefill_rate(false));
     }
     // As llama-bench's tg test: from an empty cache (or one `depth` tokens deep, as its -d),
     // one token per pass, no sampling.
@@ -251,7 +251,7 @@ model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_
   r.decode_as_batched = summarize(r.decode_as_batched_tok_s);
   r.decode_gb = summarize(r.decode_gb_s);
   if (!r.decode_layer_teams_tok_s.empty()) r.decode_layer_teams = summarize(r.decode_layer_teams_tok_s);
-  if (!r.prefill_server_tok_s.empty()) r.prefill_server = summarize(r.prefill_server_tok_s);
+  if (!r.prefill_exact_tok_s.empty()) r.prefill_exact = summarize(r.prefill_exact_tok_s);
   return r;
 }
 

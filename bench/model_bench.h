@@ -1,5 +1,6 @@
 // Throughput of one model on the CPU: prefill, single-sequence decode and batched decode,
-// each repeated, measured through models::forward_context exactly as `tandem run` computes.
+// each repeated, measured through models::forward_context, by default in the arithmetic the
+// engine (`tandem serve`) computes every row with; each phase can take `tandem run`'s instead.
 #pragma once
 
 #include <cstdint>
@@ -25,21 +26,24 @@ struct model_bench_params {
   int reps = 3;          // timed repetitions of each phase (after one untimed warm-up)
   uint64_t seed = 1;     // token ids
   // Prefill by the server's arithmetic (forward_context::set_prompt_end: the tiled attention
-  // kernel, SwiGLU's vector e^x, packed Q4_1/Q5_1 in the tile's order), as the server
-  // computes prompts; off: llama.cpp's f16 arithmetic, as `tandem run` does.
-  bool fast_prompt_attention = false;
-  // Batched decode by the same arithmetic, as the engine computes every row
-  // (runtime::engine_config::fast_attention, on by default): batches of sequences exist only
-  // in the server. Off: llama.cpp's f16 arithmetic, as the single-sequence decode.
+  // kernel, SwiGLU's vector e^x, packed Q4_1/Q5_1 in the tile's order), as `tandem serve`
+  // computes prompts; off: llama.cpp's arithmetic (its f16 flash attention, `expf`, ggml's
+  // Q4_1/Q5_1 order), as `tandem run` does.
+  bool fast_prompt_attention = true;
+  // Single-sequence decode by the same arithmetic, as the engine decodes a lone request; off:
+  // llama.cpp's, as `tandem run`.
+  bool fast_decode_attention = true;
+  // Batched decode by the same arithmetic (runtime::engine_config::fast_attention, on by
+  // default): batches of sequences exist only in the server. Off: llama.cpp's.
   bool fast_batched_attention = true;
   // Decode with a pool job per step (context_params::layer_teams off; on otherwise, the
   // default) and also on a second context whose layers each run as one team job, repetition
   // by repetition in alternating order, to compare the two.
   bool compare_layer_teams = false;
-  // Prefill also by the server's arithmetic, in every repetition beside the prefill above
-  // (which goes first alternating by repetition, so a slow spell of a shared machine weighs on
-  // both): what `tandem serve` computes a prompt with, next to what `tandem run` computes it
-  // with. Needs fast_prompt_attention off (run_model_bench throws otherwise).
+  // Prefill also by llama.cpp's arithmetic, in every repetition beside the prefill above
+  // (the two alternating which goes first by repetition, so a slow spell of a shared machine
+  // weighs on both): what `tandem run` computes a prompt with, next to what `tandem serve`
+  // computes it with. Needs fast_prompt_attention on (run_model_bench throws otherwise).
   bool compare_prompt = false;
   // Every this many tokens of each timed single-sequence decode (0: never), the decode stops
   // its clock and runs run_model_bench's `during_decode` hook: run_bench reads the memory
@@ -54,15 +58,15 @@ struct model_bench_result {
   std::vector<double> decode_tok_s;           // gen / seconds of gen one-token evals
   std::vector<double> batched_decode_tok_s;   // batch * gen / seconds of gen decode passes
   // gen / seconds of gen one-token passes of one sequence in the batched decode's context and
-  // arithmetic: the baseline batched decode is compared with (decode_tok_s is llama.cpp's
-  // arithmetic, which batches never use unless fast_batched_attention is off).
+  // arithmetic: the baseline batched decode is compared with (decode_tok_s runs on a
+  // one-sequence context, and in llama.cpp's arithmetic where fast_decode_attention is off).
   std::vector<double> decode_as_batched_tok_s;
   std::vector<double> decode_gb_s;            // decode_bytes_per_token * decode_tok_s / 1e9
   // compare_layer_teams: decode_tok_s's measure with a team job per layer (empty otherwise).
   std::vector<double> decode_layer_teams_tok_s;
-  // compare_prompt: prefill_tok_s's measure by the server's arithmetic (empty otherwise).
-  std::vector<double> prefill_server_tok_s;
-  summary prefill, decode, batched_decode, decode_as_batched, decode_gb, decode_layer_teams, prefill_server;
+  // compare_prompt: prefill_tok_s's measure by llama.cpp's arithmetic (empty otherwise).
+  std::vector<double> prefill_exact_tok_s;
+  summary prefill, decode, batched_decode, decode_as_batched, decode_gb, decode_layer_teams, prefill_exact;
   uint64_t decode_bytes_per_token = 0;        // decode_weight_bytes(model)
   uint64_t int8_macs_per_token = 0;           // decode_int8_macs(model)
   // The position the first timed token of prefill, of decode and of batched decode (every

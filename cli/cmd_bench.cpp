@@ -281,13 +281,19 @@ void add_bench_command(CLI::App& root) {
   cmd->add_option("--isa", a->isa, "kernel path for the whole run, model load included: best, amx, avx512, avxvnni, avx2 or scalar (amx: AVX-512 with AMX tiles for prefill, Sapphire Rapids and later; avx512: without them; avxvnni: AVX2 with AVX-VNNI, as Intel Alder Lake and later without AVX-512; avx2: without it)")
       ->check(CLI::IsMember({"best", "amx", "avx512", "avxvnni", "avx2", "scalar"}))
       ->capture_default_str();
-  auto* fast_prompt = cmd->add_flag("--fast-prompt", p.fast_prompt_attention,
-                                    "prefill by the server's arithmetic (tiled attention, SwiGLU's vector e^x, Q4_1/Q5_1 tile order) (default: llama.cpp's, as `tandem run`)");
+  // Every phase computes as the engine does (`tandem serve`) unless asked for llama.cpp's
+  // arithmetic, which `tandem run` keeps.
+  auto* exact_prompt = cmd->add_flag("!--exact-prompt", p.fast_prompt_attention,
+                                     "prefill by llama.cpp's arithmetic (f16 flash attention, expf, ggml's Q4_1/Q5_1 order), as `tandem run` (default: the server's: tiled attention, SwiGLU's vector e^x, Q4_1/Q5_1 tile order)");
+  cmd->add_flag("!--exact-decode", p.fast_decode_attention, "single-sequence decode by llama.cpp's arithmetic, as `tandem run` (default: the server's)");
+  cmd->add_flag("!--exact-batched", p.fast_batched_attention, "batched decode by llama.cpp's arithmetic (default: the server's)");
   cmd->add_flag("--compare-prompt", p.compare_prompt,
-                "also prefill by the server's arithmetic beside llama.cpp's, alternating repetitions, and report the ratio")
-      ->excludes(fast_prompt);
-  cmd->add_flag("!--exact-batched", p.fast_batched_attention,
-                "batched decode by llama.cpp's arithmetic, as single decode (default: the server's: tiled attention, SwiGLU's vector e^x, Q4_1/Q5_1 tile order)");
+                "also prefill by llama.cpp's arithmetic beside the server's, alternating repetitions, and report the ratio")
+      ->excludes(exact_prompt);
+  // The default since stop 43; accepted so that the commands recorded in docs/ still run.
+  cmd->add_flag("--fast-prompt", p.fast_prompt_attention, "prefill by the server's arithmetic (the default)")
+      ->excludes(exact_prompt)
+      ->group("");
   cmd->add_flag("--compare-layer-teams", p.compare_layer_teams,
                 "decode with a pool job per step and also with one team job per layer (the default), alternating repetitions, and report the ratio");
   cmd->add_flag("--json", a->json, "print one JSON object instead of the table");

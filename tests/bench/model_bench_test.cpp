@@ -147,23 +147,23 @@ TEST_SUITE("bench_model") {
     CHECK(r.batched_start_position == 0);
   }
 
-  TEST_CASE("run_model_bench: compare_prompt prefills by the server's arithmetic too, once per repetition") {
+  TEST_CASE("run_model_bench: compare_prompt prefills by llama.cpp's arithmetic too, once per repetition") {
     const models::model m(test::data_path("stories260K.gguf").string());
     kernels::cpu::thread_pool pool(2);
     auto p = two_reps(8, 4, 2);
     p.reps = 3;
     const auto plain = bench::run_model_bench(m, pool, p);
-    CHECK(plain.prefill_server_tok_s.empty());
-    CHECK(plain.prefill_server.count == 0);
+    CHECK(plain.prefill_exact_tok_s.empty());
+    CHECK(plain.prefill_exact.count == 0);
     p.compare_prompt = true;
     const auto r = bench::run_model_bench(m, pool, p);
-    REQUIRE(r.prefill_server_tok_s.size() == 3);
-    for (double x : r.prefill_server_tok_s) CHECK(x > 0);
+    REQUIRE(r.prefill_exact_tok_s.size() == 3);
+    for (double x : r.prefill_exact_tok_s) CHECK(x > 0);
     CHECK(r.prefill_tok_s.size() == 3);
-    CHECK(r.prefill_server.count == 3);
+    CHECK(r.prefill_exact.count == 3);
     CHECK(r.prefill_start_position == 0);
-    // Both figures would be the server's.
-    p.fast_prompt_attention = true;
+    // Both figures would be llama.cpp's.
+    p.fast_prompt_attention = false;
     CHECK_THROWS_WITH_AS(bench::run_model_bench(m, pool, p), doctest::Contains("compare_prompt"), std::invalid_argument);
   }
 
@@ -174,7 +174,7 @@ TEST_SUITE("bench_model") {
     p.depth = 40;  // more than one fill chunk: max_batch is min(prompt, 512) = 8
     for (const bool fast : {false, true}) {
       CAPTURE(fast);
-      p.fast_prompt_attention = fast;
+      p.fast_prompt_attention = p.fast_decode_attention = fast;
       const auto deep = bench::run_model_bench(m, pool, p);
       CHECK(deep.prefill_start_position == 40);
       CHECK(deep.decode_start_position == 40);

@@ -37,8 +37,9 @@ TEST_SUITE("bench") {
     CHECK(j["type"] == "F32");
     CHECK(j["decode_tok_s_samples"].size() == 2);
     CHECK(j["read_buffer_bytes"] == 16 << 20);
-    // Prefill as `tandem run` computes it; batched decode as the server does.
-    CHECK(j["prompt_attention"] == "exact");
+    // Every phase as the server computes it unless asked otherwise.
+    CHECK(j["prompt_attention"] == "fast");
+    CHECK(j["decode_attention"] == "fast");
     CHECK(j["batched_attention"] == "fast");
     // F32 weights: no int8 products, so no compute ceiling in rows per second.
     CHECK(j["int8_macs_per_token"] == 0);
@@ -85,13 +86,20 @@ TEST_SUITE("bench") {
     CHECK(bad.err.find("depth") != std::string::npos);
   }
 
-  TEST_CASE("--fast-prompt and --exact-batched switch the attention arithmetic of their phases") {
-    const auto r = test::run_tandem(bench_cmd("--prompt 8 --gen 2 --batch 2 --reps 1 --fast-prompt --exact-batched --json"));
-    REQUIRE(r.exit_code == 0);
-    const auto j = nlohmann::json::parse(r.out);
-    CHECK(j["prompt_attention"] == "fast");
-    CHECK(j["batched_attention"] == "exact");
-    CHECK(j["batched_decode_tok_s"].get<double>() > 0);
+  TEST_CASE("--exact-prompt, --exact-decode and --exact-batched each switch their phase to llama.cpp's arithmetic") {
+    for (const char* flag : {"--exact-prompt", "--exact-decode", "--exact-batched"}) {
+      CAPTURE(flag);
+      const auto r = test::run_tandem(bench_cmd(std::string("--prompt 8 --gen 2 --batch 2 --reps 1 --json ") + flag));
+      REQUIRE(r.exit_code == 0);
+      const auto j = nlohmann::json::parse(r.out);
+      CHECK(j["prompt_attention"] == (std::string(flag) == "--exact-prompt" ? "exact" : "fast"));
+      CHECK(j["decode_attention"] == (std::string(flag) == "--exact-decode" ? "exact" : "fast"));
+      CHECK(j["batched_attention"] == (std::string(flag) == "--exact-batched" ? "exact" : "fast"));
+      CHECK(j["batched_decode_tok_s"].get<double>() > 0);
+    }
+    const auto table = test::run_tandem(bench_cmd("--prompt 8 --gen 2 --batch 2 --reps 1 --exact-prompt --exact-decode"));
+    REQUIRE(table.exit_code == 0);
+    CHECK(table.out.find("llama.cpp's arithmetic, as `tandem run`") != std::string::npos);
   }
 
   TEST_CASE("--compare-layer-teams adds decode with layer teams and its ratio over decode") {
@@ -119,32 +127,32 @@ TEST_SUITE("bench") {
     CHECK_FALSE(plain.contains("layer_teams_vs_step_jobs"));
   }
 
-  TEST_CASE("--compare-prompt adds the server's prefill and its ratio over llama.cpp's arithmetic") {
+  TEST_CASE("--compare-prompt adds llama.cpp's prefill and the server's ratio over it") {
     const auto r = test::run_tandem(bench_cmd("--prompt 8 --gen 2 --batch 2 --reps 2 --compare-prompt --json"));
     REQUIRE(r.exit_code == 0);
     const auto j = nlohmann::json::parse(r.out);
-    CHECK(j["prompt_attention"] == "exact");
-    const auto& server = j["prefill_server_tok_s_samples"];
-    const auto& exact = j["prefill_tok_s_samples"];
+    CHECK(j["prompt_attention"] == "fast");
+    const auto& server = j["prefill_tok_s_samples"];
+    const auto& exact = j["prefill_exact_tok_s_samples"];
     const auto& ratios = j["prefill_server_vs_exact_samples"];
-    REQUIRE(server.size() == 2);
+    REQUIRE(exact.size() == 2);
     REQUIRE(ratios.size() == 2);
     for (size_t i = 0; i < 2; ++i)
       CHECK(ratios[i].get<double>() == doctest::Approx(server[i].get<double>() / exact[i].get<double>()));
-    CHECK(j["prefill_server_tok_s"].get<double>() > 0);
+    CHECK(j["prefill_exact_tok_s"].get<double>() > 0);
     CHECK(j["prefill_server_vs_exact"].get<double>() ==
           doctest::Approx((ratios[0].get<double>() + ratios[1].get<double>()) / 2));
     const auto table = test::run_tandem(bench_cmd("--prompt 8 --gen 2 --batch 2 --reps 1 --compare-prompt"));
     REQUIRE(table.exit_code == 0);
-    CHECK(table.out.find("tok, server") != std::string::npos);
-    CHECK(table.out.find("the prefill above") != std::string::npos);
+    CHECK(table.out.find("tok, llama.cpp's") != std::string::npos);
+    CHECK(table.out.find("the prefill above is") != std::string::npos);
     const auto plain = nlohmann::json::parse(test::run_tandem(bench_cmd("--prompt 8 --gen 2 --batch 2 --reps 1 --json")).out);
-    CHECK_FALSE(plain.contains("prefill_server_tok_s"));
+    CHECK_FALSE(plain.contains("prefill_exact_tok_s"));
     CHECK_FALSE(plain.contains("prefill_server_vs_exact"));
-    // With --fast-prompt both figures would be the server's.
-    const auto both = test::run_tandem(bench_cmd("--prompt 8 --gen 2 --reps 1 --compare-prompt --fast-prompt"));
+    // With --exact-prompt both figures would be llama.cpp's.
+    const auto both = test::run_tandem(bench_cmd("--prompt 8 --gen 2 --reps 1 --compare-prompt --exact-prompt"));
     CHECK(both.exit_code != 0);
-    CHECK(both.err.find("--fast-prompt") != std::string::npos);
+    CHECK(both.err.find("--exact-prompt") != std::string::npos);
   }
 
   TEST_CASE("the table names every figure") {
