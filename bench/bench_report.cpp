@@ -185,8 +185,7 @@ std::string format_table(const bench_report& r) {
   std::string out = head;
   char note[128];
   const std::string at = p.depth > 0 ? " @ " + std::to_string(p.depth) : "";
-  // Which arithmetic a phase took: the server's unless asked for llama.cpp's.
-  auto arith = [](bool fast) { return fast ? "" : ", llama.cpp's arithmetic"; };
+  // A phase in llama.cpp's arithmetic says so; the server's is the default.
   out += line("prefill", std::to_string(p.prompt) + " tokens" + at, r.result.prefill, "tok/s",
               p.fast_prompt_attention ? "" : "llama.cpp's arithmetic, as `tandem run`");
   if (p.compare_prompt) {
@@ -203,7 +202,7 @@ std::string format_table(const bench_report& r) {
   out += line("batched", std::to_string(p.batch) + " seqs x " + std::to_string(p.gen) + " tok" + at, r.result.batched_decode,
               "tok/s", note);
   out += line("alone", "1 seq, as batched" + at, r.result.decode_as_batched, "tok/s",
-              std::string("the batched context") + arith(p.fast_batched_attention));
+              p.fast_batched_attention ? "the batched context" : "the batched context, llama.cpp's arithmetic");
   std::snprintf(note, sizeof note, "%.2f of the read ceiling%s", r.decode_vs_ceiling(),
                 r.decode_vs_ceiling_samples.empty() ? "" : ", pass by pass");
   char what[64];

@@ -100,6 +100,10 @@ TEST_SUITE("bench") {
     const auto table = test::run_tandem(bench_cmd("--prompt 8 --gen 2 --batch 2 --reps 1 --exact-prompt --exact-decode"));
     REQUIRE(table.exit_code == 0);
     CHECK(table.out.find("llama.cpp's arithmetic, as `tandem run`") != std::string::npos);
+    // --fast-prompt, the default now, is still accepted (commands recorded in docs/ use it).
+    const auto old = test::run_tandem(bench_cmd("--prompt 8 --gen 2 --batch 2 --reps 1 --json --fast-prompt"));
+    REQUIRE(old.exit_code == 0);
+    CHECK(nlohmann::json::parse(old.out)["prompt_attention"] == "fast");
   }
 
   TEST_CASE("--compare-layer-teams adds decode with layer teams and its ratio over decode") {
