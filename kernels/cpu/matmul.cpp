@@ -181,8 +181,15 @@ row_span multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float*
   bool tiled_slot[k_max_matmul_jobs] = {};
   for (int j = 0; j < n_jobs; ++j)
     if (tiled_job(jobs[j])) tiled_slot[plans[j].panel_slot] = true;
+  // On AVX-512 the panel forms come straight from x (panel_act_row: one pass instead of the
+  // quantizer's and panel_acts'), so an activation type is converted to its row form only for
+  // the jobs that read rows.
+  const bool panels_from_x = path == isa::avx512;
+  bool row_form[k_max_matmul_jobs] = {};
+  for (int j = 0; j < n_jobs; ++j)
+    if (!panels_from_x || !plans[j].panel) row_form[plans[j].act_slot] = true;
   bool any_convert = false;
-  for (int k = 0; k < n_act_types; ++k) any_convert = any_convert || act_types[k] != weight_type::f32;
+  for (int k = 0; k < n_act_types; ++k) any_convert = any_convert || (act_types[k] != weight_type::f32 && row_form[k]);
   const size_t code_bytes = (panel_act_code_bytes(cols, n_x) + 63) / 64 * 64;
   auto aux_bytes = [&](int k) { return (panel_act_aux_floats(panel_types[k], cols, n_x) * sizeof(float) + 63) / 64 * 64; };
   size_t panel_total = 0;
@@ -226,7 +233,7 @@ row_span multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float*
         for (int64_t i = b; i < e; ++i) {
           const auto k = static_cast<int>(i / n_x);
           const int64_t r = i % n_x;
-          if (act_types[k] == weight_type::f32) continue;
+          if (act_types[k] == weight_type::f32 || !row_form[k]) continue;
           const size_t a_row = static_cast<size_t>(row_bytes(act_types[k], cols));
           quantize_activation_row(act_types[k], x + r * cols, act_base + act_offsets[k] + r * a_row, cols);
         }
@@ -238,11 +245,15 @@ row_span multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float*
         const auto k = static_cast<int>(i / n_x);
         const int64_t r = i % n_x;
         const weight_type wt = panel_types[k];
-        int slot = 0;
-        while (act_types[slot] != activation_type(wt)) ++slot;
-        const size_t a_row = static_cast<size_t>(row_bytes(act_types[slot], cols));
         const int64_t aux_per_row = static_cast<int64_t>(panel_act_aux_floats(wt, cols, 1));
-        panel_acts(wt, f.act[slot] + r * a_row, a_row, 1, cols, f.panel_codes[k] + r * cols, f.panel_aux[k] + r * aux_per_row);
+        if (panels_from_x) {
+          panel_act_row(wt, x + r * cols, cols, f.panel_codes[k] + r * cols, f.panel_aux[k] + r * aux_per_row);
+        } else {
+          int slot = 0;
+          while (act_types[slot] != activation_type(wt)) ++slot;
+          const size_t a_row = static_cast<size_t>(row_bytes(act_types[slot], cols));
+          panel_acts(wt, f.act[slot] + r * a_row, a_row, 1, cols, f.panel_codes[k] + r * cols, f.panel_aux[k] + r * aux_per_row);
+        }
         if (tiled_slot[k]) {
           // Group g starts after g full groups, as if its rows lay one after another.
           const int64_t g0 = r / k_packed_max_act_rows * k_packed_max_act_rows;

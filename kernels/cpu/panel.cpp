@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "kernels/cpu/act_quant.h"
+#include "kernels/cpu/act_quant_impl.h"
 #include "kernels/cpu/blocks.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/quants.h"
 
 namespace tandem::kernels::cpu {
@@ -261,6 +263,17 @@ void panel_acts(weight_type wt, const void* act, size_t a_row, int64_t n_x, int6
       throw std::invalid_argument("panel: no panel form for " + display_name(wt) + " weights");
     }
   }
+}
+
+void panel_act_row(weight_type wt, const float* x, int64_t cols, int8_t* codes, float* aux) {
+  const weight_type at = activation_type(wt);
+  if (!panel_supported(wt) || cols % info(at).block_elems != 0)
+    throw std::invalid_argument("panel: no panel form of " + std::to_string(cols) + " columns for " + display_name(wt) + " weights");
+  if (active_isa() == isa::avx512) return panel_act_row_avx512(at, panel_sub_elems(wt), panel_code_offset(wt), x, cols, codes, aux);
+  thread_local std::vector<uint8_t> row;
+  row.resize(static_cast<size_t>(row_bytes(at, cols)));
+  quantize_activation_row(at, x, row.data(), cols);
+  panel_acts(wt, row.data(), row.size(), 1, cols, codes, aux);
 }
 
 void panel_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,

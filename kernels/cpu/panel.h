@@ -81,6 +81,11 @@ void pack_panel_ref(weight_type wt, const void* w, size_t w_row, int n_rows, int
 // act: n_x rows converted by quantize_activation_row to activation_type(wt), a_row bytes apart.
 void panel_acts(weight_type wt, const void* act, size_t a_row, int64_t n_x, int64_t cols, int8_t* codes,
                 float* aux);
+// One f32 row straight into its panel form: panel_acts of quantize_activation_row's row, byte
+// for byte, in one pass where the CPU has AVX-512 (the two passes otherwise). cols: a multiple
+// of activation_type(wt)'s block; throws std::invalid_argument otherwise or for a type without
+// a panel form.
+void panel_act_row(weight_type wt, const float* x, int64_t cols, int8_t* codes, float* aux);
 // out[r * out_stride + o] for r < n_act, o < n_w from a packed panel.
 void panel_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
                    int n_act, float* out, int64_t out_stride, int n_w);

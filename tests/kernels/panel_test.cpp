@@ -223,6 +223,49 @@ TEST_CASE("panel_dot_amx over a signed panel gives panel_dot_avx512's bits for e
   }
 }
 
+TEST_CASE("panel_act_row writes what quantize_activation_row and panel_acts write, on every path") {
+  tandem::test::isa_guard guard;
+  for (const isa path : tandem::test::supported_isas()) {
+    set_isa(path);
+    for (const weight_type wt : panel_types()) {
+      const weight_type at = activation_type(wt);
+      // Legacy types: 16 blocks at a time on AVX-512, then the rest one by one.
+      const std::vector<int64_t> widths = info(wt).block_elems == 256 ? std::vector<int64_t>{256, 768} : std::vector<int64_t>{32, 288, 576, 1056};
+      for (const int64_t cols : widths) {
+        CAPTURE(static_cast<int>(path));
+        CAPTURE(display_name(wt));
+        CAPTURE(cols);
+        auto x = tandem::test::gaussian(static_cast<size_t>(cols), static_cast<uint32_t>(cols) + 3, 2.0f);
+        // A block of zeros, one whose largest magnitude is negative and repeated (Q8_K keeps the
+        // first), and a tie at the quantizer's rounding point.
+        std::fill(x.begin(), x.begin() + 32, 0.0f);
+        for (int64_t at0 = 32; at0 + 32 <= cols; at0 += 320) {
+          x[static_cast<size_t>(at0 + 8)] = -9.0f;
+          x[static_cast<size_t>(at0 + 18)] = 9.0f;
+          x[static_cast<size_t>(at0 + 20)] = -9.0f;
+          x[static_cast<size_t>(at0 + 1)] = 9.0f * 0.5f / 127.0f;
+        }
+        if (cols >= 512) std::fill(x.begin() + 480, x.begin() + 512, 0.0f);  // a zero block inside a run of 16
+        std::vector<uint8_t> row(static_cast<size_t>(row_bytes(at, cols)));
+        quantize_activation_row(at, x.data(), row.data(), cols);
+        std::vector<int8_t> want_codes(static_cast<size_t>(cols)), got_codes(static_cast<size_t>(cols), 0x55);
+        std::vector<float> want_aux(panel_act_aux_floats(wt, cols, 1)), got_aux(want_aux.size(), -1.0f);
+        panel_acts(wt, row.data(), row.size(), 1, cols, want_codes.data(), want_aux.data());
+        panel_act_row(wt, x.data(), cols, got_codes.data(), got_aux.data());
+        CHECK(got_codes == want_codes);
+        CHECK(std::memcmp(got_aux.data(), want_aux.data(), want_aux.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+  std::vector<float> x(48);
+  std::vector<int8_t> codes(48);
+  std::vector<float> aux(8);
+  CHECK_THROWS_WITH_AS(panel_act_row(weight_type::q4_0, x.data(), 48, codes.data(), aux.data()), doctest::Contains("48 columns"),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(panel_act_row(weight_type::f16, x.data(), 32, codes.data(), aux.data()), doctest::Contains("F16"),
+                       std::invalid_argument);
+}
+
 TEST_CASE("panel helpers reject types without a panel form") {
   CHECK_FALSE(panel_supported(weight_type::f16));
   CHECK(panel_bytes(weight_type::f32, 256) == 0);
