@@ -68,15 +68,20 @@ static inline __m512i max_bits(__m512i a, __m512i b) {
 }
 static inline __m512i add_i32(__m512i a, __m512i b) { return _mm512_add_epi32(a, b); }
 
-// q = round(x * id) into 32 int8 at out; returns their sum (when Sum: Q8_0 needs none).
-template <bool Sum>
-static inline int codes32(const float* x, float id, int8_t* out) {
+// q = round(x * id) into 32 int8 at out; returns the 16 lanes' partial sums of the codes.
+static inline __m512i codes32_lanes(const float* x, float id, int8_t* out) {
   const __m512 vid = _mm512_set1_ps(id);
   const __m512i q0 = _mm512_maskz_cvtps_epi32(k_all16, _mm512_mul_ps(_mm512_loadu_ps(x), vid));
   const __m512i q1 = _mm512_maskz_cvtps_epi32(k_all16, _mm512_mul_ps(_mm512_loadu_ps(x + 16), vid));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_maskz_cvtepi32_epi8(k_all16, q0));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm512_maskz_cvtepi32_epi8(k_all16, q1));
-  if constexpr (Sum) return lane_sum(_mm512_add_epi32(q0, q1));
+  return _mm512_add_epi32(q0, q1);
+}
+// The same, returning the codes' sum (when Sum: Q8_0 needs none).
+template <bool Sum>
+static inline int codes32(const float* x, float id, int8_t* out) {
+  const __m512i lanes = codes32_lanes(x, id, out);
+  if constexpr (Sum) return lane_sum(lanes);
   return 0;
 }
 
@@ -170,16 +175,7 @@ void panel_act_row_avx512(weight_type act, int sub, int offset, const float* x, 
       const __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(amax, _mm512_setzero_ps(), _CMP_NEQ_OQ), _mm512_set1_ps(127.0f), amax);
       alignas(64) float ids[16];
       _mm512_store_ps(ids, id);
-      for (int b = 0; b < 16; ++b) {
-        const __m512 vid = _mm512_set1_ps(ids[b]);
-        const float* xb = x + 32 * b;
-        const __m512i q0 = _mm512_maskz_cvtps_epi32(k_all16, _mm512_mul_ps(_mm512_loadu_ps(xb), vid));
-        const __m512i q1 = _mm512_maskz_cvtps_epi32(k_all16, _mm512_mul_ps(_mm512_loadu_ps(xb + 16), vid));
-        int8_t* out = codes + k_qk_legacy * (i + b);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_maskz_cvtepi32_epi8(k_all16, q0));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm512_maskz_cvtepi32_epi8(k_all16, q1));
-        v[b] = _mm512_add_epi32(q0, q1);
-      }
+      for (int b = 0; b < 16; ++b) v[b] = codes32_lanes(x + 32 * b, ids[b], codes + k_qk_legacy * (i + b));
       const __m512i sum = reduce16(v, add_i32);
       const __m512 sumf = _mm512_maskz_cvtepi32_ps(k_all16, sum);
       const __m512 da = avx512::cvt_f16(_mm512_maskz_cvtps_ph(k_all16, d, _MM_FROUND_TO_NEAREST_INT));
