@@ -26,6 +26,7 @@ namespace tandem::kernels::cpu {
 namespace {
 
 using avx512::act4;
+using avx512::dpbusd_bcast;
 using avx512::q6_high_pair;
 
 constexpr int R16 = k_panel_rows;
@@ -41,6 +42,7 @@ static inline void opaque(T*& p) {
 
 // The int32 offset term of an activation sub-block (panel.h: the third aux float's bits).
 static inline int32_t offset_term(const float* x) { return panel_offset_term(x); }
+
 
 // -x, sign of zero included (0 - x would give +0 for x = +0, where the reference's -k * d
 // gives -0).
@@ -187,18 +189,16 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
         TANDEM_UNROLL for (int r = 0; r < R; ++r) {
           const int8_t* a = ca + r * 32;
           if constexpr (WT == weight_type::q8_0) {
-            const __m512i b = _mm512_set1_epi32(act4(a + 4 * q));
             if constexpr (k_split) {
-              if (q % 2 == 1) acc1[r] = _mm512_dpbusd_epi32(acc1[r], lo, b);
-              else acc0[r] = _mm512_dpbusd_epi32(acc0[r], lo, b);
+              if (q % 2 == 1) acc1[r] = dpbusd_bcast(acc1[r], lo, a + 4 * q);
+              else acc0[r] = dpbusd_bcast(acc0[r], lo, a + 4 * q);
             } else {
-              acc0[r] = _mm512_dpbusd_epi32(acc0[r], lo, b);
+              acc0[r] = dpbusd_bcast(acc0[r], lo, a + 4 * q);
             }
           } else {
-            acc0[r] = _mm512_dpbusd_epi32(acc0[r], lo, _mm512_set1_epi32(act4(a + 4 * q)));
-            const __m512i b = _mm512_set1_epi32(act4(a + 16 + 4 * q));
-            if constexpr (k_split || WT == weight_type::q6_k) acc1[r] = _mm512_dpbusd_epi32(acc1[r], hi, b);
-            else acc0[r] = _mm512_dpbusd_epi32(acc0[r], hi, b);
+            acc0[r] = dpbusd_bcast(acc0[r], lo, a + 4 * q);
+            if constexpr (k_split || WT == weight_type::q6_k) acc1[r] = dpbusd_bcast(acc1[r], hi, a + 16 + 4 * q);
+            else acc0[r] = dpbusd_bcast(acc0[r], hi, a + 16 + 4 * q);
           }
         }
       }

@@ -162,10 +162,8 @@ void panel_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const f
     TANDEM_UNROLL for (int g = 0; g < groups; ++g) {
       const __m512i c = _mm512_load_si512(p + 64 * g);
       TANDEM_UNROLL for (int r = 0; r < R; ++r) {
-        int32_t a;
-        std::memcpy(&a, q + r * cols + 4 * g, 4);
         __m512i& sum = g % 2 == 0 ? acc[r] : acc_odd[r];
-        sum = _mm512_dpbusd_epi32(sum, c, _mm512_set1_epi32(a));
+        sum = avx512::dpbusd_bcast(sum, c, q + r * cols + 4 * g);
       }
     }
     const __m512 sc = _mm512_load_ps(p + groups * 64), mn = _mm512_load_ps(p + groups * 64 + 64);
