@@ -103,13 +103,14 @@ static inline void put_aux(float* a, float da, float ds, int32_t term) {
   std::memcpy(a + 2, &term, sizeof term);
 }
 
-// quantize_q8_k_avx512's block: codes into qs, sums of each 16 into bsums; returns d.
-static inline float block_q8_k_codes(const float* x, int8_t* qs, int16_t* bsums) {
+// quantize_q8_k_avx512's block: codes into qs (columns [32c, 32c + 32) at qs + c * stride),
+// sums of each 16 into bsums; returns d.
+static inline float block_q8_k_codes(const float* x, int8_t* qs, int16_t* bsums, int64_t stride = 32) {
   __m512 m = _mm512_setzero_ps();
   for (int j = 0; j < k_qk_k; j += 16) m = max_ps(m, abs_ps(_mm512_loadu_ps(x + j)));
   const float amax = lane_max(m);
   if (amax == 0.0f) {
-    std::memset(qs, 0, k_qk_k);
+    for (int c = 0; c < k_qk_k / 32; ++c) std::memset(qs + c * stride, 0, 32);
     std::memset(bsums, 0, 16 * sizeof(int16_t));
     return 0.0f;
   }
@@ -128,7 +129,7 @@ static inline float block_q8_k_codes(const float* x, int8_t* qs, int16_t* bsums)
   __m512i q[16];
   for (int g = 0; g < 16; ++g) {
     q[g] = _mm512_maskz_min_epi32(k_all16, _mm512_maskz_cvtps_epi32(k_all16, _mm512_mul_ps(vs, _mm512_loadu_ps(x + 16 * g))), cap);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + 16 * g), _mm512_maskz_cvtepi32_epi8(k_all16, q[g]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qs + (g / 2) * stride + 16 * (g % 2)), _mm512_maskz_cvtepi32_epi8(k_all16, q[g]));
   }
   // Each sum of 16 fits an int16 (|code| <= 127): the 16 sums narrowed in one store.
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(bsums), _mm512_maskz_cvtepi32_epi16(k_all16, reduce16(q, add_i32)));
@@ -157,8 +158,9 @@ void quantize_q8_k_avx512(const float* x, void* dst, int64_t n) {
   for (int64_t i = 0; i < n / k_qk_k; ++i, x += k_qk_k) y[i].d = block_q8_k_codes(x, y[i].qs, y[i].bsums);
 }
 
-void panel_act_row_avx512(weight_type act, int sub, int offset, const float* x, int64_t cols, int8_t* codes, float* aux) {
-  constexpr int A = k_panel_aux_per_sub;
+void panel_act_row_avx512(weight_type act, int sub, int offset, const float* x, int64_t cols, int8_t* codes, float* aux,
+                          int64_t code_stride, int64_t aux_stride) {
+  const int64_t cs = code_stride, as = aux_stride;
   if (act == weight_type::q8_0 || act == weight_type::q8_1) {
     const bool q8_1 = act == weight_type::q8_1;
     const int64_t blocks = cols / k_qk_legacy;
@@ -175,7 +177,7 @@ void panel_act_row_avx512(weight_type act, int sub, int offset, const float* x, 
       const __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(amax, _mm512_setzero_ps(), _CMP_NEQ_OQ), _mm512_set1_ps(127.0f), amax);
       alignas(64) float ids[16];
       _mm512_store_ps(ids, id);
-      for (int b = 0; b < 16; ++b) v[b] = codes32_lanes(x + 32 * b, ids[b], codes + k_qk_legacy * (i + b));
+      for (int b = 0; b < 16; ++b) v[b] = codes32_lanes(x + 32 * b, ids[b], codes + cs * (i + b));
       const __m512i sum = reduce16(v, add_i32);
       const __m512 sumf = _mm512_maskz_cvtepi32_ps(k_all16, sum);
       const __m512 da = avx512::cvt_f16(_mm512_maskz_cvtps_ph(k_all16, d, _MM_FROUND_TO_NEAREST_INT));
@@ -186,18 +188,18 @@ void panel_act_row_avx512(weight_type act, int sub, int offset, const float* x, 
       _mm512_store_ps(das, da);
       _mm512_store_ps(dss, ds);
       _mm512_store_si512(terms, _mm512_mullo_epi32(sum, _mm512_set1_epi32(offset)));
-      for (int b = 0; b < 16; ++b) put_aux(aux + A * (i + b), das[b], dss[b], terms[b]);
+      for (int b = 0; b < 16; ++b) put_aux(aux + as * (i + b), das[b], dss[b], terms[b]);
     }
     for (; i < blocks; ++i, x += k_qk_legacy) {
       // block_q8's steps, its codes written where panel_acts would copy them.
       const float amax = lane_max(max_ps(abs_ps(_mm512_loadu_ps(x)), abs_ps(_mm512_loadu_ps(x + 16))));
       const float d = amax / 127.0f;
       const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-      const int sum = codes32<true>(x, id, codes + k_qk_legacy * i);
+      const int sum = codes32<true>(x, id, codes + cs * i);
       const float da = _cvtsh_ss(to_half(d));
       // Q8_1 stores d * sum as a half and the panel form takes that rounded value.
       const float ds = q8_1 ? _cvtsh_ss(to_half(static_cast<float>(sum) * d)) : da * static_cast<float>(sum);
-      put_aux(aux + A * i, da, ds, offset * sum);
+      put_aux(aux + as * i, da, ds, offset * sum);
     }
     return;
   }
@@ -205,10 +207,10 @@ void panel_act_row_avx512(weight_type act, int sub, int offset, const float* x, 
   const int per = k_qk_k / sub;
   for (int64_t i = 0; i < cols / k_qk_k; ++i, x += k_qk_k) {
     int16_t bsums[16];
-    const float d = block_q8_k_codes(x, codes + k_qk_k * i, bsums);
+    const float d = block_q8_k_codes(x, codes + (k_qk_k / 32) * i * cs, bsums, cs);
     for (int j = 0; j < per; ++j) {
       const int sum = sub == 16 ? bsums[j] : bsums[2 * j] + bsums[2 * j + 1];
-      put_aux(aux + A * (i * per + j), d, d * static_cast<float>(sum), offset * sum);
+      put_aux(aux + as * (i * per + j), d, d * static_cast<float>(sum), offset * sum);
     }
   }
 }

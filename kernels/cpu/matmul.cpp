@@ -179,8 +179,13 @@ row_span multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float*
            (!has_ggml_order(job.wt) || tile_order) && (n_x < k_expand_min_act_rows || (tile_order && !amx));
   };
   bool tiled_slot[k_max_matmul_jobs] = {};
-  for (int j = 0; j < n_jobs; ++j)
+  // Whether some job reads a slot's panel form row by row (panel_acts' layout); where none
+  // does, the rows go straight into the tiled form.
+  bool row_panel[k_max_matmul_jobs] = {};
+  for (int j = 0; j < n_jobs; ++j) {
     if (tiled_job(jobs[j])) tiled_slot[plans[j].panel_slot] = true;
+    else if (plans[j].panel) row_panel[plans[j].panel_slot] = true;
+  }
   // On AVX-512 the panel forms come straight from x (panel_act_row: one pass instead of the
   // quantizer's and panel_acts'), so an activation type is converted to its row form only for
   // the jobs that read rows.
@@ -246,6 +251,14 @@ row_span multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float*
         const int64_t r = i % n_x;
         const weight_type wt = panel_types[k];
         const int64_t aux_per_row = static_cast<int64_t>(panel_act_aux_floats(wt, cols, 1));
+        // Group g starts after g full groups, as if its rows lay one after another.
+        const int64_t g0 = r / k_packed_max_act_rows * k_packed_max_act_rows;
+        const int n_group = static_cast<int>(std::min<int64_t>(k_packed_max_act_rows, n_x - g0));
+        if (panels_from_x && tiled_slot[k] && !row_panel[k]) {
+          tiled_act_row(wt, x + r * cols, cols, static_cast<int>(r - g0), n_group, f.tiled_codes[k] + g0 * cols,
+                        f.tiled_aux[k] + g0 * aux_per_row);
+          continue;
+        }
         if (panels_from_x) {
           panel_act_row(wt, x + r * cols, cols, f.panel_codes[k] + r * cols, f.panel_aux[k] + r * aux_per_row);
         } else {
@@ -255,9 +268,6 @@ row_span multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float*
           panel_acts(wt, f.act[slot] + r * a_row, a_row, 1, cols, f.panel_codes[k] + r * cols, f.panel_aux[k] + r * aux_per_row);
         }
         if (tiled_slot[k]) {
-          // Group g starts after g full groups, as if its rows lay one after another.
-          const int64_t g0 = r / k_packed_max_act_rows * k_packed_max_act_rows;
-          const int n_group = static_cast<int>(std::min<int64_t>(k_packed_max_act_rows, n_x - g0));
           tile_packed_act_row(wt, cols, f.panel_codes[k] + r * cols, f.panel_aux[k] + r * aux_per_row, static_cast<int>(r - g0),
                               n_group, f.tiled_codes[k] + g0 * cols, f.tiled_aux[k] + g0 * aux_per_row);
         }

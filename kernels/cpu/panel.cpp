@@ -10,6 +10,7 @@
 #include "kernels/cpu/act_quant_impl.h"
 #include "kernels/cpu/blocks.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/packed.h"
 #include "kernels/cpu/quants.h"
 
 namespace tandem::kernels::cpu {
@@ -265,15 +266,39 @@ void panel_acts(weight_type wt, const void* act, size_t a_row, int64_t n_x, int6
   }
 }
 
-void panel_act_row(weight_type wt, const float* x, int64_t cols, int8_t* codes, float* aux) {
+namespace {
+// The activation type of wt's panel form; throws unless wt has one for `cols` columns.
+weight_type checked_act_type(weight_type wt, int64_t cols) {
   const weight_type at = activation_type(wt);
   if (!panel_supported(wt) || cols % info(at).block_elems != 0)
     throw std::invalid_argument("panel: no panel form of " + std::to_string(cols) + " columns for " + display_name(wt) + " weights");
-  if (active_isa() == isa::avx512) return panel_act_row_avx512(at, panel_sub_elems(wt), panel_code_offset(wt), x, cols, codes, aux);
+  return at;
+}
+}  // namespace
+
+void panel_act_row(weight_type wt, const float* x, int64_t cols, int8_t* codes, float* aux) {
+  const weight_type at = checked_act_type(wt, cols);
+  if (active_isa() == isa::avx512)
+    return panel_act_row_avx512(at, panel_sub_elems(wt), panel_code_offset(wt), x, cols, codes, aux, 32, k_panel_aux_per_sub);
   thread_local std::vector<uint8_t> row;
   row.resize(static_cast<size_t>(row_bytes(at, cols)));
   quantize_activation_row(at, x, row.data(), cols);
   panel_acts(wt, row.data(), row.size(), 1, cols, codes, aux);
+}
+
+void tiled_act_row(weight_type wt, const float* x, int64_t cols, int r, int n_group, int8_t* tiled_codes,
+                   float* tiled_aux) {
+  const weight_type at = checked_act_type(wt, cols);
+  if (active_isa() == isa::avx512)
+    return panel_act_row_avx512(at, panel_sub_elems(wt), panel_code_offset(wt), x, cols, tiled_codes + r * 32,
+                                tiled_aux + r * k_panel_aux_per_sub, int64_t{32} * n_group,
+                                int64_t{k_panel_aux_per_sub} * n_group);
+  thread_local std::vector<int8_t> codes;
+  thread_local std::vector<float> aux;
+  codes.resize(static_cast<size_t>(cols));
+  aux.resize(panel_act_aux_floats(wt, cols, 1));
+  panel_act_row(wt, x, cols, codes.data(), aux.data());
+  tile_packed_act_row(wt, cols, codes.data(), aux.data(), r, n_group, tiled_codes, tiled_aux);
 }
 
 void panel_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,

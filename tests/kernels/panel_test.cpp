@@ -11,6 +11,7 @@
 
 #include "kernels/cpu/act_quant.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/packed.h"
 #include "kernels/cpu/vec_dot.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -264,6 +265,41 @@ TEST_CASE("panel_act_row writes what quantize_activation_row and panel_acts writ
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(panel_act_row(weight_type::f16, x.data(), 32, codes.data(), aux.data()), doctest::Contains("F16"),
                        std::invalid_argument);
+}
+
+TEST_CASE("tiled_act_row writes what panel_act_row and tile_packed_act_row write, on every path") {
+  tandem::test::isa_guard guard;
+  for (const isa path : tandem::test::supported_isas()) {
+    set_isa(path);
+    for (const weight_type wt : panel_types()) {
+      // Legacy types: 16 blocks at a time on AVX-512, then the rest one by one.
+      const int64_t cols = info(wt).block_elems == 256 ? 768 : 576;
+      const auto aux_per_row = static_cast<int64_t>(panel_act_aux_floats(wt, cols, 1));
+      for (const int n_group : {1, 3, 8, 16}) {
+        CAPTURE(static_cast<int>(path));
+        CAPTURE(display_name(wt));
+        CAPTURE(n_group);
+        auto x = tandem::test::gaussian(static_cast<size_t>(n_group * cols), static_cast<uint32_t>(n_group) + 11, 2.0f);
+        if (n_group > 1) std::fill(x.begin() + cols, x.begin() + cols + 256, 0.0f);  // zero blocks in row 1 (a Q8_K block of 256 too)
+        std::vector<int8_t> codes(static_cast<size_t>(cols));
+        std::vector<float> aux(static_cast<size_t>(aux_per_row));
+        std::vector<int8_t> want_codes(static_cast<size_t>(n_group * cols), 0x55), got_codes(want_codes);
+        std::vector<float> want_aux(static_cast<size_t>(n_group * aux_per_row), -1.0f), got_aux(want_aux);
+        for (int r = 0; r < n_group; ++r) {
+          panel_act_row(wt, x.data() + r * cols, cols, codes.data(), aux.data());
+          tile_packed_act_row(wt, cols, codes.data(), aux.data(), r, n_group, want_codes.data(), want_aux.data());
+          tiled_act_row(wt, x.data() + r * cols, cols, r, n_group, got_codes.data(), got_aux.data());
+        }
+        CHECK(got_codes == want_codes);
+        CHECK(std::memcmp(got_aux.data(), want_aux.data(), want_aux.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+  std::vector<float> x(48);
+  std::vector<int8_t> codes(48);
+  std::vector<float> aux(8);
+  CHECK_THROWS_WITH_AS(tiled_act_row(weight_type::q4_0, x.data(), 48, 0, 1, codes.data(), aux.data()),
+                       doctest::Contains("48 columns"), std::invalid_argument);
 }
 
 TEST_CASE("panel helpers reject types without a panel form") {
