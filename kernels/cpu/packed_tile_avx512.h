@@ -25,7 +25,6 @@
 namespace tandem::kernels::cpu {
 namespace {
 
-using avx512::act4;
 using avx512::dpbusd_bcast;
 using avx512::q6_high_pair;
 
@@ -42,7 +41,6 @@ static inline void opaque(T*& p) {
 
 // The int32 offset term of an activation sub-block (panel.h: the third aux float's bits).
 static inline int32_t offset_term(const float* x) { return panel_offset_term(x); }
-
 
 // -x, sign of zero included (0 - x would give +0 for x = +0, where the reference's -k * d
 // gives -0).
