@@ -136,6 +136,41 @@ static inline float block_q8_k_codes(const float* x, int8_t* qs, int16_t* bsums,
   return 1.0f / iscale;
 }
 
+// Blocks of Q8_0 or Q8_1 (q8_1) into the panel form: nb (1..16) blocks of 32 from x, block b's
+// codes at codes + b * cs and its aux floats at aux + b * as; N: 16 when nb is (the full
+// groups' copy, with no lane tests), else 0. Their maxima, scales, sums and aux floats go as
+// vectors, lane b for block b, each by the scalar steps' own operations (IEEE division and
+// products, F16C rounding), so every byte is block_q8's; empty lanes (b >= nb) read nothing
+// and write nothing. A tail of 8 blocks (2,816 or 768 columns) took as long one block at a
+// time as 48 blocks did in groups.
+template <int N>
+static inline void legacy_group(bool q8_1, int offset, const float* x, int8_t* codes, int64_t cs, float* aux, int64_t as,
+                                int nb) {
+  auto live = [&](int b) { return N == 16 || b < nb; };
+  __m512i v[16];
+  for (int b = 0; b < 16; ++b)
+    v[b] = live(b) ? _mm512_castps_si512(max_ps(abs_ps(_mm512_loadu_ps(x + 32 * b)), abs_ps(_mm512_loadu_ps(x + 32 * b + 16))))
+                   : _mm512_setzero_si512();
+  const __m512 amax = _mm512_castsi512_ps(reduce16(v, max_bits));
+  const __m512 d = _mm512_div_ps(amax, _mm512_set1_ps(127.0f));
+  const __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(amax, _mm512_setzero_ps(), _CMP_NEQ_OQ), _mm512_set1_ps(127.0f), amax);
+  alignas(64) float ids[16];
+  _mm512_store_ps(ids, id);
+  for (int b = 0; b < 16; ++b) v[b] = live(b) ? codes32_lanes(x + 32 * b, ids[b], codes + cs * b) : _mm512_setzero_si512();
+  const __m512i sum = reduce16(v, add_i32);
+  const __m512 sumf = _mm512_maskz_cvtepi32_ps(k_all16, sum);
+  const __m512 da = avx512::cvt_f16(_mm512_maskz_cvtps_ph(k_all16, d, _MM_FROUND_TO_NEAREST_INT));
+  const __m512 ds = q8_1 ? avx512::cvt_f16(_mm512_maskz_cvtps_ph(k_all16, _mm512_mul_ps(sumf, d), _MM_FROUND_TO_NEAREST_INT))
+                         : _mm512_mul_ps(da, sumf);
+  alignas(64) float das[16], dss[16];
+  alignas(64) int32_t terms[16];
+  _mm512_store_ps(das, da);
+  _mm512_store_ps(dss, ds);
+  _mm512_store_si512(terms, _mm512_mullo_epi32(sum, _mm512_set1_epi32(offset)));
+  for (int b = 0; b < 16; ++b)
+    if (live(b)) put_aux(aux + as * b, das[b], dss[b], terms[b]);
+}
+
 }  // namespace
 
 void quantize_q8_0_act_avx512(const float* x, void* dst, int64_t n) {
@@ -164,43 +199,10 @@ void panel_act_row_avx512(weight_type act, int sub, int offset, const float* x, 
   if (act == weight_type::q8_0 || act == weight_type::q8_1) {
     const bool q8_1 = act == weight_type::q8_1;
     const int64_t blocks = cols / k_qk_legacy;
+    // 16 blocks at a time, and the last 1-15 as a group of 16 with empty lanes.
     int64_t i = 0;
-    // 16 blocks at a time: their maxima, scales, sums and aux floats as vectors, lane b for
-    // block b, each by the scalar steps' own operations (IEEE division and products, F16C
-    // rounding), so every byte is the one-block loop's below.
-    for (; i + 16 <= blocks; i += 16, x += 16 * k_qk_legacy) {
-      __m512i v[16];
-      for (int b = 0; b < 16; ++b)
-        v[b] = _mm512_castps_si512(max_ps(abs_ps(_mm512_loadu_ps(x + 32 * b)), abs_ps(_mm512_loadu_ps(x + 32 * b + 16))));
-      const __m512 amax = _mm512_castsi512_ps(reduce16(v, max_bits));
-      const __m512 d = _mm512_div_ps(amax, _mm512_set1_ps(127.0f));
-      const __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(amax, _mm512_setzero_ps(), _CMP_NEQ_OQ), _mm512_set1_ps(127.0f), amax);
-      alignas(64) float ids[16];
-      _mm512_store_ps(ids, id);
-      for (int b = 0; b < 16; ++b) v[b] = codes32_lanes(x + 32 * b, ids[b], codes + cs * (i + b));
-      const __m512i sum = reduce16(v, add_i32);
-      const __m512 sumf = _mm512_maskz_cvtepi32_ps(k_all16, sum);
-      const __m512 da = avx512::cvt_f16(_mm512_maskz_cvtps_ph(k_all16, d, _MM_FROUND_TO_NEAREST_INT));
-      const __m512 ds = q8_1 ? avx512::cvt_f16(_mm512_maskz_cvtps_ph(k_all16, _mm512_mul_ps(sumf, d), _MM_FROUND_TO_NEAREST_INT))
-                             : _mm512_mul_ps(da, sumf);
-      alignas(64) float das[16], dss[16];
-      alignas(64) int32_t terms[16];
-      _mm512_store_ps(das, da);
-      _mm512_store_ps(dss, ds);
-      _mm512_store_si512(terms, _mm512_mullo_epi32(sum, _mm512_set1_epi32(offset)));
-      for (int b = 0; b < 16; ++b) put_aux(aux + as * (i + b), das[b], dss[b], terms[b]);
-    }
-    for (; i < blocks; ++i, x += k_qk_legacy) {
-      // block_q8's steps, its codes written where panel_acts would copy them.
-      const float amax = lane_max(max_ps(abs_ps(_mm512_loadu_ps(x)), abs_ps(_mm512_loadu_ps(x + 16))));
-      const float d = amax / 127.0f;
-      const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-      const int sum = codes32<true>(x, id, codes + cs * i);
-      const float da = _cvtsh_ss(to_half(d));
-      // Q8_1 stores d * sum as a half and the panel form takes that rounded value.
-      const float ds = q8_1 ? _cvtsh_ss(to_half(static_cast<float>(sum) * d)) : da * static_cast<float>(sum);
-      put_aux(aux + as * i, da, ds, offset * sum);
-    }
+    for (; i + 16 <= blocks; i += 16, x += 16 * k_qk_legacy) legacy_group<16>(q8_1, offset, x, codes + cs * i, cs, aux + as * i, as, 16);
+    if (i < blocks) legacy_group<0>(q8_1, offset, x, codes + cs * i, cs, aux + as * i, as, static_cast<int>(blocks - i));
     return;
   }
   // Q8_K: blocks of 256, sums per sub-block from the sums of 16.
