@@ -67,6 +67,14 @@ bool cpu_has_gfni() {
   return ok;
 }
 
+bool cpu_has_prefetchw() {
+  static const bool ok = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid(0x80000001u, &eax, &ebx, &ecx, &edx) != 0 && (ecx >> 8 & 1u) != 0;
+  }();
+  return ok;
+}
+
 bool cpu_has_avx_vnni() {
   // CPUID leaf 7, sub-leaf 1, EAX bit 4, read directly: not every compiler's
   // __builtin_cpu_supports knows "avxvnni" (clang 14 does not). OS support for ymm state is

@@ -28,6 +28,9 @@ const char* isa_name(isa which);
 bool cpu_has_avx512_bf16();
 // GFNI (vgf2p8affineqb) with AVX-512, used by the avx512 path's packed Q6_K kernel when present.
 bool cpu_has_gfni();
+// PREFETCHW (a request for a line with the right to write it; cpuid 0x80000001 ECX bit 8):
+// matmul asks for a batch's output lines with it where present.
+bool cpu_has_prefetchw();
 // AVX-VNNI (vpdpbusd on ymm registers, without AVX-512), used by the avx2 path's packed
 // kernels when present and allowed. set_avx_vnni(false) makes the avx2 path what CPUs without
 // it get (`tandem bench --isa avx2`; --isa avxvnni allows it again); on by default.

@@ -371,10 +371,22 @@ row_span multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float*
         const auto aux_per_row = static_cast<int64_t>(panel_act_aux_floats(job.wt, cols, 1));
         const size_t pb = packed_panel_bytes(job.wt, cols);
         prefetch_groups(j, g_begin, g_end);
+        // A batch's outputs are read next by other threads (the following op's parts), so
+        // their lines sit in other cores' caches and each store of a group waited for its
+        // line to come back. The pass asks for the lines with the right to write them
+        // (prefetchw) a group ahead of the stores, so the transfers overlap the products.
+        // Batched decode of 8, A/B in one process: SmolLM2 2.4-4.4% faster, 250M Q4_K 2.4%
+        // (two groups ahead: 2.9%).
+        const bool ask_own = n_x > 1 && cpu_has_prefetchw();
+        auto ask_own_group = [&](int64_t g) {
+          for (int64_t r = 0; r < n_x; ++r) asm volatile("prefetchw %0" ::"m"(job.y[r * job.rows + g * k_panel_rows]));
+        };
+        if (ask_own) ask_own_group(g_begin);
         for (int64_t g = g_begin; g < g_end; ++g) {
           const int64_t o = g * k_panel_rows;
           const int n_w = static_cast<int>(std::min<int64_t>(k_panel_rows, job.rows - o));
           const uint8_t* panel = static_cast<const uint8_t*>(job.w) + g * pb;
+          if (ask_own && g + 1 < g_end) ask_own_group(g + 1);
           if (path == isa::avx2) {
             packed_dot_avx2(job.wt, panel, cols, codes, aux, static_cast<int>(n_x), job.y + o, job.rows, n_w, job.order);
             continue;
