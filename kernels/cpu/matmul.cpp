@@ -376,8 +376,9 @@ row_span multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float*
         // line to come back. The pass asks for the lines with the right to write them
         // (prefetchw) a group ahead of the stores, so the transfers overlap the products.
         // Batched decode of 8, A/B in one process: SmolLM2 2.4-4.4% faster, 250M Q4_K 2.4%
-        // (two groups ahead: 2.9%).
-        const bool ask_own = n_x > 1 && cpu_has_prefetchw();
+        // (two groups ahead: 2.9%). Batches only: a prompt's group has a line per row to ask
+        // for, unmeasured.
+        const bool ask_own = n_x > 1 && n_x <= k_packed_max_act_rows && cpu_has_prefetchw();
         auto ask_own_group = [&](int64_t g) {
           for (int64_t r = 0; r < n_x; ++r) asm volatile("prefetchw %0" ::"m"(job.y[r * job.rows + g * k_panel_rows]));
         };
