@@ -290,7 +290,7 @@ void add_bench_command(CLI::App& root) {
   cmd->add_flag("--compare-prompt", p.compare_prompt,
                 "also prefill by llama.cpp's arithmetic beside the server's, alternating repetitions, and report the ratio")
       ->excludes(exact_prompt);
-  // The default since stop 43; accepted so that the commands recorded in docs/ still run.
+  // The default now; still accepted so that commands written for the old default run.
   cmd->add_flag("--fast-prompt", p.fast_prompt_attention, "prefill by the server's arithmetic (the default)")
       ->excludes(exact_prompt)
       ->group("");

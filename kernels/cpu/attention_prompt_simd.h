@@ -175,13 +175,10 @@ struct prompt_kernel {
 
   // For a tile that folds from the cache: asks, as key j of the block at t0 is widened, for
   // its value row (the fold reads it after the block's scores) and for key j's row of the next
-  // block, into L1. One key's lines at a time: asked for a whole block at once (the value rows
-  // into L1, the next keys into L2: 96 lines each for SmolLM2's three KV heads), the requests
-  // filled the core's line buffers and it waited on them. Batched decode of 8, SmolLM2, A/B in
-  // one process: the attention of a step 740-802 -> 654-708 µs (no requests at all: 945-953),
-  // the step 3% faster in both orders of the alternation; 250M Q4_K 2% faster; one sequence
-  // the same. Inlined by force: as a call inside the widening loop (GCC did not inline it) the
-  // same requests made the attention slower than the block's requests (884-959 µs).
+  // block, into L1. One key's lines at a time: a whole block's requests at once filled the
+  // core's line buffers and it stalled on them (this way a batched step's attention is ~12%
+  // faster; without requests ~20% slower). Inlined by force: as a call GCC left out of line
+  // the same requests were slower than a block's.
   __attribute__((always_inline)) static void request_rows(const prompt_tile& t, int64_t t0, int j, int64_t n_keys) {
     const int64_t elem = t.kt == kv_type::f16 ? 2 : 4;
     const int64_t row_bytes = static_cast<int64_t>(t.n_kv) * t.head_dim * elem;

@@ -53,9 +53,8 @@ uint8_t* aligned_scratch(std::vector<uint8_t>& buf, size_t bytes) {
 }  // namespace
 
 int64_t matmul_chunk_groups(int64_t cols, int64_t n_x, int64_t group_rows) {
-  // A group's rows differ by path: counting every group as k_max_weight_rows rows made panel
-  // chunks four times too big, and a 576 x 576 packed decode product (36 panels) ran on one
-  // thread.
+  // A group's rows differ by path: counted as k_max_weight_rows rows, panel chunks would be
+  // four times too big (a 576 x 576 packed decode product, 36 panels, on one thread).
   return std::max<int64_t>(1, k_min_chunk_work / std::max<int64_t>(1, cols * n_x * std::max<int64_t>(1, group_rows)));
 }
 
@@ -280,10 +279,9 @@ row_span multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float*
   // thread asks memory for the start of its own chunk and waits on `converted`, so the
   // weights' first lines arrive during the conversion and the wakeup instead of after them.
   // Small batches: every thread converts all the rows itself, into buffers of its own, in its
-  // first chunk (after the same request). Converted once on the caller, a batch made the
-  // other threads wait and then read it from the caller's cache, line by line: 4.7 µs a
-  // product for a batch of 8 on two threads against 2.9 on one. Larger batches convert
-  // first, split over the pool.
+  // first chunk (after the same request): converted once on the caller, a batch of 8 took
+  // 4.7 µs a product on two threads against 2.9 on one, the others reading it from the
+  // caller's cache. Larger batches convert first, split over the pool.
   if (part) pool = nullptr;
   const bool on_pool = pool != nullptr && pool->size() > 1;
   const bool shared_in_job = on_pool && n_x == 1;
@@ -306,8 +304,8 @@ row_span multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float*
   // k_packed_prefetch_ahead bytes into L1, or for the AVX2 packed kernels (packed.h) the first
   // k_packed_l1_ahead_avx2 into L1 and the rest up to k_packed_l2_ahead_avx2 into L2. Also for
   // the passes that then ask only near ahead (packed.h): the core's stream prefetcher needs a
-  // few misses to start, and a short piece is over before it runs far ahead (decode, A/B in
-  // one process: 250M Q4_0 and Q8_0 +1-2% against asking only near ahead here too).
+  // few misses to start, and a short piece is over before it runs far ahead (decode 1-2%
+  // faster than asking only near ahead here too).
   auto prefetch_groups = [&](int j, int64_t g_begin, int64_t g_end) {
     const plan& p = plans[j];
     const size_t group_bytes = p.packed ? packed_panel_bytes(jobs[j].wt, cols) : p.w_row * k_max_weight_rows;
@@ -372,12 +370,9 @@ row_span multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float*
         const size_t pb = packed_panel_bytes(job.wt, cols);
         prefetch_groups(j, g_begin, g_end);
         // A batch's outputs are read next by other threads (the following op's parts), so
-        // their lines sit in other cores' caches and each store of a group waited for its
-        // line to come back. The pass asks for the lines with the right to write them
-        // (prefetchw) a group ahead of the stores, so the transfers overlap the products.
-        // Batched decode of 8, A/B in one process: SmolLM2 2.4-4.4% faster, 250M Q4_K 2.4%
-        // (two groups ahead: 2.9%). Batches only: a prompt's group has a line per row to ask
-        // for, unmeasured.
+        // their lines sit in other cores' caches and each group's stores waited for them. The
+        // pass asks for them with the right to write (prefetchw) a group ahead of the stores:
+        // batched decode of 8 2.4-4.4% faster. Batches only; prompts were not measured.
         const bool ask_own = n_x > 1 && n_x <= k_packed_max_act_rows && cpu_has_prefetchw();
         auto ask_own_group = [&](int64_t g) {
           for (int64_t r = 0; r < n_x; ++r) asm volatile("prefetchw %0" ::"m"(job.y[r * job.rows + g * k_panel_rows]));

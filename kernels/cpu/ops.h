@@ -109,9 +109,9 @@ struct attention_run {
   float* out;
   kv_pages pages = {};
   // The first prompt_rows rows (a prompt's; the engine asks for every row) take, where the CPU
-  // has AVX-512, the tiled kernel, which reads each key and value once for a tile of rows and
-  // keeps f32 throughout (not llama.cpp's f16 arithmetic; results differ from it by float
-  // noise). A row's result does not depend on the other rows of the call, so a sequence gets
+  // has AVX-512 or AVX2, the tiled kernel, which reads each key and value once for a tile of
+  // rows and keeps f32 throughout (not llama.cpp's f16 arithmetic; results differ from it by
+  // float noise). A row's result does not depend on the other rows of the call, so a sequence gets
   // the same KV however it is chunked or batched. The other rows take the exact path.
   int64_t prompt_rows = 0;
 };

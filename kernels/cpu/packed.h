@@ -82,42 +82,26 @@ static constexpr size_t packed_fifth_at(weight_type wt, int ch) {
 }
 
 // How far ahead of its reads a packed product asks for each line, and how much of a piece's
-// start it asks for at once (matmul.cpp), on every SIMD path. Two threads' decode against
-// 4 KiB, in-process A/B alternating every 16 tokens (250M synthetic models): +3-9% where two
-// cores read 60-80 GB/s, -1.6% to +3% where they read ~50; 12 and 16 KiB were slower in both.
+// start it asks for at once (matmul.cpp), on every SIMD path: two threads' decode ran 3-9%
+// faster than at 4 KiB where two cores read 60-80 GB/s; 12 and 16 KiB were slower.
 inline constexpr size_t k_packed_prefetch_ahead = 8192;
 // The AVX2 kernels ask for each line twice instead: into L2 k_packed_l2_ahead_avx2 ahead, and
 // into L1 k_packed_l1_ahead_avx2 ahead. A request into L1 holds one of the core's few L1 miss
-// buffers until its line arrives from memory, so with every request aimed at L1 they, not the
-// memory, capped one core's stream; requests into L2 can have many more lines in flight.
-// In-process A/B on a 2-core Zen 2 (128 MB packed streams, one and two cores at once, against
-// one request 8 KiB ahead into L1): Q8_0 +2-4%, Q4_0 and Q4_1 +4-6%, Q4_K and Q6_K +7-9%.
+// buffers until its line arrives, so requests aimed at L1 alone capped one core's stream
+// (2-9% slower on a Zen 2); requests into L2 can have many more lines in flight.
 inline constexpr size_t k_packed_l1_ahead_avx2 = 2048;
 inline constexpr size_t k_packed_l2_ahead_avx2 = 16384;
-// Except, on AMD, in decode passes (up to 2 activation rows) that read their units front to back,
-// which the core's own stream prefetcher follows far ahead: tile-order Q4_0, Q4_1 and Q8_0 (an
-// Intel core's does not: packed_avx2_two_levels). There the
-// far requests only took load slots from it, and one request into L1 k_packed_near_ahead_avx2
-// ahead streams faster. On a 2-core Zen 2, against the two levels: 128 MB streams, both cores,
-// 384 to 1,024 bytes, +4-14% for Q4_0, Q8_0 and Q4_1; 250M decode, A/B in one process, Q4_0
-// +7% and Q8_0 +12% at 640 bytes (384 and 1,024: 0-5% less). Passes of more rows lost 2-4%
-// with it (batched decode of 8) and keep both. So do the K-quants, which read a unit's scales
-// in every chunk, the Q5 types (fifth bits) and the ggml-order pass (half of each unit a
-// pass): with near requests only they streamed up to 43% slower (docs/cpu-kernels.md).
-// The near request is non-temporal (prefetchnta), as a decode pass reads each line once
-// (likely why it pays: lines that skip or leave L2 early push out less of what the step reads
-// again). On the Zen 2, against the same request into L1: 128 MB streams on both cores +5%
-// (Q4_0), +3% (Q8_0); 250M decode, A/B in one process, +4-5% (Q4_0), +2-4% (Q8_0). NTA
-// 1,024 bytes ahead: Q4_0 even, Q8_0 3% slower. (Tile-order Q4_1, the server's, takes the
-// same request unmeasured.) The two-level passes keep T0: NTA in their
-// near request moved K-quant decode by 0-2%, and batches read each panel twice.
+// Except, on AMD, decode passes (1-2 activation rows) of Q4_0, Q8_0 and tile-order Q4_1, which
+// read their units front to back: the core's own stream prefetcher runs far ahead of them and
+// the far requests only took its load slots, so they ask once, k_packed_near_ahead_avx2 ahead
+// (Zen 2 decode: Q4_0 +7%, Q8_0 +12%). Passes of more rows, the K-quants (scales read in every
+// chunk), the Q5 types and the ggml-order pass keep both levels: near requests alone were slower.
+// The near request is non-temporal (prefetchnta): a decode pass reads each line once, and
+// lines that leave early push out less of what the step reads again (+2-5% decode on Zen 2).
 inline constexpr size_t k_packed_near_ahead_avx2 = 640;
 // Q4_0's near request on AMD family 19h (Zen 3, and Zen 4 when the avx2 path is forced)
-// instead: 1,536 bytes. On a 2-core Zen 3 (family 25, model 1), 250M Q4_0 decode, A/B in one
-// process alternating ABBA every 64 tokens, 32 pairs a run, against 640: 1,536 bytes 1.076-1.108
-// (four runs), 1,280 1.057, 1,792 1.053, 1,024 1.049 (two), 2,048 0.99-1.02, 3,072 1.007, 4,096
-// 1.024, 384 0.880 (an A/A run read 1.028). Q8_0 there: 1,024 1.007, 1,536 0.995, 2,048 0.961,
-// so it keeps 640; and on the Zen 2 above 1,024 bytes was already 0-5% slower than 640 for both.
+// instead: on a Zen 3, 1,536 bytes decoded Q4_0 8-11% faster than 640 (a narrow peak); Q8_0
+// and the Zen 2 measured best at 640.
 inline constexpr size_t k_packed_q4_0_near_ahead_zen3 = 1536;
 // The near distance for a CPU: k_packed_q4_0_near_ahead_zen3 for Q4_0 on AMD family 19h,
 // k_packed_near_ahead_avx2 otherwise.
@@ -156,30 +140,16 @@ enum class sum_order { ggml, tile };
 //  - l1: every line k_packed_prefetch_ahead ahead, into L1 (passes of several rows on AMD, and
 //    of Q4_K, Q4_1 and Q5_1 elsewhere; decode over the types not named below on AMD);
 //  - none: not at all, in decode over Q4_0, Q8_0 and ggml-order Q4_1 on AMD, which read each
-//    unit front to back: on a 2-core Zen 4 the core's own prefetchers keep up with those
-//    streams, and the requests only took load slots. Against l1, 128 MB streams on both cores
-//    (copies of the kernel, alternating): Q8_0 +8-9%, Q4_0 +0-7%; 250M decode, A/B in one
-//    process: Q8_0 +5%, +12%, +15%, Q4_0 +0%, +3%, +10%, +12%; SmolLM2 (ggml-order Q4_1) +1%,
-//    +3%, +6%. The other types streamed slower without requests (tile-order Q4_1 -5%, Q5_0
-//    -12%, Q5_1 -2%, Q4_K -1%, Q6_K and Q5_K -42 to -47%: units holding two or three streams
-//    read at different offsets);
-//  - l2_and_l1: in decode over Q4_K and Q6_K, and over every type where the CPU is not AMD,
-//    every line twice, k_packed_l2_ahead_avx512 ahead into L2 and k_packed_l1_ahead_avx512
-//    ahead into L1, as the AVX2 kernels ask: a request into L1 holds one of the core's few L1
-//    miss buffers until its line arrives, requests into L2 can have many more lines in
-//    flight. 250M decode, A/B in one process against l1 on the Zen 4: Q6_K +14%, +30%; Q4_K
-//    +1%, +23% (both runs at a ~33 GB/s read ceiling). On a 2-core Intel Xeon with AMX (stop
-//    39), against none: Q4_0 +67-81%, Q8_0 +20-28%; against l1: Q4_0 +9%, Q8_0 +7%, Q5_0 +18%,
-//    Q5_K +27%, Q4_K +6%; SmolLM2 (ggml-order Q4_1) l1 +31% over none. Passes of several
-//    rows there (batched decode) ask at both levels too, but for Q4_K, Q4_1 and Q5_1. One
-//    thread over 8-row Q4_0 passes, against l1: 553 MB (DRAM) +25%, 138 MB +11-40%, 18 MB
-//    +2-3%; two threads over 74 MB each +3-25%. The model's batched decode of 8 (64 steps, A/B
-//    in one process, 16-24 pairs): Q8_0 +16% (twice), Q5_0 +4%, +5%, Q6_K +3%, +5%, Q5_K +3%,
-//    Q4_0 +1% (twice), but Q4_K -5% (twice) and SmolLM2 (tile-order Q4_1, Q8_0 head) -1%; with
-//    its Q4_1 left on l1, +0.6%. Q5_1 was not measured and goes with Q4_1.
+//    unit front to back: the core's own prefetchers keep up and requests only took load slots
+//    (Zen 4 decode up to 15% faster without). Units holding two or three streams read at
+//    different offsets (the other types) streamed slower without requests;
+//  - l2_and_l1: in decode over Q4_K and Q6_K, and in every pass where the CPU is not AMD but
+//    those named under l1, every line twice, k_packed_l2_ahead_avx512 ahead into L2 and
+//    k_packed_l1_ahead_avx512 ahead into L1, as the AVX2 kernels ask: requests into L2 can have
+//    more lines in flight than the L1 miss buffers (an Intel Xeon's decode up to 80% faster than
+//    with l1 or none; its Q4_K batches 5% slower, so they keep l1; Q5_1 goes with Q4_1).
 enum class avx512_requests { none, l1, l2_and_l1 };
-// The AVX2 kernels' distances, measured only at those values on the Zen 4; on the Xeon 32/4,
-// 32/2, 16/4 KiB read 0.99-1.01 of 16/2 and 8/2 KiB 0.97-0.98.
+// The AVX2 kernels' distances (other distances measured no faster).
 inline constexpr size_t k_packed_l1_ahead_avx512 = k_packed_l1_ahead_avx2;
 inline constexpr size_t k_packed_l2_ahead_avx512 = k_packed_l2_ahead_avx2;
 static constexpr avx512_requests packed_avx512_requests(weight_type wt, int act_rows, sum_order order,
@@ -194,7 +164,7 @@ static constexpr avx512_requests packed_avx512_requests(weight_type wt, int act_
   return avx512_requests::l1;
 }
 // Whether `cpu`'s own prefetchers keep up with a front-to-back packed stream: measured so on
-// AMD (Zen 2, 3 and 4) and not on Intel (the Xeon above, on both SIMD paths), so AMD it is.
+// AMD (Zen 2, 3 and 4) and not on an Intel Xeon (on both SIMD paths), so AMD it is.
 inline bool streams_prefetch_themselves(const cpu_identity& cpu) { return cpu.amd; }
 // streams_prefetch_themselves(this_cpu()), read once.
 extern const bool g_packed_self_streaming;
@@ -205,13 +175,9 @@ inline avx512_requests packed_avx512_requests(weight_type wt, int act_rows, sum_
 
 // Whether an AVX-512 tile pass of `act_rows` (2..8) rows on `cpu` splits each row's integer
 // sum of a chunk into two chains (even and odd column groups, or low and high nibbles) added
-// before the conversion. On the Zen 4 one chain of 8 vpdpbusd per row was longer than a pass
-// over 8 rows, and the core waited on it (8 rows 52 -> 49 cycles a chunk in L1, batched
-// decode of 16 +9%). On the Xeon of stop 39 a pass of 8 rows ran faster with one sum per row
-// (no add, no shift back; the core seems to overlap the next chunk's chains, not measured):
-// batched decode of 8 sequences, A/B in one process (12 pairs each, A/A 0.99-1.01), Q4_0
-// 1.04-1.08, Q4_K 1.02-1.05, Q5_0 1.03, Q5_K 1.03, Q8_0 1.00; batches of 2 and 4 (passes of
-// 2 and 4 rows) 0.98 and 1.00, so they keep two.
+// before the conversion. On a Zen 4 one chain of 8 vpdpbusd per row outlasted a pass over 8
+// rows and the core waited on it (split, batched decode of 16 ran 9% faster); on an Intel
+// Xeon passes of 8 rows ran 3-8% faster with one sum per row, passes of 2-4 did not.
 static constexpr bool packed_avx512_split_sums(int act_rows, const cpu_identity& cpu) {
   return cpu.amd || act_rows < 8;
 }
@@ -221,10 +187,8 @@ extern const bool g_packed_split_sums8;
 // Whether the AVX2 decode passes (1-2 activation rows) of `wt` in `order` ask for lines at the
 // two distances above (true) or once, k_packed_near_ahead_avx2 ahead, on a CPU whose own
 // prefetchers do (`self_streaming`: AMD) or do not keep up with a packed stream. Passes of more
-// rows always ask at both, and so does every pass where the CPU is not AMD: on the Xeon of stop
-// 40 with the avx2 path forced (`tandem bench --isa avx2`), the near request alone left 250M
-// Q4_0 decode at 0.29 of the read ceiling and Q8_0 at 0.39 while Q4_K, asking at both, ran at
-// 1.25 (figures with both in docs/cpu-kernels.md).
+// rows always ask at both, and so does every pass where the CPU is not AMD: on an Intel Xeon
+// the near request alone left Q4_0 decode at 0.29 of the read ceiling.
 static constexpr bool packed_avx2_two_levels(weight_type wt, sum_order order, bool self_streaming) {
   if (!self_streaming) return true;
   if (wt == weight_type::q4_0 || wt == weight_type::q8_0) return false;

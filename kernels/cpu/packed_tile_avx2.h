@@ -286,8 +286,8 @@ void packed_rows(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
 // per group, plus the fused sum of m * s, and ends with the row tile's lane-sum tree. The two
 // halves run one after the other (16 sums would not fit the registers); the second reads the
 // panel from cache. Each pass asks for its share of every unit's lines ahead: with all of them
-// asked in the first, memory had nothing to do through the second (in-process A/B, 128 MB
-// Q4_1 stream on a Zen 2 core: +14-17%).
+// asked in the first, memory had nothing to do through the second (the split streams 14-17%
+// faster on a Zen 2).
 template <weight_type WT, bool VNNI>
 void packed_row_ggml(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, float* out, int n_w) {
   constexpr size_t ub = packed_unit_bytes(WT);

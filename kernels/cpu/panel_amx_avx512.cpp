@@ -32,8 +32,8 @@ constexpr __mmask16 k_all16 = 0xFFFF;
 
 // Tile registers: 0-3 C (M rows x 16 int32), one per sub-block in flight, so the products run
 // k_ahead sub-blocks in front of the epilogue that reads their results (a dependent chain of
-// products measured ~5 ns each; four in flight against two was not measured apart from
-// noise); 4-5 A (M rows x 32 codes) and 6-7 B (8 rows of 64 bytes), alternating.
+// products measured ~5 ns each); 4-5 A (M rows x 32 codes) and 6-7 B (8 rows of 64 bytes),
+// alternating.
 constexpr int k_c_tiles = 4;
 constexpr int k_ahead = k_c_tiles - 1;
 struct alignas(64) tile_config {
@@ -133,7 +133,7 @@ void panel_pass_amx(const uint8_t* panel, int64_t cols, const int8_t* codes, con
 
 bool panel_amx_supported(weight_type wt) {
   // Q6_K's 16-element sub-blocks halve each tile product's work for the same epilogue: its
-  // prefill measured 0.98-1.02 of the vector kernel's (A/A 1.02-1.03), so it keeps that.
+  // prefill measured no faster on the tiles, so it keeps the vector kernel.
   return panel_supported(wt) && panel_sub_elems(wt) == S && wt != weight_type::q4_1 && wt != weight_type::q5_1;
 }
 

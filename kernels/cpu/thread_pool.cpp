@@ -57,13 +57,9 @@ constexpr int k_spin_iterations = 2000;
 // fixed share per thread the other core would wait for it at every call. The pieces halve
 // toward the end of each share down to an eighth of it, so what is left to take, and the wait
 // of a thread that finishes first, are small.
-// A single queue of shrinking pieces over the whole range interleaved the two cores' pieces
-// and moved one counter between them at every claim: two threads' decode of the 250M
-// synthetic Q4_0 model read 68 GB/s of weights with it and 77 with shares, in-process A/B
-// alternating every 16 tokens, where two cores could read ~84. Pieces halving down to the
-// grain (~36 KiB of weights in decode) cost another 1-2% where the two cores sit on different
-// dies: each small piece pays a claim and, at the end, claims that move a counter between
-// the dies.
+// Shares rather than one queue of shrinking pieces over the whole range, which interleaved
+// the cores' pieces and moved one counter between them at every claim (decode read ~12% less);
+// pieces stop at an eighth of a share because each small piece pays a claim.
 constexpr int64_t k_max_participants = 128;
 constexpr int64_t k_finest_of_share = 8;
 // Halving down to an eighth makes 4 or 5 pieces a share (1/2, 1/4, 1/8, the rest); the cap
@@ -82,8 +78,7 @@ constexpr int k_max_share_pieces = 8;
 // - a worker reports the pieces it finished on its own line, and the submitter returns once
 //   the counts add up, without waiting for the worker to look for more work;
 // - no mutex or condition variable is touched unless a thread actually sleeps.
-// Measured on the 250M synthetic models' decode where the two cores were on different dies
-// (~85 GB/s ceiling): see docs/cpu-kernels.md, "The pool on two dies".
+// Why: docs/cpu-kernels.md, "Thread pool and layer teams".
 
 // The pieces of one share: [bounds[p], bounds[p + 1]) for p < count. Each is half of what is
 // left of the share, never under `finest` (the grain, or an eighth of the share if larger); a
