@@ -10,7 +10,7 @@
 
 #include "bench/read_kernels.h"
 #include "memory/huge_buffer.h"
-#include "models/forward.h"
+#include "memory/memory_limits.h"
 
 namespace tandem::bench {
 namespace detail {
@@ -61,7 +61,7 @@ uint64_t read_sum(const std::byte* data, size_t bytes, kernels::cpu::isa path) {
 
 uint64_t default_read_buffer_bytes() {
   uint64_t b = std::clamp(4 * last_level_cache_bytes(), uint64_t{256} << 20, uint64_t{4} << 30);
-  if (const uint64_t usable = models::usable_memory_bytes(models::read_memory_limits()); usable > 0)
+  if (const uint64_t usable = memory::usable_memory_bytes(memory::read_memory_limits()); usable > 0)
     b = std::min(b, usable / 4);
   return std::max(k_huge_page, b / k_huge_page * k_huge_page);
 }

@@ -1,6 +1,7 @@
 #include "models/arbiter_residency.h"
 
 #include <stdexcept>
+#include <utility>
 
 #include "models/weight_plan.h"
 
@@ -53,6 +54,27 @@ const std::byte* arbiter_residency::acquire(int seg) {
 void arbiter_residency::release(int seg) {
   auto& h = holds_.at(static_cast<size_t>(seg));
   if (h > 0 && --h == 0) leases_[static_cast<size_t>(seg)].reset();
+}
+
+bool arbiter_residency::hold_all() {
+  if (whole_) return true;
+  const int n = static_cast<int>(leases_.size());
+  for (int s = 0; s < n; ++s)
+    if (a_.residency_of(id_, s, memory::tier::device) != memory::residency::resident) return false;
+  int held = 0;
+  for (; held < n; ++held)
+    if (!acquire(held)) break;  // (resident a moment ago: only a concurrent eviction says no)
+  if (held < n) {
+    for (int s = 0; s < held; ++s) release(s);
+    return false;
+  }
+  whole_ = true;
+  return true;
+}
+
+void arbiter_residency::release_all() {
+  if (!std::exchange(whole_, false)) return;
+  for (int s = 0; s < static_cast<int>(leases_.size()); ++s) release(s);
 }
 
 void arbiter_residency::prefetch(int seg) {

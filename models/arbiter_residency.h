@@ -37,6 +37,9 @@ class arbiter_residency final : public weight_residency {
   void release(int seg) override;
   void prefetch(int seg) override;
   int prefetch_depth() const override { return depth_; }
+  bool fixed() const override { return whole_; }
+  bool hold_all() override;
+  void release_all() override;
 
  private:
   memory::arbiter& a_;
@@ -44,6 +47,7 @@ class arbiter_residency final : public weight_residency {
   memory::model_id id_;
   std::vector<memory::residency_lease> leases_;  // per segment, held between acquire and release
   std::vector<int> holds_;                       // acquire calls not yet released, per segment
+  bool whole_ = false;                           // hold_all in force
 };
 
 }  // namespace tandem::models

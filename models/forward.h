@@ -68,36 +68,15 @@ uint64_t kv_bytes_per_token(const model_config& c, kernels::cpu::kv_type kv);
 inline constexpr int64_t k_max_sequences = 256;
 // The most rows a forward pass runs as layer teams (context_params::layer_teams): decode steps
 // of one sequence or a batch of up to this many; longer passes (prompts) keep a balanced pool
-// job per step. Batched decode on the 2-core Xeon of stop 40, teams over jobs (A/B in one
-// process, 16-24 pairs): 8 rows SmolLM2 1.016, 1.012, 250M Q4_0 1.008, Q4_K 1.020; 16 rows
-// SmolLM2 0.989, so 8.
+// job per step. Teams gained 1-2% over jobs for batches of 8 and lost 1% at 16 (2-core Xeon).
 inline constexpr int64_t k_team_max_rows = 8;
-
-// What bounds this process's memory right now, each in bytes; nullopt where that bound is
-// absent or could not be read.
-struct memory_limits {
-  std::optional<uint64_t> mem_available;  // MemAvailable in /proc/meminfo
-  std::optional<uint64_t> cgroup_free;    // least over the process's cgroups (v2, and v1's memory
-                                          // controller) and their ancestors of the limit minus
-                                          // the working set (usage - inactive page cache)
-  std::optional<uint64_t> address_space_free;  // RLIMIT_AS minus the address space in use
-  uint64_t physical = 0;                  // installed RAM; 0 when unknown
-};
-// Reads the limits of the running process (Linux /proc and /sys/fs/cgroup, getrlimit).
-memory_limits read_memory_limits();
-// The least of the bounds that are set; physical when none is; 0 when nothing is known.
-uint64_t usable_memory_bytes(const memory_limits& l);
-// Parsers of the files read_memory_limits reads, exposed for tests. "MemAvailable:  N kB" ->
-// N * 1024; a cgroup limit "N" -> N, "max" (v2: no limit) -> nullopt; nullopt for malformed text.
-std::optional<uint64_t> parse_meminfo_available(std::string_view meminfo);
-std::optional<uint64_t> parse_cgroup_memory_max(std::string_view memory_max);
 
 // Owns the KV cache and scratch of n_seq sequences, sized once at construction; eval() and
 // decode() allocate nothing, except that eval(..., all_logits = true) grows the logits buffer
 // to one row per token. The model must outlive the context. The constructor throws
 // std::invalid_argument for a context size outside [1, k_max_context] or n_seq outside
 // [1, k_max_sequences], and std::runtime_error when memory_bytes() is more than the process
-// can get (usable_memory_bytes of read_memory_limits).
+// can get (memory::usable_memory_bytes).
 class forward_context final : public forward_pass {
  public:
   // residency: where the weights are read from. Null: the model's own (load_options::
@@ -173,18 +152,7 @@ class forward_context final : public forward_pass {
   void eval_chunk(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, float* logits,
                   const int64_t* out_rows, int64_t n_out);
   void check_seq(int64_t seq) const;
-  // One layer of a decode step of n rows (one sequence's, or a batch's) as a team of the
-  // pool's threads (thread_pool::run_team): each product split in fixed row shares, attention
-  // in fixed task shares, with a barrier between steps instead of a pool job per step.
-  // attention_inputs(i0, i1) (biases, RoPE, the KV store, runs_ [i0, i1)) runs on every member
-  // for the runs starting in its share of the rows. Results equal the per-step path bit for
-  // bit.
-  template <class Inputs>
-  void decode_layer_team(const layer_weights& L, int64_t n, bool fast, float attn_scale, Inputs& attention_inputs);
-
-  // The device bytes of segment `seg` from residency_ (throws std::logic_error when the
-  // residency cannot provide them: the caller did not prepare streaming).
-  const std::byte* hold(int seg);
+  friend class cpu_pass;  // the recipe's ops over this context's cache and scratch (cpu_pass.h)
 
   const model& model_;
   kernels::cpu::thread_pool* pool_;
@@ -198,7 +166,10 @@ class forward_context final : public forward_pass {
   int64_t n_logit_rows_ = 1;
   std::vector<int64_t> row_seq_, row_pos_;  // per scratch row: sequence and position (eval_chunk)
   std::vector<int64_t> prompt_end_;  // per sequence: set_prompt_end
-  bool layer_teams_ = false;          // context_params::layer_teams
+  // context_params::layer_teams on a pool of several threads: each member's private
+  // activations, team_scratch_floats_ each (k_team_max_rows rows); empty otherwise.
+  std::vector<float> team_scratch_;
+  size_t team_scratch_floats_ = 0;
   std::vector<kernels::cpu::attention_run> runs_;  // one per sequence of a chunk (reserved)
   std::vector<int64_t> run_start_;  // first row of each run of runs_, then the pass's rows (reserved)
   std::vector<int64_t> step_out_;                  // step(): the last row of each sequence's run
@@ -220,9 +191,10 @@ class forward_context final : public forward_pass {
   // V (1) rows of a layer start at this offset of every block.
   memory::kv_pool* kv_pool_ = nullptr;
   size_t paged_part_bytes_ = 0;  // bytes of one layer's K (or V) rows in a block
+  int64_t paged_block_stride_ = 0;  // elements from one block to the next
   size_t paged_offset(int64_t layer, int which) const { return (2 * static_cast<size_t>(layer) + static_cast<size_t>(which)) * paged_part_bytes_; }
-  // Writes rows r0 .. r0+len-1 of k_ and v_ (positions p0 ..) into sequence s's blocks of a layer.
-  void paged_store(int64_t s, int64_t layer, int64_t p0, int64_t r0, int64_t len);
+  // Writes len rows of k and v (positions p0 ..) into sequence s's blocks of a layer.
+  void paged_store(int64_t s, int64_t layer, int64_t p0, const float* k, const float* v, int64_t len);
   void check_capacity(int64_t seq, int64_t end) const;
   // Scratch, max_batch rows each, carved from scratch_ (uninitialised, like kv_): x residual
   // stream [n_embd], xb normed input / branch output [n_embd], q [q_dim], k and v [kv_dim],

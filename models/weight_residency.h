@@ -18,6 +18,15 @@ class weight_residency {
   virtual void prefetch(int seg) = 0;
   // How many segments ahead of the one in use the forward pass should prefetch.
   virtual int prefetch_depth() const = 0;
+  // True while every segment stays where acquire() finds it (weights a backend uploaded
+  // itself, or a hold_all in force): a pass then need not wait for its work before release().
+  virtual bool fixed() const { return false; }
+  // When every segment is on the device already, holds them all until release_all() and
+  // returns true: the pass then takes no per-layer lease from the arbiter, and the segments
+  // stay where they are (a CUDA graph may be replayed over them). False: nothing is held,
+  // lease segment by segment.
+  virtual bool hold_all() { return false; }
+  virtual void release_all() {}
 };
 
 }  // namespace tandem::models

@@ -10,12 +10,14 @@
 #include <utility>
 
 #include "kernels/op_table.h"
+#include "models/cuda/cuda_pass.h"
+#include "models/cuda/gpu_state.h"
 #include "models/forward.h"
+#include "models/recipe_runner.h"
 #include "models/weight_plan.h"
 
 namespace tandem::models {
 
-namespace cu = kernels::cuda;
 using kernels::cpu::kv_type;
 
 namespace {
@@ -58,31 +60,19 @@ std::string gpu_unsupported(const model& m) {
   return {};
 }
 
-// Device memory of the pass: everything is sized at construction, so eval and decode only
-// enqueue kernels and copies.
-struct gpu_forward::device_state {
-  explicit device_state(cu::stream_t s) : gemm(s) {}
-  cu::gemm gemm;
-  cu::device_buffer weights;        // resident mode: every segment, at seg_offset
-  std::vector<size_t> seg_offset;
-  cu::device_buffer kv;             // n_seq * blocks_per_seq blocks
-  cu::device_buffer tables;         // int32 block ids, blocks_per_seq per sequence
-  cu::device_buffer rel_ids, pos, table_of_row;  // int32 per row
-  cu::device_buffer act;            // x, xb, q, k, v, attn, gate, up (max_rows each)
-  cu::device_buffer logits, head;   // [out rows][n_vocab], [out rows][largest head piece]
-  cu::device_buffer gemm_scratch;
-  cu::device_buffer freq_factors;
-  cu::graph graphs[cu::k_matvec_max_rows + 1];  // by rows of the pass (gpu_forward::run)
-  cu::event layer_done[2];                       // after the kernels of layers l and l-1 (streaming)
-  float *x = nullptr, *xb = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *attn = nullptr, *gate = nullptr, *up = nullptr;
-  size_t block_bytes = 0, part_bytes = 0;  // a KV block; one layer's K (or V) rows in it
-  // Pinned staging of the per-row arrays, so their copies overlap: positions and table
-  // offsets, then one array of relative ids per embedding piece (a piece's ids must not be
-  // rewritten while an earlier piece's copy is still queued). Every pass ends synchronised,
-  // so the next one may rewrite them all.
-  cu::pinned_buffer staging;
-  cu::pinned_buffer h_tables;       // int32, blocks_per_seq per sequence
-  int32_t *h_pos = nullptr, *h_tor = nullptr, *h_rel = nullptr;
+// Resident mode: the segments this object uploaded, leased without waits (they never move).
+class gpu_forward::uploaded_weights final : public weight_residency {
+ public:
+  uploaded_weights(const std::byte* base, std::vector<size_t> offsets) : base_(base), offsets_(std::move(offsets)) {}
+  const std::byte* acquire(int seg) override { return base_ + offsets_[static_cast<size_t>(seg)]; }
+  void release(int) override {}
+  void prefetch(int) override {}
+  int prefetch_depth() const override { return 0; }
+  bool fixed() const override { return true; }
+
+ private:
+  const std::byte* base_;
+  std::vector<size_t> offsets_;
 };
 
 gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_residency* residency)
@@ -115,8 +105,8 @@ gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_res
   graphs_ = p.cuda_graphs && !graphs_off_by_env();
   rope_ = rope_params_of(c, m.weights());
 
-  d_ = std::make_unique<device_state>(stream_.get());
-  device_state& d = *d_;
+  d_ = std::make_unique<gpu_device_state>(stream_.get());
+  gpu_device_state& d = *d_;
   const int64_t D = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), F = c.n_ff;
 
   // Weights (resident mode): every segment uploaded once, in its device form.
@@ -135,6 +125,7 @@ gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_res
       cu::copy_to_device(d.weights.as<std::byte>() + d.seg_offset[i], host.data(), seg.bytes, stream_.get());
       stream_.synchronize();  // `host` is reused for the next segment
     }
+    uploaded_ = std::make_unique<uploaded_weights>(d.weights.as<std::byte>(), d.seg_offset);
   }
 
   // Paged KV. Sequence s's block table sits at s * blocks_per_seq in the tables buffer. Own
@@ -227,7 +218,7 @@ gpu_forward::~gpu_forward() {
 }
 
 uint64_t gpu_forward::device_bytes() const {
-  const device_state& d = *d_;
+  const gpu_device_state& d = *d_;
   uint64_t n = 0;
   for (const cu::device_buffer* b : {&d.weights, &d.kv, &d.tables, &d.rel_ids, &d.pos, &d.table_of_row, &d.act, &d.logits,
                                      &d.head, &d.gemm_scratch, &d.freq_factors})
@@ -290,7 +281,7 @@ void gpu_forward::check_capacity(int64_t seq, int64_t end) const {
 }
 
 void gpu_forward::upload_tables(const int64_t* seqs, int64_t n) {
-  device_state& d = *d_;
+  gpu_device_state& d = *d_;
   int32_t* h = d.h_tables.as<int32_t>();
   for (int64_t r = 0; r < n; ++r) {
     if (r > 0 && seqs[r] == seqs[r - 1]) continue;
@@ -321,69 +312,11 @@ void gpu_forward::step(std::span<const int32_t> tokens, std::span<const int64_t>
       static_cast<int64_t>(step_out_.size()));
 }
 
-gpu_forward::lease::lease(gpu_forward& f, int seg) : f_(&f), seg_(seg), base(f.acquire(seg)) {}
-
-gpu_forward::lease& gpu_forward::lease::operator=(lease&& o) noexcept {
-  if (this != &o) {
-    end();
-    f_ = std::exchange(o.f_, nullptr);
-    seg_ = o.seg_;
-    base = o.base;
-  }
-  return *this;
-}
-
-void gpu_forward::lease::end_after(const cu::event& done) {
-  if (!f_) return;
-  gpu_forward* f = std::exchange(f_, nullptr);
-  try {
-    done.synchronize();
-  } catch (...) {
-    f->residency_->release(seg_);  // the stream failed: nothing more reads the segment
-    throw;
-  }
-  f->residency_->release(seg_);
-}
-
-void gpu_forward::lease::end() noexcept {
-  if (!f_) return;
-  // Also on unwind: a lease left open would pin its stream slot for good. When the stream has
-  // failed, nothing more runs on it, so the segment is free to go either way.
-  try {
-    f_->release(seg_);
-  } catch (...) {
-    if (f_->residency_) f_->residency_->release(seg_);
-  }
-  f_ = nullptr;
-}
-
-const std::byte* gpu_forward::acquire(int seg) {
-  if (!residency_) return d_->weights.as<std::byte>() + d_->seg_offset[static_cast<size_t>(seg)];
-  const std::byte* p = residency_->acquire(seg);
-  if (!p) throw std::logic_error("gpu forward: segment " + std::to_string(seg) + " cannot be had (streaming not prepared)");
-  return p;
-}
-
-void gpu_forward::release(int seg) {
-  if (!residency_) return;
-  // The kernels reading the segment are only queued: they must have run before the arbiter
-  // may reuse its memory. The copies of the next segments keep going meanwhile.
-  stream_.synchronize();
-  residency_->release(seg);
-}
-
 void gpu_forward::run(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, const int64_t* out_rows,
                       int64_t n_out) {
   const auto& c = model_.config();
-  const weight_plan& plan = model_.plan();
-  device_state& d = *d_;
+  gpu_device_state& d = *d_;
   const cu::stream_t s = stream_.get();
-  const int64_t D = c.n_embd;
-  if (residency_) {
-    const int depth = residency_->prefetch_depth();
-    for (int k = 0; k < depth && k < c.n_layer; ++k) residency_->prefetch(plan.layer_segment(k));
-  }
-
   for (int64_t r = 0; r < n; ++r) {
     d.h_pos[r] = static_cast<int32_t>(positions[r]);
     d.h_tor[r] = static_cast<int32_t>(seqs[r] * blocks_per_seq_);
@@ -393,45 +326,50 @@ void gpu_forward::run(const int32_t* tokens, const int64_t* seqs, const int64_t*
   cu::copy_to_device(d.table_of_row.get(), d.h_tor, row_ints, s);
   if (kv_pool_) upload_tables(seqs, n);
 
-  // Token embedding, piece by piece: each run of rows whose tokens fall in a piece is one
-  // gather with ids relative to the piece.
-  const int64_t max_rows = std::max(max_batch_, static_cast<int64_t>(pos_.size()));
-  for (size_t pi = 0; pi < plan.token_embd.size(); ++pi) {
-    const auto& piece = plan.token_embd[pi];
-    const int64_t end = piece.row0 + piece.m.view.rows;
-    auto in_piece = [&](int64_t r) { return tokens[r] >= piece.row0 && tokens[r] < end; };
-    bool wanted = false;
-    for (int64_t r = 0; r < n && !wanted; ++r) wanted = in_piece(r);
-    if (!wanted) continue;
-    const lease held(*this, piece.segment);
-    const weight_view table = bind_matrix_at(piece.m, held.base);
-    int32_t* rel = d.h_rel + static_cast<int64_t>(pi) * max_rows;
-    for (int64_t r = 0; r < n; ++r) rel[r] = static_cast<int32_t>(tokens[r] - piece.row0);
-    cu::copy_to_device(d.rel_ids.get(), rel, row_ints, s);
-    for (int64_t r0 = 0; r0 < n;) {
-      if (!in_piece(r0)) {
-        ++r0;
-        continue;
-      }
-      int64_t r1 = r0 + 1;
-      while (r1 < n && in_piece(r1)) ++r1;
-      cu::get_rows(table.type, table.data, D, d.rel_ids.as<int32_t>() + r0, r1 - r0, d.x + r0 * D, s);
-      r0 = r1;
-    }
-  }
-
   // A decode-sized pass whose logits rows are its rows in order (a decode step, or one token
   // of `generate`) is the same work every time but for the contents of pos, table_of_row and
-  // x: replayed from a graph captured the first time (resident weights only, since streaming
-  // waits on the host between layers).
+  // x: its layers and head are replayed from a graph captured the first time (resident
+  // weights only, since streaming waits on the host between layers). The embedding depends
+  // on the tokens, so it always runs apart.
+  const int64_t max_rows = std::max(max_batch_, static_cast<int64_t>(pos_.size()));
+  std::byte* kv_base = kv_pool_ ? kv_pool_->data() : d.kv.as<std::byte>();
+  cuda_pass pass(c, d, stream_, rope_, kv_, kv_base, block_tokens_, tokens, n, out_rows, n_out, max_rows);
+  weight_residency* weights = residency_ ? residency_ : uploaded_.get();
+  // A model whose segments are all on the device holds them for the pass: no per-layer
+  // lease, and they stay put, so its decode passes replay graphs as resident weights do.
+  const whole_pass_hold whole(residency_);
+  const bool fixed_weights = !residency_ || whole;
+  const recipe& rc = recipe_for(c);
+  run_embedding(pass, model_, weights, {tokens, static_cast<size_t>(n)});
   bool in_order = n_out == n;
   for (int64_t k = 0; k < n_out && in_order; ++k) in_order = out_rows[k] == k;
-  if (graphs_ && !residency_ && in_order && n <= cu::k_matvec_max_rows) {
+  // Another model's passes may run between layers: its kernels queue on its own stream
+  // behind nothing of this pass but the layer already queued. Leased weights only, so never
+  // inside a graph capture.
+  static const std::function<void()> no_hook;
+  const std::function<void()>& hook = fixed_weights ? no_hook : between_layers_;
+  auto layers = [&] { run_layers(rc, pass, model_, weights, n_out > 0, hook); };
+  if (graphs_ && fixed_weights && in_order && n <= cu::k_matvec_max_rows) {
+    // A graph holds the weights' device addresses: one the arbiter has moved since (an
+    // eviction and a reload) is captured again.
+    if (residency_) {
+      std::vector<const std::byte*>& bases = d.graph_bases;
+      bool moved = bases.size() != model_.plan().segments.size();
+      bases.resize(model_.plan().segments.size());
+      for (size_t i = 0; i < bases.size(); ++i) {
+        const std::byte* b = residency_->acquire(static_cast<int>(i));
+        residency_->release(static_cast<int>(i));
+        moved = moved || b != bases[i];
+        bases[i] = b;
+      }
+      if (moved)
+        for (auto& g : d.graphs) g = cu::graph();
+    }
     cu::graph& g = d.graphs[static_cast<size_t>(n)];
     if (!g) {
       cu::graph::begin_capture(s);
       try {
-        body(n, out_rows, n_out);
+        layers();
       } catch (...) {
         cu::graph::abort_capture(s);
         throw;
@@ -447,9 +385,9 @@ void gpu_forward::run(const int32_t* tokens, const int64_t* seqs, const int64_t*
     if (g)
       g.launch(s);
     else
-      body(n, out_rows, n_out);
+      layers();
   } else {
-    body(n, out_rows, n_out);
+    layers();
   }
   if (n_out == 0) {
     stream_.synchronize();  // a prompt chunk that is not the last: report failures now
@@ -461,127 +399,6 @@ void gpu_forward::run(const int32_t* tokens, const int64_t* seqs, const int64_t*
   // Positions move only once the pass has run: a failure leaves the sequences where they were.
   for (int64_t r = 0; r < n; ++r) pos_[static_cast<size_t>(seqs[r])] = positions[r] + 1;
   n_logit_rows_ = n_out;
-}
-
-void gpu_forward::body(int64_t n, const int64_t* out_rows, int64_t n_out) {
-  const auto& c = model_.config();
-  const weight_plan& plan = model_.plan();
-  device_state& d = *d_;
-  const cu::stream_t s = stream_.get();
-  const int64_t D = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), F = c.n_ff, hd = c.head_dim;
-  const int depth = residency_ ? residency_->prefetch_depth() : 0;
-  const cu::row_map rows{d.pos.as<int32_t>(), d.tables.as<int32_t>(), d.table_of_row.as<int32_t>()};
-  auto mat = [&](const weight_view& w, const float* x, int64_t n_x, float* y) {
-    d.gemm.run(w.type, w.data, w.rows, w.cols, x, n_x, y, d.gemm_scratch.get(), d.gemm_scratch.size());
-  };
-  // Products over the same activations (Q, K, V; gate and up). A decode-sized pass whose
-  // matrices all have the integer matvec quantizes the activations once for them (one launch
-  // instead of three); the results are those of separate products, bit for bit.
-  auto mats = [&](const float* x, int64_t n_x, std::initializer_list<std::pair<const weight_view*, float*>> products) {
-    bool shared = n_x <= cu::k_matvec_max_rows;
-    const int64_t cols = products.begin()->first->cols;
-    for (const auto& [w, y] : products) shared = shared && cu::matvec_q8_supports(w->type) && w->cols == cols;
-    if (shared && d.gemm_scratch.size() >= cu::matvec_q8_scratch_bytes(cols, n_x)) {
-      cu::quantize_q8(x, n_x, cols, d.gemm_scratch.get(), d.gemm_scratch.size(), s);
-      for (const auto& [w, y] : products)
-        cu::matvec_q8_quantized(w->type, w->data, w->rows, w->cols, d.gemm_scratch.get(), d.gemm_scratch.size(), n_x, y, s);
-      return;
-    }
-    for (const auto& [w, y] : products) mat(*w, x, n_x, y);
-  };
-
-  const float attn_scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  // Streaming with a prefetch depth of 1 or more (so at least two stream slots): layer l's
-  // segment is acquired, its copy waited for on the host, while the GPU still computes layer
-  // l-1, whose segment goes back once an event after its kernels has passed, not once the
-  // whole stream has drained. The GPU then never waits for the host between layers. With
-  // depth 0 there is one slot: a segment goes back before the next one is asked for.
-  const bool overlap = residency_ && depth >= 1;
-  auto prefetch_after = [&](int seg, int ahead) {
-    for (int k = 1; k <= ahead && seg + k <= plan.last_segment(); ++k) residency_->prefetch(seg + k);
-  };
-  lease layer_held, prev_held;
-  for (int64_t l = 0; l < c.n_layer; ++l) {
-    const int seg = plan.layer_segment(l);
-    if (overlap)
-      prev_held = std::move(layer_held);
-    else
-      layer_held = lease();  // hand the slot back before asking for the next segment
-    // The last layer's segment also holds the output norm: it stays held past the loop.
-    layer_held = lease(*this, seg);
-    const std::byte* last_base = layer_held.base;
-    // While the previous layer is still held one slot fewer is free: asking for depth
-    // segments ahead would make the arbiter retarget the slot that already holds the next one.
-    if (residency_) prefetch_after(seg, prev_held ? depth - 1 : depth);
-    const layer_weights L = bind_layer(plan.layers[static_cast<size_t>(l)], last_base);
-
-    cu::rms_norm(d.x, L.attn_norm, d.xb, n, D, c.rms_eps, s);
-    mats(d.xb, n, {{&L.wq, d.q}, {&L.wk, d.k}, {&L.wv, d.v}});
-    if (L.bq) cu::add_rows(d.q, L.bq, n, Q, s);
-    if (L.bk) cu::add_rows(d.k, L.bk, n, KV, s);
-    if (L.bv) cu::add_rows(d.v, L.bv, n, KV, s);
-    if (L.q_norm) {
-      cu::rms_norm(d.q, L.q_norm, d.q, n * c.n_head, hd, c.rms_eps, s);
-      cu::rms_norm(d.k, L.k_norm, d.k, n * c.n_head_kv, hd, c.rms_eps, s);
-    }
-    const float* ff = d.freq_factors.as<float>();
-    cu::rope(d.q, n, Q, static_cast<int>(c.n_head), static_cast<int>(hd), rows.pos, rope_, ff, s);
-    cu::rope(d.k, n, KV, static_cast<int>(c.n_head_kv), static_cast<int>(hd), rows.pos, rope_, ff, s);
-
-    std::byte* kv_base = kv_pool_ ? kv_pool_->data() : d.kv.as<std::byte>();
-    const size_t eb = elem_bytes(kv_);
-    const cu::paged_layer layer{kv_base + (2 * static_cast<size_t>(l)) * d.part_bytes,
-                                kv_base + (2 * static_cast<size_t>(l) + 1) * d.part_bytes,
-                                kv_,
-                                block_tokens_,
-                                static_cast<int64_t>(d.block_bytes / eb),
-                                KV};
-    cu::kv_store(layer, d.k, d.v, n, rows, s);
-    cu::attention(d.q, d.attn, n, rows, layer, static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv), static_cast<int>(hd), attn_scale,
-                  s);
-    mat(L.wo, d.attn, n, d.xb);
-    cu::add(d.x, d.xb, n * D, s);
-
-    cu::rms_norm(d.x, L.ffn_norm, d.xb, n, D, c.rms_eps, s);
-    mats(d.xb, n, {{&L.w_gate, d.gate}, {&L.w_up, d.up}});
-    cu::swiglu(d.gate, d.up, n * F, s);
-    mat(L.w_down, d.gate, n, d.xb);
-    cu::add(d.x, d.xb, n * D, s);
-    if (overlap) {
-      d.layer_done[l % 2].record(s);
-      if (prev_held) {
-        prev_held.end_after(d.layer_done[(l + 1) % 2]);  // layer l-1's event
-        prefetch_after(seg, depth);  // into the slot just freed
-      }
-    }
-    // Another model's passes may run here: its kernels queue on its own stream behind nothing
-    // of this pass but the layer already queued. Leased weights only, so never inside a
-    // graph capture (graphs are for passes over weights of their own).
-    if (residency_ && between_layers_ && l + 1 < c.n_layer) between_layers_();
-  }
-
-  const float* out_norm = bind_vector_at(plan.output_norm, layer_held.base);
-  for (int64_t k = 0; k < n_out; ++k) cu::rms_norm(d.x + out_rows[k] * D, out_norm, d.xb + k * D, 1, D, c.rms_eps, s);
-  layer_held = lease();
-  if (n_out == 0) return;
-
-  for (size_t i = 0; i < plan.output.size(); ++i) {
-    const auto& piece = plan.output[i];
-    const lease held(*this, piece.segment);
-    const weight_view head = bind_matrix_at(piece.m, held.base);
-    if (residency_)
-      for (int k = 1; k <= depth && i + static_cast<size_t>(k) < plan.output.size(); ++k)
-        residency_->prefetch(plan.output[i + static_cast<size_t>(k)].segment);
-    if (plan.output.size() == 1) {
-      mat(head, d.xb, n_out, d.logits.as<float>());
-    } else {
-      const int64_t pr = head.rows;
-      mat(head, d.xb, n_out, d.head.as<float>());
-      for (int64_t k = 0; k < n_out; ++k)
-        cu::copy_on_device(d.logits.as<float>() + k * n_vocab_ + piece.row0, d.head.as<float>() + k * pr,
-                           static_cast<size_t>(pr) * sizeof(float), s);
-    }
-  }
 }
 
 }  // namespace tandem::models

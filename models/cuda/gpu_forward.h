@@ -23,6 +23,10 @@
 #include "models/weight_residency.h"
 
 namespace tandem::models {
+struct gpu_device_state;
+}
+
+namespace tandem::models {
 
 struct gpu_context_params {
   int64_t n_ctx = 0;       // per sequence; 0: min(training context, k_default_context)
@@ -88,7 +92,7 @@ class gpu_forward final : public forward_pass {
   bool graphs_enabled() const { return graphs_; }
 
  private:
-  struct device_state;
+  class uploaded_weights;
   void check_seq(int64_t seq) const;
   void check_capacity(int64_t seq, int64_t end) const;
   // Rows r0 .. of each sequence in the pass: its block table's offset in the tables buffer
@@ -98,39 +102,12 @@ class gpu_forward final : public forward_pass {
   // logits of rows out_rows[0 .. n_out) are copied to logits_.
   void run(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, const int64_t* out_rows,
            int64_t n_out);
-  // The layers and the output head (logits of out_rows into device memory): everything of a
-  // pass after the embedding, the part a CUDA graph captures.
-  void body(int64_t n, const int64_t* out_rows, int64_t n_out);
-  const std::byte* acquire(int seg);
-  void release(int seg);  // waits for the queued kernels first (streamed mode)
-  // A segment held for the span of its use, released also when a pass throws.
-  class lease {
-   public:
-    lease() = default;
-    lease(gpu_forward& f, int seg);
-    lease(lease&& o) noexcept : f_(std::exchange(o.f_, nullptr)), seg_(o.seg_), base(o.base) {}
-    lease& operator=(lease&& o) noexcept;
-    lease(const lease&) = delete;
-    lease& operator=(const lease&) = delete;
-    ~lease() { end(); }
-    explicit operator bool() const { return f_ != nullptr; }
-    // Streaming only: releases once `done` (recorded after the kernels reading the segment)
-    // has passed, without waiting for work queued after it.
-    void end_after(const kernels::cuda::event& done);
-
-   private:
-    void end() noexcept;
-    gpu_forward* f_ = nullptr;
-    int seg_ = 0;
-
-   public:
-    const std::byte* base = nullptr;
-  };
 
   const model& model_;
   weight_residency* residency_;
   kernels::cuda::stream stream_;
-  std::unique_ptr<device_state> d_;
+  std::unique_ptr<gpu_device_state> d_;
+  std::unique_ptr<uploaded_weights> uploaded_;  // resident mode: the segments this object uploaded
   kernels::cpu::rope_params rope_;
   kernels::cpu::kv_type kv_ = kernels::cpu::kv_type::f16;
   int64_t block_tokens_ = 16;

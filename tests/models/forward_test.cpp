@@ -16,6 +16,7 @@
 #include "memory/arbiter.h"
 #include "memory/cpu_backend.h"
 #include "memory/kv_pool.h"
+#include "memory/memory_limits.h"
 #include "tests/models/reference_forward.h"
 #include "tests/models/tiny_model.h"
 #include "tests/test_support.h"
@@ -440,7 +441,7 @@ TEST_SUITE("forward") {
     const uint64_t kv = uint64_t{1} << 40;
     const uint64_t scratch = 512ull * (2 * (16 + 8192 + 8192 + 24) + 1024) * 4;
     CHECK(models::forward_context::memory_bytes(m.config(), p) == kv + scratch + 32 * 4);
-    REQUIRE(models::usable_memory_bytes(models::read_memory_limits()) < kv);
+    REQUIRE(memory::usable_memory_bytes(memory::read_memory_limits()) < kv);
     try {
       models::forward_context ctx(m, p, nullptr);
       FAIL("a 1 TiB context was accepted");
@@ -450,37 +451,6 @@ TEST_SUITE("forward") {
       CHECK(msg.find("KV cache 1048576.0 MiB") != std::string::npos);
       CHECK(msg.find("use a smaller context size") != std::string::npos);
     }
-  }
-
-  TEST_CASE("usable memory is the least of the limits that are set, else physical RAM") {
-    models::memory_limits l;
-    l.physical = 100;
-    CHECK(models::usable_memory_bytes(l) == 100);
-    l.mem_available = 80;
-    CHECK(models::usable_memory_bytes(l) == 80);
-    l.cgroup_free = 90;
-    CHECK(models::usable_memory_bytes(l) == 80);
-    l.address_space_free = 30;
-    CHECK(models::usable_memory_bytes(l) == 30);
-    l.cgroup_free = 0;  // a cgroup at its limit
-    CHECK(models::usable_memory_bytes(l) == 0);
-    CHECK(models::usable_memory_bytes(models::memory_limits{}) == 0);  // nothing known
-
-    const auto live = models::read_memory_limits();
-    CHECK(live.physical > 0);
-    if (live.mem_available) CHECK(*live.mem_available > 0);
-    CHECK(models::usable_memory_bytes(live) > 0);
-  }
-
-  TEST_CASE("parsing /proc/meminfo and cgroup limits") {
-    const std::string meminfo = "MemTotal:       24000000 kB\nMemFree:         2000000 kB\nMemAvailable:   21000000 kB\nBuffers: 1 kB\n";
-    CHECK(models::parse_meminfo_available(meminfo) == uint64_t{21000000} * 1024);
-    CHECK_FALSE(models::parse_meminfo_available("MemTotal: 5 kB\n").has_value());
-    CHECK_FALSE(models::parse_meminfo_available("MemAvailable: lots\n").has_value());
-    CHECK_FALSE(models::parse_meminfo_available("").has_value());
-    CHECK(models::parse_cgroup_memory_max("1073741824\n") == uint64_t{1} << 30);
-    CHECK_FALSE(models::parse_cgroup_memory_max("max\n").has_value());
-    CHECK_FALSE(models::parse_cgroup_memory_max("").has_value());
   }
 
   TEST_CASE("a multi-chunk prompt gives the same last logits as token-by-token evaluation") {
