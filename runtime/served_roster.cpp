@@ -55,9 +55,10 @@ served_roster::served_roster(const configs::roster& r, const serve_options& o) :
   backend_ = memory::make_backend({backend_kind_of(dev.backend), dev.link_gbps});
   // A backend whose device memory the host cannot read is a GPU: the engine computes its
   // models with the CUDA forward pass, which reads weights in their file layout. A model it
-  // cannot run (a weight type without CUDA kernels) is an error when the roster asks for CUDA,
-  // and sends `auto` back to the CPU backend with a warning.
-  bool gpu = !backend_->device_host_addressable();
+  // cannot run (a weight type without CUDA kernels) is refused, naming it, whether the roster
+  // asks for CUDA or `auto`: moving the whole roster to the CPU for one model would make every
+  // other model an order of magnitude slower without a word in the roster saying so.
+  const bool gpu = !backend_->device_host_addressable();
 #if defined(TANDEM_HAVE_CUDA)
   for (const auto& e : roster_.models) {
     if (!gpu) break;
@@ -68,11 +69,10 @@ served_roster::served_roster(const configs::roster& r, const serve_options& o) :
       continue;  // an unreadable file is reported, naming it, when the models are opened below
     }
     if (why.empty()) continue;
-    if (dev.backend == configs::backend_choice::cuda)
-      throw std::runtime_error(roster_.source + ": model '" + e.name + "' cannot run on " + backend_->info().name + " (devices[0].backend: cuda): " + why);
-    spdlog::warn("serve: {} found, but model '{}' cannot run on it ({}): serving on the CPU backend", backend_->info().name, e.name, why);
-    backend_ = memory::make_backend({memory::backend_kind::cpu, dev.link_gbps});
-    gpu = false;
+    spdlog::error("serve: model '{}' cannot run on {}: {}", e.name, backend_->info().name, why);
+    throw std::runtime_error(roster_.source + ": model '" + e.name + "' cannot run on " + backend_->info().name + " (devices[0].backend: " +
+                             (dev.backend == configs::backend_choice::cuda ? "cuda" : "auto") + "): " + why +
+                             "; set devices[0].backend: cpu to serve the roster on the CPU");
   }
 #endif
   arbiter_ = std::make_unique<memory::arbiter>(*backend_, memory::arbiter_config{dev.vram, dev.host});
