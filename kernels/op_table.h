@@ -49,7 +49,7 @@ std::string_view name(op o);
 
 // Whether the device implements the op (for ops without weights, `t` is ignored).
 bool supports(device_kind d, op o, weight_type t = weight_type::f32);
-// The same, throwing std::invalid_argument "cuda matvec has no kernel for Q4_1 (supported:
+// The same, throwing std::invalid_argument "cuda matvec has no kernel for Q2_K (supported:
 // F32, F16, ...)" when not. `what` (a tensor name, say) is prefixed when given.
 void require(device_kind d, op o, weight_type t, std::string_view what = {});
 

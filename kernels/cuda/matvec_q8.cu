@@ -29,6 +29,7 @@ namespace {
 using detail::ld16;
 using detail::ld8;
 using detail::ld_f16;
+using detail::ld_u32;  // 4 weight bytes from a 2-byte aligned address (GGUF rows are only that aligned)
 
 constexpr int k_warp = 32;
 constexpr int k_threads = detail::k_matvec_threads;
@@ -38,8 +39,6 @@ constexpr size_t k_align = 256;
 
 size_t round_up(size_t n) { return (n + k_align - 1) / k_align * k_align; }
 
-// 4 weight bytes from a 2-byte aligned address (GGUF rows are only that aligned).
-__device__ __forceinline__ uint32_t ld_u32(const uint8_t* p) { return ld16(p) | (ld16(p + 2) << 16); }
 // 4 int8 activations; xq rows start at multiples of 32 bytes of an aligned buffer.
 __device__ __forceinline__ int ld_x4(const int8_t* p) { return *reinterpret_cast<const int*>(p); }
 constexpr int k_ones = 0x01010101;
@@ -98,6 +97,69 @@ struct q4_0_dot {
     }
   }
 };
+
+// Bits 0..3 of h moved to bit 4 of bytes 0..3: four 5th bits beside four nibbles.
+__device__ __forceinline__ uint32_t spread_bits4(uint32_t h) {
+  return ((h << 4) & 0x10u) | ((h << 11) & 0x1000u) | ((h << 18) & 0x100000u) | ((h << 25) & 0x10000000u);
+}
+
+// Q4_1 / Q5_0 / Q5_1 (detail::legacy_layout): part p (of 2) as q4_0_dot, codes 5 bits wide
+// when qh is there. Without an offset codes are signed (Q5_0: q - 16). With an offset (x = d*q + m) a part adds
+// xd * (d * sum(q x) + m * sum(x)), sum(x) taken by one more dp4a against ones, as Q4_K's
+// mins are: the int8 scratch then needs no block sums.
+template <bool HasM, bool HasQh>
+struct legacy_dot {
+  using L = detail::legacy_layout<HasM, HasQh>;
+  static constexpr int qk = 32, bytes = L::bytes, lanes = 2;
+  template <int NX>
+  __device__ static void dot(const uint8_t* b, int p, const int8_t* xq, const float* xd, int64_t blk, int cols,
+                             float (&acc)[NX]) {
+    const float d = ld_f16(b);
+    const float m = HasM ? ld_f16(b + L::m_at) : 0.0f;
+    const uint32_t qh = HasQh ? ld_u32(b + L::qh_at) : 0;
+    int lo[2], hi[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const uint32_t u = ld_u32(b + L::qs_at + 8 * p + 4 * k);
+      uint32_t l = u & 0x0F0F0F0Fu, h = (u >> 4) & 0x0F0F0F0Fu;
+      if constexpr (HasQh) {
+        l |= spread_bits4(qh >> (8 * p + 4 * k));
+        h |= spread_bits4(qh >> (16 + 8 * p + 4 * k));
+      }
+      if constexpr (!HasM) {
+        constexpr uint32_t bias = (HasQh ? 16u : 8u) * 0x01010101u;
+        l = __vsub4(l, bias);
+        h = __vsub4(h, bias);
+      }
+      lo[k] = static_cast<int>(l);
+      hi[k] = static_cast<int>(h);
+    }
+    const int n_sub = cols / k_qx;
+#pragma unroll
+    for (int r = 0; r < NX; ++r) {
+      const int8_t* x = xq + static_cast<int64_t>(r) * cols + blk * 32 + 8 * p;
+      int s = 0, sx = 0;
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int xl = ld_x4(x + 4 * k), xh = ld_x4(x + 16 + 4 * k);
+        s = __dp4a(lo[k], xl, s);
+        s = __dp4a(hi[k], xh, s);
+        if constexpr (HasM) {
+          sx = __dp4a(k_ones, xl, sx);
+          sx = __dp4a(k_ones, xh, sx);
+        }
+      }
+      const float xs = xd[static_cast<int64_t>(r) * n_sub + blk];
+      if constexpr (HasM)
+        acc[r] += xs * (d * static_cast<float>(s) + m * static_cast<float>(sx));
+      else
+        acc[r] += d * xs * static_cast<float>(s);
+    }
+  }
+};
+using q4_1_dot = legacy_dot<true, false>;
+using q5_0_dot = legacy_dot<false, true>;
+using q5_1_dot = legacy_dot<true, true>;
 
 // Q4_K: part t (of 16) is chunk c = t/4, bytes l0 .. l0+7 of its 32 with l0 = 8*(t%4): low
 // nibbles are codes 64c+l0.. of sub-block 2c, high nibbles codes 64c+32+l0.. of sub-block
@@ -230,7 +292,16 @@ void launch_nx(const void* w, int64_t rows, int64_t cols, const int8_t* xq, cons
 }  // namespace
 
 bool matvec_q8_supports(weight_type wt) {
-  return wt == weight_type::q8_0 || wt == weight_type::q4_0 || wt == weight_type::q4_k || wt == weight_type::q6_k;
+  switch (wt) {
+    case weight_type::q8_0:
+    case weight_type::q4_0:
+    case weight_type::q4_1:
+    case weight_type::q5_0:
+    case weight_type::q5_1:
+    case weight_type::q4_k:
+    case weight_type::q6_k: return true;
+    default: return false;
+  }
 }
 
 size_t matvec_q8_scratch_bytes(int64_t cols, int64_t n_x) {
@@ -259,7 +330,7 @@ void require_q8(weight_type wt) {
   require(device_kind::cuda, op::matvec, wt);
   if (!matvec_q8_supports(wt))
     throw std::invalid_argument("cuda matvec_q8: no integer kernel for " + display_name(wt) +
-                                " (supported: Q8_0, Q4_0, Q4_K, Q6_K)");
+                                " (supported: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K)");
 }
 // The scales follow the codes in the scratch (see the top of this file).
 size_t scales_offset(int64_t cols, int64_t n_x) { return round_up(static_cast<size_t>(n_x * cols)); }
@@ -296,6 +367,9 @@ void matvec_q8_quantized(weight_type wt, const void* w, int64_t rows, int64_t co
   switch (wt) {
     case weight_type::q8_0: launch_nx<q8_0_dot>(w, rows, cols, xq, xd, n_x, y, s); break;
     case weight_type::q4_0: launch_nx<q4_0_dot>(w, rows, cols, xq, xd, n_x, y, s); break;
+    case weight_type::q4_1: launch_nx<q4_1_dot>(w, rows, cols, xq, xd, n_x, y, s); break;
+    case weight_type::q5_0: launch_nx<q5_0_dot>(w, rows, cols, xq, xd, n_x, y, s); break;
+    case weight_type::q5_1: launch_nx<q5_1_dot>(w, rows, cols, xq, xd, n_x, y, s); break;
     case weight_type::q4_k: launch_nx<q4_k_dot>(w, rows, cols, xq, xd, n_x, y, s); break;
     case weight_type::q6_k: launch_nx<q6_k_dot>(w, rows, cols, xq, xd, n_x, y, s); break;
     default: break;  // ruled out above

@@ -30,11 +30,11 @@ void matvec(weight_type wt, const void* w, int64_t rows, int64_t cols, const flo
 
 // The same product on integer dot products: x is first quantized to int8 per 32 values (the
 // CPU's Q8_0 activation codes, the scale amax / 127 kept in f32) into `scratch`, then each
-// weight part is
-// multiplied four codes at a time (dp4a) and scaled once per sub-block, as llama.cpp's MMVQ.
-// About one instruction per weight instead of six, which is what decode is bound by on a
-// large GPU. Types: matvec_q8_supports (Q8_0, Q4_0, Q4_K, Q6_K); scratch is device memory of
-// at least matvec_q8_scratch_bytes(cols, n_x) bytes, 16-byte aligned.
+// weight part is multiplied four codes at a time (dp4a) and scaled once per sub-block, as
+// llama.cpp's MMVQ. About one instruction per weight instead of six, which is what decode is
+// bound by on a large GPU. Types: matvec_q8_supports (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
+// Q6_K); scratch is device memory of at least matvec_q8_scratch_bytes(cols, n_x) bytes,
+// 16-byte aligned.
 bool matvec_q8_supports(weight_type wt);
 size_t matvec_q8_scratch_bytes(int64_t cols, int64_t n_x);
 void matvec_q8(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,

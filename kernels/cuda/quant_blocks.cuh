@@ -38,6 +38,7 @@ static_assert(sizeof(cpu_layout::block_q6_k) == 210 && offsetof(cpu_layout::bloc
 __device__ __forceinline__ uint32_t ld8(const uint8_t* p) { return __ldg(p); }
 // p must be even: see the alignment note at the top.
 __device__ __forceinline__ uint32_t ld16(const uint8_t* p) { return __ldg(reinterpret_cast<const unsigned short*>(p)); }
+__device__ __forceinline__ uint32_t ld_u32(const uint8_t* p) { return ld16(p) | (ld16(p + 2) << 16); }
 __device__ __forceinline__ float ld_f16(const uint8_t* p) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(ld16(p))));
 }
@@ -111,6 +112,67 @@ struct blk_q4_0 {
   }
   __device__ static int elem(int p, int j) { return 8 * p + (j & 7) + ((j >> 3) << 4); }
 };
+
+// The other 32-element blocks: f16 d, then an f16 offset m (HasM: Q4_1, Q5_1), then 4 bytes
+// qh whose bit e is the 5th bit of element e (HasQh: Q5_0, Q5_1), then 16 bytes of nibbles
+// as Q4_0. Field offsets, codes and parts follow from these two flags.
+template <bool HasM, bool HasQh>
+struct legacy_layout {
+  static constexpr int m_at = 2, qh_at = HasM ? 4 : 2, qs_at = qh_at + (HasQh ? 4 : 0);
+  static constexpr int bytes = qs_at + 16;
+};
+
+// Part p (of 2) takes qs bytes 8p .. 8p+7, as blk_q4_0: v[i] is element 8p+i, v[8+i] element
+// 16+8p+i. Q4_1 / Q5_1: x = d * q + m, unfused as the CPU's dequantizer (built without FMA)
+// rounds it, so the values are its bits. Q5_0: x = d * (q - 16).
+template <bool HasM, bool HasQh>
+struct blk_legacy {
+  using L = legacy_layout<HasM, HasQh>;
+  static constexpr int qk = 32, bytes = L::bytes, lanes = 2, n = 16;
+  __device__ static void decode(const uint8_t* b, int p, float (&v)[n]) {
+    const float d = ld_f16(b);
+    const float m = HasM ? ld_f16(b + L::m_at) : 0.0f;
+    const uint32_t qh = HasQh ? ld_u32(b + L::qh_at) : 0;
+    const uint32_t hl = qh >> (8 * p), hh = qh >> (16 + 8 * p);
+    const uint8_t* q = b + L::qs_at + 8 * p;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t u = ld16(q + 2 * k);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = 2 * k + h;
+        const uint32_t byte = (u >> (8 * h)) & 0xFF;
+        const int lo = static_cast<int>((byte & 0xF) | (((hl >> i) & 1) << 4));
+        const int hi = static_cast<int>((byte >> 4) | (((hh >> i) & 1) << 4));
+        if constexpr (HasM) {
+          v[i] = __fadd_rn(__fmul_rn(static_cast<float>(lo), d), m);
+          v[8 + i] = __fadd_rn(__fmul_rn(static_cast<float>(hi), d), m);
+        } else {
+          constexpr int bias = HasQh ? 16 : 8;
+          v[i] = static_cast<float>(lo - bias) * d;
+          v[8 + i] = static_cast<float>(hi - bias) * d;
+        }
+      }
+    }
+  }
+  __device__ static int elem(int p, int j) { return blk_q4_0::elem(p, j); }
+};
+using blk_q4_1 = blk_legacy<true, false>;
+using blk_q5_0 = blk_legacy<false, true>;
+using blk_q5_1 = blk_legacy<true, true>;
+static_assert(blk_q4_1::bytes == sizeof(cpu_layout::block_q4_1) &&
+                  legacy_layout<true, false>::m_at == offsetof(cpu_layout::block_q4_1, m) &&
+                  legacy_layout<true, false>::qs_at == offsetof(cpu_layout::block_q4_1, qs),
+              "Q4_1 layout");
+static_assert(blk_q5_0::bytes == sizeof(cpu_layout::block_q5_0) &&
+                  legacy_layout<false, true>::qh_at == offsetof(cpu_layout::block_q5_0, qh) &&
+                  legacy_layout<false, true>::qs_at == offsetof(cpu_layout::block_q5_0, qs),
+              "Q5_0 layout");
+static_assert(blk_q5_1::bytes == sizeof(cpu_layout::block_q5_1) &&
+                  legacy_layout<true, true>::m_at == offsetof(cpu_layout::block_q5_1, m) &&
+                  legacy_layout<true, true>::qh_at == offsetof(cpu_layout::block_q5_1, qh) &&
+                  legacy_layout<true, true>::qs_at == offsetof(cpu_layout::block_q5_1, qs),
+              "Q5_1 layout");
 
 // Q4_K / Q5_K: part t (0..15) is chunk c = t/4 (64 elements), lanes l0 .. l0+7 with
 // l0 = 8*(t%4): v[i] is element 64c+l0+i (sub-block 2c), v[8+i] element 64c+32+l0+i
@@ -221,6 +283,9 @@ void visit_block(weight_type wt, F&& f) {
     case weight_type::bf16: f(blk_bf16{}); return;
     case weight_type::q8_0: f(blk_q8_0{}); return;
     case weight_type::q4_0: f(blk_q4_0{}); return;
+    case weight_type::q4_1: f(blk_q4_1{}); return;
+    case weight_type::q5_0: f(blk_q5_0{}); return;
+    case weight_type::q5_1: f(blk_q5_1{}); return;
     case weight_type::q4_k: f(blk_q4_k{}); return;
     case weight_type::q5_k: f(blk_q5_k{}); return;
     case weight_type::q6_k: f(blk_q6_k{}); return;
