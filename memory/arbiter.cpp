@@ -402,7 +402,7 @@ status arbiter::prefetch(model_id m, int seg) {
   return retarget_slot(e, seg, &slot);
 }
 
-residency_lease arbiter::acquire(model_id m, int seg, status* why) {
+residency_lease arbiter::acquire(model_id m, int seg, status* why, void* device_stream) {
   auto fail = [&](status s) {
     if (why) *why = s;
     return residency_lease{};
@@ -456,7 +456,9 @@ residency_lease arbiter::acquire(model_id m, int seg, status* why) {
         lease.bytes_ = s.src.bytes;
       }
     }
-    wait_for.wait();
+    // A lease's copy may be waited for on the caller's stream; waiting for a slot to fill
+    // (no lease yet) is the host's.
+    if (!(lease && device_stream && wait_for.wait_on(device_stream))) wait_for.wait();
     if (lease) {
       if (why) *why = status::ok;
       return lease;

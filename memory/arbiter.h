@@ -189,7 +189,9 @@ class arbiter {
   // The device copy of `seg`, after waiting for its copy to land. Not resident: brought
   // through a stream slot (waiting for one to free up if they are all filling). On failure an
   // empty lease, and *why says why (not_resident without slots, busy when all are leased).
-  residency_lease acquire(model_id m, int seg, status* why = nullptr);
+  // device_stream (a cudaStream_t of the caller's compute): where the backend can, the
+  // lease comes back at once and the copy is waited for on that stream instead of the host.
+  residency_lease acquire(model_id m, int seg, status* why = nullptr, void* device_stream = nullptr);
   residency residency_of(model_id m, int seg, tier t) const;
 
   // Memory for KV and scratch. nullopt when the tier has no free run large enough.

@@ -70,6 +70,10 @@ class cuda_event final : public event::state {
     fail("copy failed", e);
   }
   void wait() const override { check(cudaEventSynchronize(e_), "copy failed"); }
+  bool wait_on(void* stream) const override {
+    check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), e_, 0), "cannot queue a wait for a copy");
+    return true;
+  }
 
  private:
   cudaEvent_t e_;

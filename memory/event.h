@@ -17,6 +17,9 @@ class event {
     virtual ~state() = default;
     virtual bool ready() const = 0;
     virtual void wait() const = 0;
+    // Makes work queued on a device stream (a cudaStream_t) after this call wait for the
+    // event on the device, without blocking the host; false where the backend cannot.
+    virtual bool wait_on(void* /*stream*/) const { return false; }
   };
 
   event() = default;
@@ -26,6 +29,8 @@ class event {
   void wait() const {
     if (s_) s_->wait();
   }
+  // state::wait_on; true for a complete event (nothing to wait for).
+  bool wait_on(void* stream) const { return !s_ || s_->wait_on(stream); }
 
  private:
   std::shared_ptr<const state> s_;

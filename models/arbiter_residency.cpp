@@ -44,7 +44,7 @@ memory::status arbiter_residency::prepare_streaming() {
 const std::byte* arbiter_residency::acquire(int seg) {
   auto& h = holds_.at(static_cast<size_t>(seg));
   if (h == 0) {
-    leases_[static_cast<size_t>(seg)] = a_.acquire(id_, seg);  // may throw: nothing counted yet
+    leases_[static_cast<size_t>(seg)] = a_.acquire(id_, seg, nullptr, stream_);  // may throw: nothing counted yet
     if (!leases_[static_cast<size_t>(seg)]) return nullptr;
   }
   ++h;

@@ -38,6 +38,7 @@ class arbiter_residency final : public weight_residency {
   void prefetch(int seg) override;
   int prefetch_depth() const override { return depth_; }
   bool fixed() const override { return whole_; }
+  void set_device_stream(void* stream) override { stream_ = stream; }
   bool hold_all() override;
   void release_all() override;
 
@@ -48,6 +49,7 @@ class arbiter_residency final : public weight_residency {
   std::vector<memory::residency_lease> leases_;  // per segment, held between acquire and release
   std::vector<int> holds_;                       // acquire calls not yet released, per segment
   bool whole_ = false;                           // hold_all in force
+  void* stream_ = nullptr;                       // set_device_stream
 };
 
 }  // namespace tandem::models

@@ -14,6 +14,10 @@ class weight_residency {
   // when it cannot be had (a configuration the caller should have refused: no stream slot).
   virtual const std::byte* acquire(int seg) = 0;
   virtual void release(int seg) = 0;
+  // Compute on this device stream (a cudaStream_t): from now on acquire() may return before
+  // the segment's copy has landed, having queued the wait for it on the stream (the device
+  // waits, not the host). A no-op where the memory cannot be waited for that way.
+  virtual void set_device_stream(void* /*stream*/) {}
   // Starts bringing `seg` in without waiting (a hint: nothing happens when there is no room).
   virtual void prefetch(int seg) = 0;
   // How many segments ahead of the one in use the forward pass should prefetch.

@@ -51,6 +51,10 @@ gemm::gemm(stream_t s) : s_(s) {
   handle_ = h;
 }
 
+void gemm::set_workspace(void* p, size_t bytes) {
+  check_cublas(cublasSetWorkspace(static_cast<cublasHandle_t>(handle_), p, bytes), "cublasSetWorkspace");
+}
+
 gemm::~gemm() {
   if (handle_) cublasDestroy(static_cast<cublasHandle_t>(handle_));
 }

@@ -67,6 +67,12 @@ class gemm {
   void run(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
            void* scratch, size_t scratch_bytes);
   stream_t stream() const { return s_; }
+  // cuBLAS's workspace from memory the caller owns (the arbiter's scratch) instead of its own
+  // allocation; must outlive the object, at least k_workspace_bytes.
+  void set_workspace(void* p, size_t bytes);
+  // Enough for the GEMMs of a forward pass on every architecture (cuBLAS asks for 32 MiB at
+  // most, on Hopper; it picks algorithms that need less when given less).
+  static constexpr size_t k_workspace_bytes = size_t{32} << 20;
 
  private:
   stream_t s_;

@@ -105,6 +105,8 @@ gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_res
   graphs_ = p.cuda_graphs && !graphs_off_by_env();
   rope_ = rope_params_of(c, m.weights());
 
+  // A streamed layer's kernels wait for its copy on the device, not on the host.
+  if (residency_) residency_->set_device_stream(stream_.get());
   d_ = std::make_unique<gpu_device_state>(stream_.get());
   gpu_device_state& d = *d_;
   const int64_t D = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), F = c.n_ff;
@@ -138,38 +140,16 @@ gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_res
   d.block_bytes = 2 * static_cast<size_t>(c.n_layer) * d.part_bytes;
   const int64_t n_blocks = p.n_seq * blocks_per_seq_;
   if (!kv_pool_) d.kv = cu::device_buffer(static_cast<size_t>(n_blocks) * d.block_bytes);
-  d.tables = cu::device_buffer(static_cast<size_t>(n_blocks) * sizeof(int32_t));
   d.h_tables = cu::pinned_buffer(static_cast<size_t>(n_blocks) * sizeof(int32_t));
   for (int64_t b = 0; b < n_blocks; ++b) d.h_tables.as<int32_t>()[b] = kv_pool_ ? 0 : static_cast<int32_t>(b);
-  if (!kv_pool_) cu::copy_to_device(d.tables.get(), d.h_tables.get(), d.h_tables.size(), stream_.get());
   kv_ = p.kv;
   block_tokens_ = bt;
 
   const size_t row_ints = static_cast<size_t>(max_rows) * sizeof(int32_t);
-  d.rel_ids = cu::device_buffer(row_ints);
-  d.pos = cu::device_buffer(row_ints);
-  d.table_of_row = cu::device_buffer(row_ints);
   d.staging = cu::pinned_buffer((2 + plan.token_embd.size()) * row_ints);
   d.h_pos = d.staging.as<int32_t>();
   d.h_tor = d.h_pos + max_rows;
   d.h_rel = d.h_tor + max_rows;
-
-  const int64_t per_row = 2 * D + 2 * Q + 2 * KV + 2 * F;
-  d.act = cu::device_buffer(static_cast<size_t>(max_rows * per_row) * sizeof(float));
-  float* next = d.act.as<float>();
-  auto carve = [&](int64_t width) {
-    float* at = next;
-    next += max_rows * width;
-    return at;
-  };
-  d.x = carve(D);
-  d.xb = carve(D);
-  d.q = carve(Q);
-  d.k = carve(KV);
-  d.v = carve(KV);
-  d.attn = carve(Q);
-  d.gate = carve(F);
-  d.up = carve(F);
 
   // The f16 copies of the cuBLAS path only for the products that can take it (more rows than
   // the matvec takes): decode-sized heads never do, and their f16 copy would be the largest.
@@ -180,6 +160,7 @@ gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_res
     if (out_rows > cu::k_matvec_max_rows)
       scratch = std::max(scratch, cu::gemm::scratch_bytes(piece.m.view.rows, piece.m.view.cols, out_rows));
   }
+  const bool gemm_path = max_rows > cu::k_matvec_max_rows || out_rows > cu::k_matvec_max_rows;
   if (!plan.layers.empty() && max_rows > cu::k_matvec_max_rows) {
     const auto& l = plan.layers.front();
     for (const matrix_at* mat : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
@@ -195,17 +176,59 @@ gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_res
   }
   const int64_t decode_rows = std::min<int64_t>(std::max(max_rows, out_rows), cu::k_matvec_max_rows);
   scratch = std::max(scratch, cu::matvec_q8_scratch_bytes(widest, decode_rows));
-  d.gemm_scratch = cu::device_buffer(scratch);
-  d.logits = cu::device_buffer(static_cast<size_t>(out_rows * n_vocab_) * sizeof(float));
-  if (plan.output.size() > 1) d.head = cu::device_buffer(static_cast<size_t>(out_rows * largest_piece) * sizeof(float));
-  logits_.resize(static_cast<size_t>(out_rows * n_vocab_));
+  const int n_rot = std::min(rope_.n_rot > 0 ? rope_.n_rot : static_cast<int>(c.head_dim), static_cast<int>(c.head_dim));
 
-  if (rope_.freq_factors) {
-    const int n_rot = std::min(rope_.n_rot > 0 ? rope_.n_rot : static_cast<int>(c.head_dim), static_cast<int>(c.head_dim));
-    const size_t bytes = static_cast<size_t>(n_rot / 2) * sizeof(float);
-    d.freq_factors = cu::device_buffer(bytes);
-    cu::copy_to_device(d.freq_factors.get(), rope_.freq_factors, bytes, stream_.get());
+  // Every buffer of the pass sized first, then carved from one allocation.
+  const int64_t per_row = 2 * D + 2 * Q + 2 * KV + 2 * F;
+  const std::pair<device_span*, size_t> spans[] = {
+      {&d.tables, static_cast<size_t>(n_blocks) * sizeof(int32_t)},
+      {&d.rel_ids, row_ints},
+      {&d.pos, row_ints},
+      {&d.table_of_row, row_ints},
+      {&d.act, static_cast<size_t>(max_rows * per_row) * sizeof(float)},
+      {&d.logits, static_cast<size_t>(out_rows * n_vocab_) * sizeof(float)},
+      {&d.head, plan.output.size() > 1 ? static_cast<size_t>(out_rows * largest_piece) * sizeof(float) : 0},
+      {&d.gemm_scratch, scratch},
+      {&d.cublas_workspace, gemm_path ? cu::gemm::k_workspace_bytes : 0},
+      {&d.freq_factors, rope_.freq_factors ? static_cast<size_t>(n_rot / 2) * sizeof(float) : 0},
+  };
+  size_t total = 0;
+  for (const auto& [span, bytes] : spans) total += round_up(bytes);
+  std::byte* base = nullptr;
+  if (p.scratch_arbiter) {
+    scratch_arbiter_ = p.scratch_arbiter;
+    scratch_ = p.scratch_arbiter->allocate(memory::tier::device, total, {memory::owner_kind::scratch, p.owner, "activations"});
+    if (!scratch_)
+      throw std::runtime_error("gpu forward: the activations, logits and GEMM scratch of '" + p.owner + "' (" + std::to_string(max_rows) +
+                               " rows) need " + std::to_string(total >> 20) + " MiB of device memory that the device budget no longer has");
+    base = scratch_->data;
+  } else {
+    d.arena = cu::device_buffer(total);
+    base = d.arena.as<std::byte>();
   }
+  for (const auto& [span, bytes] : spans) {
+    *span = {bytes ? base : nullptr, bytes};
+    base += round_up(bytes);
+  }
+  if (d.cublas_workspace.size()) d.gemm.set_workspace(d.cublas_workspace.get(), d.cublas_workspace.size());
+  if (!kv_pool_) cu::copy_to_device(d.tables.get(), d.h_tables.get(), d.h_tables.size(), stream_.get());
+
+  float* next = d.act.as<float>();
+  auto carve = [&](int64_t width) {
+    float* at = next;
+    next += max_rows * width;
+    return at;
+  };
+  d.x = carve(D);
+  d.xb = carve(D);
+  d.q = carve(Q);
+  d.k = carve(KV);
+  d.v = carve(KV);
+  d.attn = carve(Q);
+  d.gate = carve(F);
+  d.up = carve(F);
+  logits_.resize(static_cast<size_t>(out_rows * n_vocab_));
+  if (rope_.freq_factors) cu::copy_to_device(d.freq_factors.get(), rope_.freq_factors, d.freq_factors.size(), stream_.get());
   stream_.synchronize();
 }
 
@@ -215,15 +238,13 @@ gpu_forward::~gpu_forward() {
     stream_.synchronize();
   } catch (...) {
   }
+  if (scratch_) scratch_arbiter_->release(*scratch_);
+  if (residency_) residency_->set_device_stream(nullptr);  // the stream goes with this object
 }
 
 uint64_t gpu_forward::device_bytes() const {
   const gpu_device_state& d = *d_;
-  uint64_t n = 0;
-  for (const cu::device_buffer* b : {&d.weights, &d.kv, &d.tables, &d.rel_ids, &d.pos, &d.table_of_row, &d.act, &d.logits,
-                                     &d.head, &d.gemm_scratch, &d.freq_factors})
-    n += b->size();
-  return n;
+  return d.weights.size() + d.kv.size() + (scratch_ ? scratch_->bytes : d.arena.size());
 }
 
 std::span<const float> gpu_forward::logits() const {

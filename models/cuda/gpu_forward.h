@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -17,6 +18,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
+#include "memory/arbiter.h"
 #include "memory/kv_pool.h"
 #include "models/forward_pass.h"
 #include "models/model.h"
@@ -39,6 +41,12 @@ struct gpu_context_params {
   // arbiter running the CUDA backend, so pool->data() is device memory); block_tokens then
   // comes from the pool. The pool must outlive this object.
   memory::kv_pool* kv_pool = nullptr;
+  // Where the activations, block tables, logits, GEMM scratch and cuBLAS workspace live: one
+  // allocation from this arbiter's device tier, owned as scratch by `owner` (so the arbiter's
+  // snapshot accounts for every byte the pass takes on the GPU); null: one cudaMalloc. The
+  // arbiter must run the CUDA backend and outlive this object.
+  memory::arbiter* scratch_arbiter = nullptr;
+  std::string owner;
   // Replay decode-sized passes (up to kernels::cuda::k_matvec_max_rows rows, resident
   // weights) from CUDA graphs captured on first use: one launch instead of hundreds.
   // TANDEM_CUDA_GRAPHS=0 (or off) in the environment turns them off too (to measure what they save).
@@ -84,7 +92,8 @@ class gpu_forward final : public forward_pass {
   int64_t n_ctx() const { return n_ctx_; }
   // Rows per pass: max_batch clamped to [1, n_ctx], at least n_seq.
   int64_t max_batch() const override { return max_rows_; }
-  // Device bytes this object allocated: uploaded weights (resident), KV, activations, scratch.
+  // Device bytes this pass holds: uploaded weights (resident), its own KV, and its scratch
+  // (activations, tables, logits, GEMM scratch; from the arbiter when it has one).
   uint64_t device_bytes() const;
   kernels::cuda::stream_t stream() const { return stream_.get(); }
   // Whether decode-sized passes replay CUDA graphs: false when turned off, or once the driver
@@ -114,6 +123,8 @@ class gpu_forward final : public forward_pass {
   bool graphs_ = true;
   int64_t n_ctx_ = 0, max_batch_ = 0, max_rows_ = 0, n_vocab_ = 0, blocks_per_seq_ = 0;
   memory::kv_pool* kv_pool_ = nullptr;
+  memory::arbiter* scratch_arbiter_ = nullptr;
+  std::optional<memory::allocation> scratch_;  // from scratch_arbiter_
   std::vector<int64_t> step_out_, row_pos_;
   std::vector<int64_t> pos_;
   std::vector<float> logits_;

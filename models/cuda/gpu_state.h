@@ -13,6 +13,17 @@ namespace tandem::models {
 
 namespace cu = kernels::cuda;
 
+// A piece of the pass's scratch arena (gpu_forward carves every buffer below from one
+// allocation: the arbiter's device tier under an engine, else one cudaMalloc).
+struct device_span {
+  void* p = nullptr;
+  size_t n = 0;
+  void* get() const { return p; }
+  template <class T>
+  T* as() const { return static_cast<T*>(p); }
+  size_t size() const { return n; }
+};
+
 // Device memory of the pass: everything is sized at construction, so eval and decode only
 // enqueue kernels and copies.
 struct gpu_device_state {
@@ -21,12 +32,14 @@ struct gpu_device_state {
   cu::device_buffer weights;        // resident mode: every segment, at seg_offset
   std::vector<size_t> seg_offset;
   cu::device_buffer kv;             // n_seq * blocks_per_seq blocks
-  cu::device_buffer tables;         // int32 block ids, blocks_per_seq per sequence
-  cu::device_buffer rel_ids, pos, table_of_row;  // int32 per row
-  cu::device_buffer act;            // x, xb, q, k, v, attn, gate, up (max_rows each)
-  cu::device_buffer logits, head;   // [out rows][n_vocab], [out rows][largest head piece]
-  cu::device_buffer gemm_scratch;
-  cu::device_buffer freq_factors;
+  cu::device_buffer arena;          // the spans below, when no arbiter provides them
+  device_span tables;               // int32 block ids, blocks_per_seq per sequence
+  device_span rel_ids, pos, table_of_row;  // int32 per row
+  device_span act;                  // x, xb, q, k, v, attn, gate, up (max_rows each)
+  device_span logits, head;         // [out rows][n_vocab], [out rows][largest head piece]
+  device_span gemm_scratch;
+  device_span cublas_workspace;     // gemm::k_workspace_bytes when the pass can take cuBLAS
+  device_span freq_factors;
   cu::graph graphs[cu::k_matvec_max_rows + 1];  // by rows of the pass (gpu_forward::run)
   std::vector<const std::byte*> graph_bases;     // the segments' addresses the graphs were captured over
   cu::event layer_done[2];                       // after the kernels of layers l and l-1 (streaming)
