@@ -188,6 +188,7 @@ class session : public std::enable_shared_from_this<session> {
     if (read_failed(ec)) return;
     auto& req = parser_->get();
     http_request r = request_of(req);
+    r.admitted = static_cast<bool>(srv_.cfg.admit);  // (a refused one never gets here)
     r.body = std::move(req.body());
     keep_alive_ = req.keep_alive() && !srv_.stopping;
     route_result res;

@@ -25,6 +25,9 @@ struct http_request {
   std::string origin;  // the Origin header (browsers send it on cross-site requests)
   bool loopback = false;  // the client connected from 127.0.0.0/8 or ::1
   bool server_on_loopback = false;  // the server listens on a loopback address
+  // The server's admission hook (http_server_config::admit) passed it on its headers already:
+  // origin and keys are checked once per request.
+  bool admitted = false;
   std::chrono::steady_clock::time_point received_at = std::chrono::steady_clock::now();
 };
 

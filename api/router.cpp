@@ -138,9 +138,14 @@ void require_method(const http_request& r, std::string_view method) {
   throw api_error(405, "invalid_request_error", r.method + " is not allowed on " + r.path + "; use " + std::string(method));
 }
 
-route_result dispatch(server_context& ctx, const http_request& r) {
+// Origin and keys, where the server's admission hook has not checked them on the headers.
+void admit(server_context& ctx, const http_request& r) {
   refuse_browser_forgery(r);
   authorize(ctx, r, access_of(r.path));
+}
+
+route_result dispatch(server_context& ctx, const http_request& r) {
+  if (!r.admitted) admit(ctx, r);
   const auto& p = r.path;
   if (p == "/" && (r.method == "GET" || r.method == "HEAD")) {
     http_response res;
@@ -197,8 +202,7 @@ http_response error_response(const std::string& path, int status, const std::str
 std::function<std::optional<http_response>(const http_request&)> make_admission(server_context& ctx) {
   return [&ctx](const http_request& r) -> std::optional<http_response> {
     try {
-      refuse_browser_forgery(r);
-      authorize(ctx, r, access_of(r.path));
+      admit(ctx, r);
       return std::nullopt;
     } catch (const api_error& e) {
       return error_response(r.path, e.status, e.type, e.what(), e.param, e.code, e.retry_after_s);

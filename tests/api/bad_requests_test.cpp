@@ -142,6 +142,14 @@ TEST_SUITE("server") {
     http_conn c(f.port);
     c.send_raw("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 4000000\r\n\r\n");
     CHECK(c.reply(5s).status == 401);
+    // The router checks keys itself only where the server's admission hook has not.
+    const auto route = tandem::api::make_router(*f.ctx);
+    tandem::api::http_request r;
+    r.method = "GET";
+    r.path = "/admin/models";
+    CHECK(std::get<tandem::api::http_response>(route(r)).status == 401);
+    r.admitted = true;
+    CHECK(std::get<tandem::api::http_response>(route(r)).status == 200);
   }
 
   TEST_CASE("a full queue answers 429 with Retry-After") {
