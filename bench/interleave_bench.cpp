@@ -38,7 +38,7 @@ std::string roster_yaml(const interleave_bench_options& o, bool interleave) {
          "    context: " + std::to_string(ctx) + "\n    max_sequences: 1\n"
          "  - name: high\n    path: \"" + high + "\"\n    priority: 100\n    preload: device\n    keep_alive: -1\n"
          "    context: " + std::to_string(std::max<int64_t>(o.high_prompt + 64, 128)) + "\n    max_sequences: 1\n"
-         "policy:\n  prefetch: false\n  idle_grace: 1h\n  interleave: " + (interleave ? "true" : "false") + "\n";
+         "policy:\n  prefetch: false\n  idle_grace: 1h\n  itl_target: 0\n  itl_budget: 0\n  interleave: " + (interleave ? "true" : "false") + "\n";
 }
 
 }  // namespace
@@ -47,7 +47,7 @@ interleave_bench_result run_interleave_bench(const interleave_bench_options& o) 
   interleave_bench_result out;
   for (const bool interleave : {true, false}) {
     const auto roster = configs::parse_roster(roster_yaml(o, interleave), "interleave-bench", ".");
-    runtime::served_roster s(roster, {.threads = o.threads, .max_batch_tokens = o.low_prompt, .prefill_chunk = o.low_prompt, .itl_budget = 0});
+    runtime::served_roster s(roster, {.threads = o.threads, .max_batch_tokens = o.low_prompt, .prefill_chunk = o.low_prompt});
     while (!s.ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     auto& e = s.executor();
     const int64_t vocab = s.models().front()->model->config().n_vocab;

@@ -1,6 +1,7 @@
 // `tandem bench serve`: the engine under synthetic load, in process (no HTTP). Aggregate and
 // per-stream decode at 1, 4 and 16 concurrent sequences; inter-token latency of 4 streams while
-// a long prompt is prefilled, and alone over the same token positions; TTFT of a burst of short high-priority requests on an
+// a long prompt is prefilled, and alone over the same token positions, and that prompt's TTFT
+// beside the streams and alone; TTFT of a burst of short high-priority requests on an
 // idle engine and while a low-priority entry runs 8 long generations; TTFT of a prompt whose
 // prefix is cached against one whose is not; and a high-priority request's TTFT while a
 // low-priority model runs a long prompt pass, with interleaving on and off (interleave_bench.h).
@@ -27,7 +28,8 @@ struct serve_bench_options {
   int64_t long_prompt = 3000;   // the prompt prefilled during the ITL test
   int64_t prefill_chunk = 16;   // prompt tokens of one sequence per pass
   int64_t max_batch_tokens = 64;
-  double itl_budget = 1.5;      // engine_config::itl_budget (0: fixed prompt chunks)
+  double itl_budget = 2.0;      // engine_config::itl_budget (with itl_target 0 too: fixed prompt chunks)
+  double itl_target_ms = 50;    // engine_config::itl_target
 };
 
 struct serve_bench_result {
@@ -39,7 +41,8 @@ struct serve_bench_result {
   summary decode_16_vs_1;
   double itl_p50_ms_idle = 0, itl_p99_ms_idle = 0;
   double itl_p50_ms_during_prefill = 0, itl_p99_ms_during_prefill = 0;
-  double long_prompt_ttft_ms = 0;
+  double long_prompt_ttft_ms = 0;        // beside the 4 streams
+  double long_prompt_ttft_ms_alone = 0;  // the same length on an idle engine (no prefix-cache hit)
   int64_t itl_tokens_from = 0, itl_tokens_to = 0;  // the streams' token positions both ITL figures cover
   double burst_ttft_ms_idle = 0, burst_ttft_ms_contended = 0;  // median over the burst
   double prefix_miss_ttft_ms = 0, prefix_hit_ttft_ms = 0;

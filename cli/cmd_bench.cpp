@@ -117,8 +117,11 @@ void add_serve_command(CLI::App& bench_cmd) {
   cmd->add_option("--chunk", a->opt.prefill_chunk, "prompt tokens of one sequence per pass (chunked prefill)")
       ->check(CLI::Range(int64_t{1}, int64_t{4096}))
       ->capture_default_str();
-  cmd->add_option("--itl-budget", a->opt.itl_budget, "a pass with prompt rows may take this many times a decode pass (0: fixed chunks)")
+  cmd->add_option("--itl-budget", a->opt.itl_budget, "a pass with prompt rows may take this many times a decode pass, if longer than the target")
       ->check(CLI::Range(0.0, 100.0))
+      ->capture_default_str();
+  cmd->add_option("--itl-target", a->opt.itl_target_ms, "ms a pass with prompt rows may take beside decoding streams (both 0: fixed chunks)")
+      ->check(CLI::Range(0.0, 10000.0))
       ->capture_default_str();
   cmd->add_option("--batch-tokens", a->opt.max_batch_tokens, "rows per pass")->check(CLI::Range(int64_t{1}, int64_t{4096}))->capture_default_str();
   cmd->add_flag("--json", a->json, "print one JSON object instead of the table");

@@ -88,6 +88,11 @@ struct policy_config {
   // Work of a higher-priority model whose weights are all on the device runs between the
   // layers of a lower-priority model's pass, instead of after it (tandem policy only).
   bool interleave = true;
+  // While a model's sequences decode, a pass that also carries prompt rows may take up to
+  // itl_target, or itl_budget times a pass of decode rows alone, whichever is longer: prompt
+  // rows fill each pass up to that (docs/executor.md). Both 0: prompt chunks whatever they cost.
+  duration itl_target{std::chrono::milliseconds(50)};
+  double itl_budget = 2.0;
 };
 
 struct roster {

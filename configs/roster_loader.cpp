@@ -118,7 +118,7 @@ model_entry read_model(const reader& r, const YAML::Node& n, const std::string& 
 }
 
 void read_policy(const reader& r, const YAML::Node& n, policy_config& p) {
-  r.only_keys(n, "policy", {"name", "home", "hysteresis", "max_wait", "prefetch", "idle_grace", "stream", "interleave"});
+  r.only_keys(n, "policy", {"name", "home", "hysteresis", "max_wait", "prefetch", "idle_grace", "stream", "interleave", "itl_target", "itl_budget"});
   if (n["name"]) {
     p.name = r.string(n["name"], "policy.name");
     if (p.name != "tandem" && p.name != "exclusive" && p.name != "lru-keepalive" && p.name != "static")
@@ -131,6 +131,13 @@ void read_policy(const reader& r, const YAML::Node& n, policy_config& p) {
   if (n["idle_grace"]) p.idle_grace = r.time(n["idle_grace"], "policy.idle_grace");
   if (n["stream"]) p.stream = r.boolean(n["stream"], "policy.stream");
   if (n["interleave"]) p.interleave = r.boolean(n["interleave"], "policy.interleave");
+  if (n["itl_target"]) {
+    // A pass longer than a few seconds is no latency target; 0 turns the target off.
+    p.itl_target = r.time(n["itl_target"], "policy.itl_target");
+    if (p.itl_target > std::chrono::seconds(10))
+      r.fail(n["itl_target"], "policy.itl_target", "expected a duration of at most 10s (0: no target), got '" + n["itl_target"].Scalar() + "'");
+  }
+  if (n["itl_budget"]) p.itl_budget = r.number(n["itl_budget"], "policy.itl_budget", 0, 100);
 }
 
 // Names and aliases share one namespace; references must point at entries of the right role;

@@ -4,6 +4,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "runtime/admission_plan.h"
 #include "runtime/engine_state.h"
 
 #if defined(TANDEM_HAVE_CUDA)
@@ -12,12 +13,20 @@
 
 namespace tandem::runtime {
 
+namespace {
+// Past this wait, no request further back in the queue is preferred over one (admission_plan.h).
+constexpr auto k_admission_patience = std::chrono::seconds(2);
+}  // namespace
+
 engine::engine(std::vector<engine_model> models, const engine_config& config)
     : config_(config), pool_(config.threads > 0 ? config.threads : kernels::cpu::default_thread_count()) {
   if (config.roster) roster_ = *config.roster;
   config_.roster = nullptr;  // roster_ is the one read from here on
   if (config.max_batch_tokens < 1 || config.prefill_chunk < 1)
     throw std::invalid_argument("engine: max_batch_tokens and prefill_chunk must be >= 1");
+  if (!(config.itl_budget >= 0) || !(config.itl_target.count() >= 0))
+    throw std::invalid_argument("engine: itl_budget and itl_target must be >= 0");
+  itl_ = {config.itl_budget, config.itl_target.count()};
   for (auto& cfg : models) {
     if (!cfg.model || !cfg.tokenizer) throw std::invalid_argument("engine: model '" + cfg.name + "' has no model or tokenizer");
     if (cfg.context < 1 || cfg.max_sequences < 1)
@@ -88,8 +97,8 @@ engine::engine(std::vector<engine_model> models, const engine_config& config)
     for (int64_t q = cfg.max_sequences - 1; q >= 0; --q) s->free_seqs.push_back(q);
     if (config.prefix_cache)
       s->cache = std::make_unique<prefix_cache>(*s->kv, config.prefix_host_blocks < 0 ? s->kv->total_blocks() : config.prefix_host_blocks);
-    s->row_tokens.reserve(static_cast<size_t>(config.max_batch_tokens));
-    s->row_seqs.reserve(static_cast<size_t>(config.max_batch_tokens));
+    s->pass.row_tokens.reserve(static_cast<size_t>(config.max_batch_tokens));
+    s->pass.row_seqs.reserve(static_cast<size_t>(config.max_batch_tokens));
     models_.push_back(std::move(s));
   }
   if (roster_) check_placeable();
@@ -176,7 +185,7 @@ void engine::run() {
       auto ready = [&] {
         if (stop_ || !submitted_.empty() || !controls_.empty()) return true;
         return std::any_of(models_.begin(), models_.end(),
-                           [](const auto& s) { return !s->waiting.empty() || !s->running.empty() || !s->preempted.empty(); });
+                           [](const auto& s) { return !s->queues.idle(); });
       };
       // With a roster the plan also runs when idle: keep-alive expiry, prefetch, the home model.
       if (roster_)
@@ -202,12 +211,12 @@ void engine::run() {
 }
 
 void engine::end_all(served& s, finish_reason why, const std::string& error) {
-  for (auto& a : s.running) retire(s, *a, why, error);
-  for (auto& a : s.preempted) retire(s, *a, why, error);
-  for (auto& a : s.waiting) retire(s, *a, why, error);
-  s.running.clear();
-  s.preempted.clear();
-  s.waiting.clear();
+  for (auto& a : s.queues.running) retire(s, *a, why, error);
+  for (auto& a : s.queues.preempted) retire(s, *a, why, error);
+  for (auto& a : s.queues.waiting) retire(s, *a, why, error);
+  s.queues.running.clear();
+  s.queues.preempted.clear();
+  s.queues.waiting.clear();
 }
 
 void engine::retire(served& s, active& a, finish_reason why, const std::string& error) {
@@ -237,7 +246,7 @@ engine::served* engine::pick() {
   double best_p = 0;
   const auto now = clock_type::now();
   for (auto& s : models_) {
-    if (s->waiting.empty() && s->running.empty() && s->preempted.empty()) continue;
+    if (s->queues.idle()) continue;
     // Aging by the time since the model last had a pass: every model with work is stepped
     // within a bounded time, whether its work waits, runs or was preempted.
     const double p = s->cfg.priority + config_.aging_per_s * std::chrono::duration<double>(now - s->last_pass).count();
@@ -254,9 +263,8 @@ void engine::take_submissions() {
     auto a = std::move(submitted_.front());
     submitted_.pop_front();
     auto& t = *models_[a->model];
-    t.arrival_rate = t.rate_at(a->arrived) + 1.0 / served::k_rate_window_s;
-    t.last_arrival = a->arrived;
-    t.waiting.push_back(std::move(a));
+    t.arrivals.add(a->arrived);
+    t.queues.waiting.push_back(std::move(a));
   }
 }
 
@@ -271,9 +279,9 @@ void engine::drop_cancelled(served& s) {
       }
     }
   };
-  sweep(s.waiting);
-  sweep(s.running);
-  sweep(s.preempted);
+  sweep(s.queues.waiting);
+  sweep(s.queues.running);
+  sweep(s.queues.preempted);
 }
 
 void engine::iterate(std::unique_lock<std::mutex>& lock) {
@@ -284,9 +292,7 @@ void engine::iterate(std::unique_lock<std::mutex>& lock) {
   served* s = roster_ ? plan_and_pick() : pick();
   if (!s) {
     // (apply_controls may have set it already: an eviction to retry.)
-    stalled_ = stalled_ || std::any_of(models_.begin(), models_.end(), [](const auto& m) {
-                 return !m->waiting.empty() || !m->running.empty() || !m->preempted.empty();
-               });
+    stalled_ = stalled_ || std::any_of(models_.begin(), models_.end(), [](const auto& m) { return !m->queues.idle(); });
     return;
   }
   admit(*s);
@@ -295,41 +301,54 @@ void engine::iterate(std::unique_lock<std::mutex>& lock) {
 
 void engine::admit(served& s) {
   s.last_pass = clock_type::now();
-  // Preempted sequences come back first, oldest first, as blocks allow: swapped-out KV by copy,
-  // the others to be evaluated again from their tokens.
-  while (!s.preempted.empty()) {
-    auto& a = s.preempted.front();
-    // Only with headroom of a block per running sequence, or it would be the next victim.
-    const int64_t bt = s.kv->block_tokens();
-    const int32_t need = static_cast<int32_t>(
-        a->recompute ? (std::min<int64_t>(static_cast<int64_t>(a->prompt.size()), config_.prefill_chunk) + bt - 1) / bt
-                     : (s.ctx->pos(a->seq) + bt - 1) / bt);
-    const int32_t want = need + static_cast<int32_t>(s.running.size());
-    if (s.kv->free_blocks() < want && s.cache) s.cache->evict(want);
-    if (s.kv->free_blocks() < want && !s.running.empty()) break;
-    const bool back = a->recompute
-                          ? s.kv->reserve(a->seq, std::min<int64_t>(static_cast<int64_t>(a->prompt.size()), config_.prefill_chunk)) == memory::status::ok
-                          : s.kv->swap_in(a->seq) == memory::status::ok;
-    if (!back) break;
-    a->recompute = false;
-    s.running.push_back(std::move(a));
-    s.preempted.pop_front();
+  auto& q = s.queues;
+  if (q.preempted.empty() && (q.waiting.empty() || s.free_seqs.empty())) return;
+  // The plan over counts (admission_plan.h); the pool and cache have the last word below.
+  const int64_t bt = s.kv->block_tokens();
+  auto first_chunk = [&](const active& a) { return std::min<int64_t>(static_cast<int64_t>(a.prompt.size()), config_.prefill_chunk); };
+  admission_state st;
+  for (const auto& a : q.preempted)
+    st.preempted_blocks.push_back(static_cast<int32_t>(((a->recompute ? first_chunk(*a) : s.ctx->pos(a->seq)) + bt - 1) / bt));
+  const auto now = clock_type::now();
+  const size_t look = q.preempted.empty() ? std::min(q.waiting.size(), s.free_seqs.size() + k_admission_lookahead) : 0;
+  for (size_t i = 0; i < look; ++i) {
+    const active& a = *q.waiting[i];
+    st.waiting.push_back({static_cast<int64_t>(a.prompt.size()), s.cache ? s.cache->peek(a.prompt) : 0, now - a.arrived > k_admission_patience});
   }
-  // Admit into free slots while the pool can hold each prompt's first chunk (not while
-  // preempted sequences wait: they were first).
-  while (s.preempted.empty() && !s.waiting.empty() && !s.free_seqs.empty()) {
-    prefer_cached_prefix(s);
-    auto& a = s.waiting.front();
+  st.running = static_cast<int>(q.running.size());
+  st.free_slots = static_cast<int>(s.free_seqs.size());
+  st.free_blocks = s.kv->free_blocks();
+  st.cached_blocks = s.cache && s.cache->blocks() > 0 ? s.cache->evictable() : 0;
+  st.block_tokens = bt;
+  st.prefill_chunk = config_.prefill_chunk;
+  const admission_plan plan = plan_admission(st);
+
+  // Preempted sequences come back oldest first: swapped-out KV by copy, the others to be
+  // evaluated again from their tokens.
+  for (size_t i = 0; i < plan.resume; ++i) {
+    auto& a = q.preempted.front();
+    const int32_t want = st.preempted_blocks[i] + static_cast<int32_t>(q.running.size());
+    if (s.kv->free_blocks() < want && s.cache) s.cache->evict(want);
+    const bool back = a->recompute ? s.kv->reserve(a->seq, first_chunk(*a)) == memory::status::ok : s.kv->swap_in(a->seq) == memory::status::ok;
+    if (!back) return;
+    a->recompute = false;
+    q.running.push_back(std::move(a));
+    q.preempted.pop_front();
+  }
+  if (!q.preempted.empty()) return;
+  // New sequences, in the plan's order, while the pool holds each prompt's first chunk.
+  std::vector<active*> chosen;
+  for (const size_t i : plan.admit) chosen.push_back(q.waiting[i].get());
+  for (active* a : chosen) {
     const int64_t seq = s.free_seqs.back();
     // A cached prefix is adopted, not evaluated again.
     const std::vector<int32_t> cached = s.cache ? s.cache->match(a->prompt) : std::vector<int32_t>{};
     if (!cached.empty()) s.kv->adopt(seq, cached);
-    const int64_t start = static_cast<int64_t>(cached.size()) * s.kv->block_tokens();
+    const int64_t start = static_cast<int64_t>(cached.size()) * bt;
     const int64_t first = start + std::min<int64_t>(static_cast<int64_t>(a->prompt.size()) - start, config_.prefill_chunk);
     if (s.kv->reserve(seq, first) != memory::status::ok &&
-        (!s.cache || (s.cache->evict(static_cast<int32_t>((first + s.kv->block_tokens() - 1) / s.kv->block_tokens()) -
-                                       static_cast<int32_t>(s.kv->table(seq).size())),
-                       s.kv->reserve(seq, first) != memory::status::ok))) {
+        (!s.cache || (s.cache->evict(static_cast<int32_t>((first + bt - 1) / bt) - static_cast<int32_t>(s.kv->table(seq).size())),
+                      s.kv->reserve(seq, first) != memory::status::ok))) {
       s.kv->drop(seq);
       break;
     }
@@ -342,16 +361,19 @@ void engine::admit(served& s) {
     if (start > 0) ++s.prefix_hits;
     s.free_seqs.pop_back();
     a->seq = seq;
-    s.running.push_back(std::move(a));
-    s.waiting.pop_front();
+  }
+  // Admitted requests move from waiting to running, in the order they were admitted.
+  for (active* a : chosen) {
+    if (a->seq < 0) break;
+    const auto it = std::find_if(q.waiting.begin(), q.waiting.end(), [&](const auto& w) { return w.get() == a; });
+    q.running.push_back(std::move(*it));
+    q.waiting.erase(it);
   }
 }
 
 void engine::run_pass(served& s, std::unique_lock<std::mutex>& lock, bool interleaving) {
   // Between its layers, passes of a higher-priority model may run (engine_interleave.cpp).
-  s.paused_since.reset();
-  s.interleaved_s = 0;
-  s.interleave_failed = false;
+  s.interleave.start_pass();
   if (interleaving)
     s.ctx->set_between_layers([this, &s] { interleave(s); });
   else
@@ -361,25 +383,25 @@ void engine::run_pass(served& s, std::unique_lock<std::mutex>& lock, bool interl
   try {
     const auto t0 = clock_type::now();
     step(s);
-    learn_pass_cost(s, std::chrono::duration<double>(clock_type::now() - t0).count() - s.interleaved_s);
+    s.itl.learn(s.pass.decode_rows, s.pass.prompt_rows, std::chrono::duration<double>(clock_type::now() - t0).count() - s.interleave.seconds);
   } catch (const std::exception& e) {
     lock.lock();
-    for (auto& a : s.running) retire(s, *a, finish_reason::error, e.what());
-    s.running.clear();
+    for (auto& a : s.queues.running) retire(s, *a, finish_reason::error, e.what());
+    s.queues.running.clear();
     return;
   }
   lock.lock();
   // Retire what finished in the pass; set aside what it preempted.
-  for (auto it = s.running.begin(); it != s.running.end();) {
+  for (auto it = s.queues.running.begin(); it != s.queues.running.end();) {
     if ((*it)->ending != finish_reason::none) {
       retire(s, **it, (*it)->ending);
-      it = s.running.erase(it);
+      it = s.queues.running.erase(it);
     } else if ((*it)->preempt) {
       (*it)->preempt = false;
       ++preemptions_;
       ++s.preemptions;
-      s.preempted.push_back(std::move(*it));
-      it = s.running.erase(it);
+      s.queues.preempted.push_back(std::move(*it));
+      it = s.queues.running.erase(it);
     } else {
       ++it;
     }

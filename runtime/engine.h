@@ -50,6 +50,8 @@
 #include "models/tokenizer.h"
 #include "models/weight_residency.h"
 #include "policy/plan_types.h"
+#include "runtime/batch_plan.h"
+#include "runtime/itl_estimator.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/request_handle.h"
 #include "runtime/sampler.h"
@@ -114,12 +116,15 @@ struct engine_config {
   int threads = 0;                 // 0: all cores
   int64_t max_batch_tokens = 256;  // rows of one pass
   int64_t prefill_chunk = 128;     // prompt tokens of one sequence per pass
-  // While sequences are decoding, a pass with prompt rows may take this many times a pass of
-  // decode rows alone: the engine measures both costs as it runs and sizes prompt chunks to
-  // fit, so a long prompt slows the streams beside it by this factor at most (one prompt row a
-  // pass always goes in). A prompt of at most prefill_chunk tokens goes in whole regardless.
-  // 0: prompt chunks of prefill_chunk whatever they cost.
-  double itl_budget = 1.5;
+  // While sequences are decoding, the rows of a pass with prompt rows are held to a time
+  // budget of max(itl_target, itl_budget x a pass of decode rows alone): the engine measures
+  // both costs as it runs and fills each pass with prompt rows up to the budget (one prompt
+  // row a pass always goes in). The target keeps a long prompt moving beside cheap decode
+  // passes; the ratio bounds the streams' slowdown where a decode pass alone already takes the
+  // target. A prompt of at most prefill_chunk tokens goes in whole regardless. Both 0: prompt
+  // chunks of prefill_chunk whatever they cost (itl_estimator.h).
+  double itl_budget = 2.0;
+  std::chrono::duration<double> itl_target = std::chrono::milliseconds(50);
   double aging_per_s = 10;         // priority a waiting request gains per second of waiting
   bool prefix_cache = true;        // keep finished sequences' full KV blocks for later prompts
   // Most prefix-cache blocks kept on the host tier once they leave the device (when the
@@ -191,6 +196,7 @@ class engine {
 
  private:
   struct active;
+  struct pass_buffers;
   struct served;
   void run();
   void iterate(std::unique_lock<std::mutex>& lock);
@@ -211,19 +217,24 @@ class engine {
   served* pick();
   served* plan_and_pick();
   void preempt_all(served& s);
+  // One pass of `s` (engine_batch.cpp): plan it over plain counts (batch_plan.h), carry out its
+  // evictions, preemptions and reservations on the real pool, run the forward pass, then
+  // sample and stream. Sequences that finish or were preempted are marked for run_pass.
   void step(served& s);
-  int64_t prompt_row_limit(const served& s) const;
-  void prefer_cached_prefix(served& s);
+  batch_plan plan_pass(served& s);
+  void reserve_for(served& s, batch_plan& plan);
+  step_result execute(served& s, const batch_plan& plan);
+  void apply(served& s, const batch_plan& plan, const step_result& r);
   void check_placeable() const;
   void apply_controls();
   memory::status carry_out(served& t, const policy::action& act, const memory::arbiter_snapshot& snap);
   void finish_swap_ins();
-  void learn_pass_cost(served& s, double seconds);
   void retire(served& s, active& a, finish_reason why, const std::string& error = {});
   void preempt(served& s, active& a);
   void end_all(served& s, finish_reason why, const std::string& error);
 
   engine_config config_;
+  itl_limits itl_;  // from config_: the per-pass budget beside decoding streams
   std::optional<configs::roster> roster_;  // the engine's own copy: operators change it (control)
   kernels::cpu::thread_pool pool_;
   std::vector<std::unique_ptr<served>> models_;

@@ -15,7 +15,7 @@ namespace tandem::runtime {
 
 engine::served* engine::interleavable(const served& outer, clock_type::duration paused) {
   const configs::model_entry* o = roster_->find(outer.cfg.name);
-  if (!o || outer.interleave_failed) return nullptr;
+  if (!o || outer.interleave.failed) return nullptr;
   std::optional<memory::arbiter_snapshot> snap;  // taken once, only when some model has work
   served* best = nullptr;
   const configs::model_entry* best_entry = nullptr;
@@ -23,7 +23,7 @@ engine::served* engine::interleavable(const served& outer, clock_type::duration 
     if (m.get() == &outer) continue;
     // Work it can run or start. Preempted sequences need their KV copied back first: that is
     // left to the plan, like every other memory action.
-    const bool work = m->preempted.empty() && (!m->running.empty() || (!m->waiting.empty() && !m->free_seqs.empty()));
+    const bool work = m->queues.preempted.empty() && (!m->queues.running.empty() || (!m->queues.waiting.empty() && !m->free_seqs.empty()));
     if (!work) continue;
     const configs::model_entry* e = roster_->find(m->cfg.name);
     if (!e || !policy::may_interleave(*roster_, *o, *e, paused)) continue;
@@ -46,14 +46,14 @@ void engine::interleave(served& outer) noexcept {
       take_submissions();
       finish_swap_ins();  // (a swap-in that landed during this pass is over: full-size chunks no more)
       // The paused pass's wait counts from the first time other passes ran inside it.
-      inner = interleavable(outer, outer.paused_since ? clock_type::now() - *outer.paused_since : clock_type::duration{});
+      inner = interleavable(outer, outer.interleave.paused_since ? clock_type::now() - *outer.interleave.paused_since : clock_type::duration{});
       if (!inner) break;
       drop_cancelled(*inner);
       admit(*inner);
       // Nothing could start (its KV pool is full): that waits for the plan, after this pass.
-      if (inner->running.empty()) break;
-      if (!outer.paused_since) outer.paused_since = clock_type::now();
-      ++inner->interleaved_passes;
+      if (inner->queues.running.empty()) break;
+      if (!outer.interleave.paused_since) outer.interleave.paused_since = clock_type::now();
+      ++inner->interleave.passes;
       run_pass(*inner, lock, false);
       inner = nullptr;
     }
@@ -61,14 +61,14 @@ void engine::interleave(served& outer) noexcept {
     // The paused pass goes on whatever happened here; the model whose admission failed ends
     // its requests as iterate would, and nothing more is interleaved into this pass.
     spdlog::error("engine: interleaving a pass of another model beside '{}' failed: {}", outer.cfg.name, e.what());
-    outer.interleave_failed = true;
+    outer.interleave.failed = true;
     if (inner) {
       if (!lock.owns_lock()) lock.lock();
       end_all(*inner, finish_reason::error, e.what());
     }
   }
   // Not this pass's own cost (the ITL budget's estimates of it).
-  outer.interleaved_s += std::chrono::duration<double>(clock_type::now() - t0).count();
+  outer.interleave.seconds += std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 
 }  // namespace tandem::runtime

@@ -58,17 +58,17 @@ engine::served* engine::plan_and_pick() {
   for (const auto& m : models_) {
     model_facts f;
     f.name = m->cfg.name;
-    f.running = static_cast<int>(m->running.size());
-    f.preempted = static_cast<int>(m->preempted.size());
-    f.queued = static_cast<int>(m->waiting.size());
+    f.running = static_cast<int>(m->queues.running.size());
+    f.preempted = static_cast<int>(m->queues.preempted.size());
+    f.queued = static_cast<int>(m->queues.waiting.size());
     // The oldest request waiting to start or to resume: its wait ages the model.
-    for (const auto& a : m->waiting)  // the front is not always the oldest (prefer_cached_prefix)
+    for (const auto& a : m->queues.waiting)  // the front is not always the oldest (admission_plan.h)
       if (f.oldest == policy::time_point{} || a->arrived < f.oldest) f.oldest = a->arrived;
-    for (const auto& a : m->preempted)
+    for (const auto& a : m->queues.preempted)
       if (f.oldest == policy::time_point{} || a->arrived < f.oldest) f.oldest = a->arrived;
     f.last_used = m->last_pass;
     f.loaded_at = m->loaded_at;
-    f.arrivals_per_s = m->rate_at(now);
+    f.arrivals_per_s = m->arrivals.at(now);
     facts.push_back(std::move(f));
   }
   const double link = config_.link_gb_s > 0 ? config_.link_gb_s
@@ -118,31 +118,31 @@ memory::status engine::carry_out(served& t, const policy::action& act, const mem
   }
   if (act.kind == policy::action_kind::load && !was_on && st == memory::status::ok) {
     t.loaded_at = now;
-    ++t.swap_ins;
-    t.swap_in_bytes += absent;
-    t.swap_in_started = now;
+    ++t.swaps.ins;
+    t.swaps.in_bytes += absent;
+    t.swaps.in_started = now;
   } else if (act.kind == policy::action_kind::evict_device && present > 0 && st == memory::status::ok) {
-    ++t.swap_outs;
-    t.swap_out_bytes += present;
-    t.swap_in_started.reset();
+    ++t.swaps.outs;
+    t.swaps.out_bytes += present;
+    t.swaps.in_started.reset();
   }
   spdlog::debug("engine: {} {} ({}): {}", policy::action_name(act.kind), act.model, act.why, memory::status_name(st));
   return st;
 }
 
 void engine::finish_swap_ins() {
-  if (std::none_of(models_.begin(), models_.end(), [](const auto& m) { return m->swap_in_started.has_value(); })) return;
+  if (std::none_of(models_.begin(), models_.end(), [](const auto& m) { return m->swaps.in_started.has_value(); })) return;
   const auto snap = models_.front()->cfg.placement->arbiter().snapshot();
   const auto now = clock_type::now();
   for (auto& m : models_) {
-    if (!m->swap_in_started) continue;
+    if (!m->swaps.in_started) continue;
     const auto* ms = model_in(snap, m->cfg.name);
     if (ms && std::any_of(ms->segments.begin(), ms->segments.end(), [](const auto& seg) { return seg.device == memory::residency::in_flight; }))
       continue;
-    const double secs = std::chrono::duration<double>(now - *m->swap_in_started).count();
-    m->last_swap_in_seconds = secs;
-    m->swap_in_seconds += secs;
-    m->swap_in_started.reset();
+    const double secs = std::chrono::duration<double>(now - *m->swaps.in_started).count();
+    m->swaps.last_in_seconds = secs;
+    m->swaps.in_seconds += secs;
+    m->swaps.in_started.reset();
   }
 }
 
@@ -194,11 +194,11 @@ model_stats engine::stats(const std::string& model) const {
   const served& s = known(model);
   std::lock_guard lock(m_);
   model_stats st;
-  st.queued = static_cast<int>(s.waiting.size());
+  st.queued = static_cast<int>(s.queues.waiting.size());
   for (const auto& a : submitted_)
     if (models_[a->model].get() == &s) ++st.queued;
-  st.running = static_cast<int>(s.running.size());
-  st.preempted = static_cast<int>(s.preempted.size());
+  st.running = static_cast<int>(s.queues.running.size());
+  st.preempted = static_cast<int>(s.queues.preempted.size());
   st.kv_blocks_used = s.kv_in_use.load();
   st.kv_blocks_total = s.kv->total_blocks();
   st.kv_blocks_cached = s.kv_cached.load();
@@ -213,27 +213,27 @@ model_stats engine::stats(const std::string& model) const {
   st.prefix_queries = s.prefix_queries;
   st.prefix_hits = s.prefix_hits;
   st.preemptions = s.preemptions;
-  st.interleaved_passes = s.interleaved_passes;
-  st.swap_ins = s.swap_ins;
-  st.swap_outs = s.swap_outs;
-  st.swap_in_bytes = s.swap_in_bytes;
-  st.swap_out_bytes = s.swap_out_bytes;
-  st.swap_in_seconds = s.swap_in_seconds;
-  st.last_swap_in_seconds = s.last_swap_in_seconds;
+  st.interleaved_passes = s.interleave.passes;
+  st.swap_ins = s.swaps.ins;
+  st.swap_outs = s.swaps.outs;
+  st.swap_in_bytes = s.swaps.in_bytes;
+  st.swap_out_bytes = s.swaps.out_bytes;
+  st.swap_in_seconds = s.swaps.in_seconds;
+  st.last_swap_in_seconds = s.swaps.last_in_seconds;
   return st;
 }
 
 void engine::preempt_all(served& s) {
   // One at a time off the running list, so that a copy that throws leaves every sequence in
   // exactly one list for the error path to end.
-  while (!s.running.empty()) {
-    auto a = s.running.back();
+  while (!s.queues.running.empty()) {
+    auto a = s.queues.running.back();
     preempt(s, *a);
     a->preempt = false;
     ++preemptions_;
     ++s.preemptions;
-    s.running.pop_back();
-    s.preempted.push_front(std::move(a));
+    s.queues.running.pop_back();
+    s.queues.preempted.push_front(std::move(a));
   }
   s.publish();
 }

@@ -155,6 +155,20 @@ prefix_cache::node* prefix_cache::lru(bool device) {
   return best;
 }
 
+int32_t prefix_cache::evictable() const {
+  // A block a sequence shares has its whole path shared (prefixes are adopted from the root),
+  // so every unshared device block can go, deepest first.
+  int32_t n = 0;
+  std::vector<const node*> stack{&root_};
+  while (!stack.empty()) {
+    const node* x = stack.back();
+    stack.pop_back();
+    for (const auto& [k, c] : x->children) stack.push_back(c.get());
+    if (x != &root_ && x->block >= 0 && kv_.refcount(x->block) == 1) ++n;
+  }
+  return n;
+}
+
 int prefix_cache::evict(int32_t free_wanted) {
   int released = 0;
   while (kv_.free_blocks() < free_wanted && blocks_ > 0) {

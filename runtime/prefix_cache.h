@@ -44,6 +44,8 @@ class prefix_cache {
   // sequence still shares (which would free nothing), until the pool has `free_wanted` free
   // blocks or nothing more can go; returns how many device blocks it gave back.
   int evict(int32_t free_wanted);
+  // Device blocks evict() could give back: those no sequence shares (a walk of the tree).
+  int32_t evictable() const;
 
   // Drops up to `n` host copies, least recently used first, for a host tier that others need
   // (a sequence's swap-out, a model's staging); returns how many went.

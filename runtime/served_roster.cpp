@@ -144,7 +144,8 @@ served_roster::served_roster(const configs::roster& r, const serve_options& o) :
   ec.threads = o.threads;
   ec.max_batch_tokens = o.max_batch_tokens;
   ec.prefill_chunk = o.prefill_chunk;
-  ec.itl_budget = o.itl_budget;
+  ec.itl_budget = roster_.policy.itl_budget;
+  ec.itl_target = roster_.policy.itl_target;
   ec.roster = &roster_;
   try {
     engine_ = std::make_unique<engine>(std::move(ems), ec);

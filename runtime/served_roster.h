@@ -28,7 +28,7 @@ struct serve_options {
   int threads = 0;  // compute threads of the engine; 0: all cores
   int64_t max_batch_tokens = 256;
   int64_t prefill_chunk = 128;
-  double itl_budget = 1.5;
+  // The ITL target and budget come from the roster's policy (itl_target, itl_budget).
 };
 
 struct served_model {

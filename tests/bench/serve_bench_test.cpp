@@ -27,6 +27,7 @@ TEST_SUITE("bench_serve") {
     CHECK(r.decode_16_vs_1.median > 0);
     CHECK(r.itl_p99_ms_idle > 0);
     CHECK(r.long_prompt_ttft_ms > 0);
+    CHECK(r.long_prompt_ttft_ms_alone > 0);
     CHECK(r.burst_ttft_ms_idle > 0);
     CHECK(r.burst_ttft_ms_contended > 0);
     CHECK(r.prefix_miss_ttft_ms > 0);

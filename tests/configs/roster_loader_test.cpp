@@ -71,6 +71,11 @@ TEST_SUITE("roster_loader") {
     CHECK(configs::kv_budget_bytes(r.models[0]) == (128ull << 10) * 4096 * 2);
     CHECK(r.policy.name == "tandem");
     CHECK(r.policy.interleave);  // the default
+    CHECK(r.policy.itl_target == std::chrono::milliseconds(50));
+    CHECK(r.policy.itl_budget == 2.0);
+    const auto t = parse(k_base + "policy:\n  itl_target: 120ms\n  itl_budget: 0\n");
+    CHECK(t.policy.itl_target == std::chrono::milliseconds(120));
+    CHECK(t.policy.itl_budget == 0);
   }
 
   TEST_CASE("every error names file, line, column and key") {
@@ -108,6 +113,11 @@ TEST_SUITE("roster_loader") {
         {k_base + "policy:\n  home: ghost\n", "policy.home: no model named 'ghost'"},
         {k_base + "policy:\n  name: fifo\n", "policy.name: expected one of tandem, exclusive, lru-keepalive, static"},
         {k_base + "policy:\n  interleave: sometimes\n", "policy.interleave"},
+        {k_base + "policy:\n  itl_target: fast\n", "policy.itl_target: expected a duration"},
+        {k_base + "policy:\n  itl_target: -5ms\n", "policy.itl_target: expected a duration"},
+        {k_base + "policy:\n  itl_target: 1m\n", "policy.itl_target: expected a duration of at most 10s"},
+        {k_base + "policy:\n  itl_budget: -1\n", "policy.itl_budget: expected a number in [0, 100]"},
+        {k_base + "policy:\n  itl_budget: lots\n", "policy.itl_budget"},
         {k_base + "server:\n  listen: localhost\n", "server.listen: expected HOST:PORT"},
         {k_base + "server:\n  limits:\n    idle_timeout: forever\n", "server.limits.idle_timeout: expected a duration"},
         {k_base + "extra: 1\n", "extra: unknown key (expected one of: server, devices, models, policy)"},
@@ -155,6 +165,8 @@ TEST_SUITE("roster_loader") {
     CHECK_FALSE(schema.errors(test::yaml_to_json(YAML::Load(k_base + "extra: 1\n"))).empty());
     CHECK_FALSE(schema.errors(test::yaml_to_json(YAML::Load("devices: [{vram: lots}]\nmodels: [{name: a, path: b}]\n"))).empty());
     CHECK(schema.errors(test::yaml_to_json(YAML::Load(k_base))).empty());
+    CHECK(schema.errors(test::yaml_to_json(YAML::Load(k_base + "policy:\n  itl_target: 50ms\n  itl_budget: 2\n"))).empty());
+    CHECK_FALSE(schema.errors(test::yaml_to_json(YAML::Load(k_base + "policy:\n  itl_budget: -1\n"))).empty());
   }
 
   TEST_CASE("an optional model without its file is left out with a note; a required one is an error") {

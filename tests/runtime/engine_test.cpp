@@ -72,7 +72,7 @@ TEST_SUITE("engine") {
   }
 
   TEST_CASE("a burst of short prompts joins decoding streams at once, whatever the ITL budget") {
-    // An ITL budget of 1.0001 holds a long prompt to one row a pass beside decoding streams
+    // An ITL budget of 1.0001 and no target hold a long prompt to one row a pass beside decoding streams
     // (four while the costs are unknown). Prompts of one chunk go in whole instead: eight of
     // 16 tokens finish within a pass or two of their submission, where 128 prompt rows at one
     // (or four) a pass would take dozens. Passes are counted by the streams' tokens (one per
@@ -81,7 +81,7 @@ TEST_SUITE("engine") {
     const models::model m(test::data_path("stories260K.gguf").string());
     const auto tok = models::tokenizer::from_gguf(m.file());
     runtime::engine e({{"m", &m, &tok, 0, 12, 256}},
-                      {.threads = 2, .max_batch_tokens = 256, .prefill_chunk = 16, .itl_budget = 1.0001});
+                      {.threads = 2, .max_batch_tokens = 256, .prefill_chunk = 16, .itl_budget = 1.0001, .itl_target = {}});
     std::vector<std::shared_ptr<runtime::request_handle>> streams, burst;
     for (int i = 0; i < 4; ++i) streams.push_back(e.submit({"m", {1, static_cast<int32_t>(40 + i), 70, 80}, greedy(200)}));
     std::vector<std::vector<runtime::piece>> got(streams.size());
