@@ -1,5 +1,5 @@
-// `tandem run`: generate text from a GGUF model on the CPU (or a CUDA device with --gpu). Only the generated text goes to
-// stdout; one line of timings goes to stderr.
+// `tandem run`: generate text from a GGUF model on the CPU (or a CUDA device with --gpu), one request
+// through a one-model engine. Only the generated text goes to stdout; one line of timings to stderr.
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -12,7 +12,7 @@
 #include <algorithm>
 
 #include "cli/command_registry.h"
-#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/device_probe.h"
 #include "configs/byte_size.h"
@@ -21,12 +21,9 @@
 #include "models/model.h"
 #include "models/tokenizer.h"
 #include "models/weight_plan.h"
-#include "runtime/generate.h"
+#include "runtime/engine.h"
 #include "runtime/placement.h"
 
-#if defined(TANDEM_HAVE_CUDA)
-#include "models/cuda/gpu_forward.h"
-#endif
 
 namespace tandem::cli {
 namespace {
@@ -104,7 +101,7 @@ void run(const run_args& a) {
   }
   const auto t_load = std::chrono::steady_clock::now();
   models::load_options lo;
-  lo.own_weights = !a.vram;  // with --vram the arbiter holds the weights, packed as segments are filled
+  lo.own_weights = !a.vram && !a.gpu;  // with --vram or --gpu the arbiter holds the weights (packed as segments are filled on the CPU)
   lo.pack_weights = !a.gpu;  // the CUDA kernels read the file layout
   models::model m(a.model, lo);
   const auto tok = models::tokenizer::from_gguf(m.file());
@@ -114,26 +111,38 @@ void run(const run_args& a) {
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count());
 
   const auto prompt = build_prompt(a, m, tok);
-  kernels::cpu::thread_pool pool(a.threads > 0 ? a.threads : kernels::cpu::default_thread_count());
-  models::context_params cp;
   // Without --ctx-size the cache holds exactly what this run needs (prompt + tokens to
   // generate, or 4096 when generating until the end), never more than the training context.
   const int64_t need = static_cast<int64_t>(prompt.size()) + 1 + (a.n_predict >= 0 ? a.n_predict : 4096);
-  cp.n_ctx = a.n_ctx > 0 ? a.n_ctx : std::min(m.config().n_ctx_train, need);
-  cp.kv = a.kv_type == "f32" ? kernels::cpu::kv_type::f32 : kernels::cpu::kv_type::f16;
+  const int64_t n_ctx = a.n_ctx > 0 ? a.n_ctx : std::min(m.config().n_ctx_train, need);
+  const auto kv = a.kv_type == "f32" ? kernels::cpu::kv_type::f32 : kernels::cpu::kv_type::f16;
+  const std::string name = std::filesystem::path(a.model).stem().string();
+  constexpr int64_t k_pass_rows = 512;  // a prompt of up to this many tokens is one pass, as llama.cpp's n_batch
+
+  // The one request goes through a one-model engine: the serving loop (passes, sampling,
+  // streaming, stop conditions), computed with llama.cpp's arithmetic (generation_params::exact).
+  runtime::engine_model em;
+  em.name = name;
+  em.model = &m;
+  em.tokenizer = &tok;
+  em.max_sequences = 1;
+  em.context = n_ctx;
+  em.kv = kv;
   std::unique_ptr<runtime::placed_model> placed;
-  std::unique_ptr<models::forward_context> ctx_owner;
-  if (a.vram) {
+  if (a.vram || a.gpu) {
     runtime::placement_options po;
-    po.device_bytes = *a.vram;
-    po.host_bytes = a.host_ram.value_or((m.plan().total_bytes() + (64 << 20)));
-    po.backend.kind = memory::backend_kind::cpu;
+    po.backend.kind = a.gpu ? memory::backend_kind::cuda : memory::backend_kind::cpu;
     po.backend.link_gbps = a.link_gbps;
+    // --gpu: the device's memory, less a margin for the CUDA context and cuBLAS.
+    po.device_bytes = a.gpu ? cuda.devices[0].total_bytes / 10 * 9 : *a.vram;
+    po.host_bytes = a.host_ram.value_or((m.plan().total_bytes() + (64 << 20)));
     po.allow_streaming = !a.no_stream;
     po.prefetch_depth = a.prefetch_depth;
-    po.n_ctx = cp.n_ctx;
-    po.kv = cp.kv;
-    placed = runtime::place_model(m, std::filesystem::path(a.model).stem().string(), po);
+    po.n_ctx = n_ctx;
+    po.kv = kv;
+    po.max_batch = k_pass_rows;
+    po.wait = a.gpu;
+    placed = runtime::place_model(m, name, po);
     const auto info = placed->backend->info();
     spdlog::info("backend: {}{}", info.name,
                  info.link_gbps > 0 ? fmt::format(", host<->device link {:.1f} GB/s (simulated)", info.link_gbps) : std::string());
@@ -142,39 +151,53 @@ void run(const run_args& a) {
                  placed->stream_slots > 0 ? fmt::format(", the rest streamed through {} stream slot{}", placed->stream_slots,
                                                                placed->stream_slots == 1 ? "" : "s")
                                            : std::string());
-    ctx_owner = std::make_unique<models::forward_context>(m, runtime::placed_context(*placed, po), &pool, placed->residency.get());
-  } else if (!a.gpu) {
-    ctx_owner = std::make_unique<models::forward_context>(m, cp, &pool);
+    em.residency = placed->residency.get();
+    em.kv_pool = placed->kv.get();
+    if (a.gpu) em.placement = placed->residency.get();  // its arbiter's backend picks the CUDA forward pass
+    if (placed->scratch) em.scratch = placed->scratch->data;
   }
-  runtime::generate_options opt;
-  opt.max_tokens = a.n_predict;
-  opt.sampling = a.sampling;
-  opt.sampling.seed = a.has_seed ? a.seed : std::random_device{}();
-  const auto print = [](int32_t, const std::string& text) {
-    std::fwrite(text.data(), 1, text.size(), stdout);
+  runtime::engine_config ec;
+  ec.threads = a.threads;
+  ec.max_batch_tokens = k_pass_rows;
+  ec.prefill_chunk = k_pass_rows;
+  ec.prefix_cache = false;
+  runtime::engine eng({em}, ec);
+
+  runtime::engine_request rq;
+  rq.model = name;
+  rq.prompt = prompt;
+  // -n -1: until end of generation or a full context.
+  rq.params.max_tokens = a.n_predict >= 0 ? a.n_predict : n_ctx;
+  rq.params.sampling = a.sampling;
+  rq.params.sampling.seed = a.has_seed ? a.seed : std::random_device{}();
+  rq.params.exact = true;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto h = eng.submit(std::move(rq));
+  runtime::piece p;
+  int64_t generated = 0;
+  std::optional<std::chrono::steady_clock::time_point> first;
+  while (h->next(&p)) {
+    std::fwrite(p.text.data(), 1, p.text.size(), stdout);
     std::fflush(stdout);
-    return true;
-  };
-  runtime::generate_stats st;
+    if (p.token < 0) continue;
+    ++generated;
+    if (!first) first = p.at;
+  }
+  if (h->finished() == runtime::finish_reason::error) throw std::runtime_error(h->error());
+  const auto end = h->finished_at();
+  const double prompt_s = std::chrono::duration<double>(first.value_or(end) - t0).count();
+  // The first token's sampling is counted with the prompt, every later pass with generation.
+  const double gen_s = first ? std::chrono::duration<double>(end - *first).count() : 0;
   std::string where;
-#if defined(TANDEM_HAVE_CUDA)
-  if (a.gpu) {
-    models::gpu_forward gctx(m, {.n_ctx = cp.n_ctx, .kv = cp.kv});
-    spdlog::info("CUDA device {}: {:.1f} MiB of device memory for weights, KV and scratch", cuda.devices[0].name,
-                 gctx.device_bytes() / 1048576.0);
-    st = runtime::generate(gctx, tok, prompt, opt, print);
-    where = "cuda:0 " + cuda.devices[0].name;
-  }
-#endif
-  if (!a.gpu) {
-    st = runtime::generate(*ctx_owner, tok, prompt, opt, print);
-    where = fmt::format("threads {}, {}", pool.size(), kernels::cpu::active_path_name());
-  }
+  if (a.gpu)
+    where = placed->backend->info().name;
+  else
+    where = fmt::format("threads {}, {}", a.threads > 0 ? a.threads : kernels::cpu::default_thread_count(), kernels::cpu::active_path_name());
   std::fputc('\n', stdout);
   std::fflush(stdout);
-  std::fprintf(stderr, "prompt: %lld tokens, %.1f tok/s | generated: %lld tokens, %.1f tok/s | %s\n",
-               static_cast<long long>(st.prompt_tokens), st.prompt_tok_s(), static_cast<long long>(st.generated_tokens),
-               st.generate_tok_s(), where.c_str());
+  std::fprintf(stderr, "prompt: %lld tokens, %.1f tok/s | generated: %lld tokens, %.1f tok/s | %s\n", static_cast<long long>(prompt.size()),
+               prompt_s > 0 ? static_cast<double>(prompt.size()) / prompt_s : 0.0, static_cast<long long>(generated),
+               gen_s > 0 && generated > 1 ? static_cast<double>(generated - 1) / gen_s : 0.0, where.c_str());
 }
 
 void add_run_command(CLI::App& root) {

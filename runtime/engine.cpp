@@ -74,6 +74,7 @@ engine::engine(std::vector<engine_model> models, const engine_config& config)
     cp.n_seq = cfg.max_sequences;
     cp.max_batch = config.max_batch_tokens;
     cp.kv_pool = s->kv;
+    cp.scratch = cfg.scratch;
     // Weights in GPU memory (an arbiter on the CUDA backend) are computed by the CUDA forward
     // pass; everything else by the CPU kernels, which read the device tier directly.
     const bool gpu = cfg.placement && !cfg.placement->arbiter().device_backend().device_host_addressable();
@@ -87,6 +88,9 @@ engine::engine(std::vector<engine_model> models, const engine_config& config)
       gp.max_batch = config.max_batch_tokens;
       gp.kv = cfg.kv;
       gp.kv_pool = s->kv;
+      // Its activations and GEMM scratch under the device budget, owned by the model.
+      gp.scratch_arbiter = &cfg.placement->arbiter();
+      gp.owner = cfg.name;
       s->ctx = std::make_unique<models::gpu_forward>(*cfg.model, gp, cfg.residency);
 #else
       throw std::invalid_argument("engine: model '" + cfg.name + "' is placed in device memory the CPU kernels cannot read, and this build has no CUDA backend");

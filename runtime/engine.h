@@ -75,6 +75,10 @@ struct engine_model {
   // Requests that may wait beyond the max_sequences running ones; submit() refuses more with
   // queue_full. 0: no limit.
   int max_queue = 0;
+  // CPU backend: the activation scratch the caller placed (e.g. in an arbiter's device tier),
+  // at least forward_context::scratch_bytes for max_sequences and max_batch_tokens; null: the
+  // context allocates its own.
+  std::byte* scratch = nullptr;
 };
 
 // submit() on a model whose queue is full (engine_model::max_queue): the caller should retry
@@ -152,6 +156,10 @@ struct generation_params {
   // The generation ends where one of these first appears in its text, which then stops before
   // it; text that may still begin one is held back until it cannot (text_stream.h).
   std::vector<std::string> stop;
+  // This request's rows computed as llama.cpp computes them (f16 attention, expf, ggml's
+  // Q4_1/Q5_1 order) whatever engine_config::fast_attention says: `tandem run`'s default,
+  // whose output is llama.cpp's to the token. Other rows of the same pass keep theirs.
+  bool exact = false;
 };
 
 struct engine_request {

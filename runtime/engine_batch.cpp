@@ -61,7 +61,7 @@ step_result engine::execute(served& s, const batch_plan& plan) {
   seqs.clear();
   for (const auto& e : plan.entries) {
     const active& a = *s.queues.running[e.seq];
-    s.ctx->set_prompt_end(a.seq, config_.fast_attention ? std::numeric_limits<int64_t>::max() : 0);
+    s.ctx->set_prompt_end(a.seq, config_.fast_attention && !a.params.exact ? std::numeric_limits<int64_t>::max() : 0);
     for (int64_t i = 0; i < e.rows; ++i) {
       toks.push_back(e.prompt ? a.prompt[static_cast<size_t>(e.first + i)] : a.next);
       seqs.push_back(a.seq);

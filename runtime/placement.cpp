@@ -25,9 +25,11 @@ std::unique_ptr<placed_model> place_model(const models::model& m, const std::str
   const auto& plan = m.plan();
   const auto& c = m.config();
   p->backend = memory::make_backend(o.backend);
-  // The forward pass runs the CPU kernels, which read the device tier directly.
-  if (!p->backend->device_host_addressable())
-    throw std::runtime_error("backend " + p->backend->info().name + ": the CPU forward pass cannot read its device memory (GPU kernels come with the CUDA backend); use the CPU backend");
+  // A GPU's memory is computed by the CUDA forward pass, which reads the file layout and
+  // takes its own activations from the arbiter; the CPU kernels read the device tier directly.
+  const bool gpu = !p->backend->device_host_addressable();
+  if (gpu && m.options().pack_weights)
+    throw std::runtime_error("backend " + p->backend->info().name + ": the model must be loaded unpacked (pack_weights off) for the CUDA forward pass");
   p->arbiter = std::make_unique<memory::arbiter>(*p->backend, memory::arbiter_config{o.device_bytes, o.host_bytes});
   auto& a = *p->arbiter;
   p->residency = std::make_unique<models::arbiter_residency>(a, m, name, o.prefetch_depth);
@@ -44,12 +46,11 @@ std::unique_ptr<placed_model> place_model(const models::model& m, const std::str
   if (!p->kv)
     throw std::runtime_error("the KV cache of " + name + " (" + std::to_string(o.n_seq) + " x " + std::to_string(o.n_ctx) + " positions) needs " +
                              format_byte_size(kv_bytes) + " of device memory; the device budget is " + format_byte_size(o.device_bytes));
-  for (int64_t s = 0; s < o.n_seq; ++s)
-    if (p->kv->reserve(s, o.n_ctx) != memory::status::ok) throw std::logic_error("place_model: the KV pool was sized for every sequence");
-  // The activations the forward pass writes, as a GPU's would be, in the device tier.
-  const uint64_t scratch = models::forward_context::scratch_bytes(c, placed_context(*p, o));
-  p->scratch = a.allocate(memory::tier::device, static_cast<size_t>(scratch), {memory::owner_kind::scratch, name, "activations"});
-  if (!p->scratch)
+  // The activations the forward pass writes, as a GPU's would be, in the device tier (the
+  // CUDA pass allocates its own there).
+  const uint64_t scratch = gpu ? 0 : models::forward_context::scratch_bytes(c, placed_context(*p, o));
+  if (!gpu) p->scratch = a.allocate(memory::tier::device, static_cast<size_t>(scratch), {memory::owner_kind::scratch, name, "activations"});
+  if (!gpu && !p->scratch)
     throw std::runtime_error("the activation scratch of " + name + " (" + std::to_string(o.max_batch) + " rows) needs " + format_byte_size(scratch) +
                              " of device memory besides the KV cache of " + format_byte_size(kv_bytes) + "; the device budget is " +
                              format_byte_size(o.device_bytes));

@@ -1,4 +1,5 @@
-// Puts one model under device and host budgets for a single-model run (`tandem run --vram`):
+// Puts one model under device and host budgets for a single-model run (`tandem run --vram`,
+// `--gpu`):
 // a backend, an arbiter with those budgets, the KV cache as a paged pool and the activation
 // scratch on the device, the model's segments staged to host where they fit, and as many
 // segments on the device as fit, the rest streamed through stream slots. (The engine of the executor
@@ -49,8 +50,9 @@ struct placed_model {
 };
 
 // Throws std::runtime_error naming the sizes when the budgets cannot hold the KV cache, the
-// stream slots, or (streaming off) the whole model, and when the backend's device memory is
-// not host-addressable (the forward pass runs the CPU kernels).
+// stream slots, or (streaming off) the whole model, and for a GPU backend (device memory the
+// host cannot address) when the model was loaded packed. On a GPU no activation scratch is
+// placed: the CUDA forward pass takes its own from the arbiter.
 std::unique_ptr<placed_model> place_model(const models::model& m, const std::string& name, const placement_options& o);
 
 // The context parameters of a forward pass over a placed model's KV pool.

@@ -16,7 +16,6 @@
 #include "memory/cpu_backend.h"
 #include "models/arbiter_residency.h"
 #include "models/synth.h"
-#include "runtime/generate.h"
 #include "tests/runtime/engine_test_util.h"
 #include "tests/test_support.h"
 

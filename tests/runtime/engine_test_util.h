@@ -2,7 +2,9 @@
 // tokens a handle streams.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <limits>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -10,7 +12,6 @@
 #include "models/arbiter_residency.h"
 #include "models/forward.h"
 #include "runtime/engine.h"
-#include "runtime/generate.h"
 
 namespace tandem::test {
 
@@ -22,21 +23,23 @@ inline runtime::generation_params greedy(int64_t n) {
   return p;
 }
 
-// What one request gives on its own: a fresh context of n_ctx positions, the single-sequence
-// loop, attention computed as the engine computes it.
-inline std::vector<int32_t> alone(const models::model& m, const models::tokenizer& tok, const std::vector<int32_t>& prompt, int64_t n,
+// What one request gives on its own, greedy: a fresh context of n_ctx positions, the prompt
+// in one pass, then one token at a time, attention computed as the engine computes it. A
+// reference loop for the tests (the product's one loop is the engine's).
+inline std::vector<int32_t> alone(const models::model& m, const models::tokenizer&, const std::vector<int32_t>& prompt, int64_t n,
                                   int64_t n_ctx = 256) {
   models::forward_context ctx(m, {.n_ctx = n_ctx}, nullptr);
-  runtime::generate_options o;
-  o.max_tokens = n;
-  o.sampling.temperature = 0;
-  o.stop_at_eog = false;
-  o.fast_attention = true;
+  ctx.set_prompt_end(0, std::numeric_limits<int64_t>::max());
+  ctx.eval(prompt);
   std::vector<int32_t> out;
-  runtime::generate(ctx, tok, prompt, o, [&](int32_t id, const std::string&) {
-    if (id >= 0) out.push_back(id);
-    return true;
-  });
+  for (int64_t i = 0; i < n; ++i) {
+    const auto logits = ctx.logits();
+    const auto id = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    out.push_back(id);
+    if (i + 1 == n || ctx.pos(0) >= n_ctx) break;
+    const int32_t next[1] = {id};
+    ctx.eval(next);
+  }
   return out;
 }
 

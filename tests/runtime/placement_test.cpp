@@ -23,7 +23,9 @@ TEST_SUITE("placement") {
       CHECK(p->on_device == p->segments);
       CHECK(p->staged == p->segments);
       CHECK(p->stream_slots == 0);
-      CHECK(p->kv->capacity(0) >= 64);
+      // Sized for the context, reserved by whoever runs it (the engine, as its prompts need).
+      CHECK(p->kv->total_blocks() * p->kv->block_tokens() >= 64);
+      CHECK(p->kv->free_blocks() == p->kv->total_blocks());
       REQUIRE(p->scratch);
       CHECK(p->scratch->bytes >= models::forward_context::scratch_bytes(m.config(), runtime::placed_context(*p, o)));
       p->arbiter->check_integrity();
