@@ -24,7 +24,10 @@ int64_t itl_estimator::prompt_row_limit(const itl_limits& l, int64_t chunk) cons
   if (l.unlimited()) return std::numeric_limits<int64_t>::max();
   // Until both costs are known, a small probe chunk measures them.
   if (decode_pass_s <= 0 || prompt_row_s <= 0) return std::min<int64_t>(chunk, 4);
-  const double budget_s = std::max(l.target_s, std::max(l.ratio, 0.0) * decode_pass_s);
+  // The target bounds the streams' slowest gaps, not their mean: passes are filled to a share of
+  // it, leaving room for jitter and for rows that cost more than the average (attention grows
+  // along a prompt).
+  const double budget_s = std::max(k_target_fill * l.target_s, std::max(l.ratio, 0.0) * decode_pass_s);
   const double rows = (budget_s - decode_pass_s) / prompt_row_s;
   // At least one row a pass: a prompt always advances, even when one row costs more than the budget.
   return rows >= 1 ? static_cast<int64_t>(std::min(rows, 1e15)) : 1;

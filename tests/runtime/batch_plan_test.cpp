@@ -148,10 +148,11 @@ TEST_SUITE("itl_estimator") {
     e.learn(4, 10, 0.030);                             // 10 prompt rows added 20 ms
     CHECK(e.decode_pass_s == doctest::Approx(0.010));
     CHECK(e.prompt_row_s == doctest::Approx(0.002));
-    CHECK(e.prompt_row_limit({2.0, 0.05}, 16) == 20);  // the target: (50 - 10) / 2
+    CHECK(e.prompt_row_limit({2.0, 0.05}, 16) == 15);  // the target: (0.8 x 50 - 10) / 2
     CHECK(e.prompt_row_limit({1.5, 0}, 16) == 2);      // the ratio alone: (15 - 10) / 2
     CHECK(e.prompt_row_limit({0, 0}, 16) == std::numeric_limits<int64_t>::max());
     CHECK(e.prompt_row_limit({1.0, 0.005}, 16) == 1);  // a prompt always advances
+    CHECK(e.prompt_row_limit({0, 0.1}, 16) == 35);     // the target alone: (80 - 10) / 2
     e = {};
     e.learn(4, 0, 0.040);  // decode passes that take the target already: the ratio rules
     e.learn(4, 10, 0.060);
