@@ -15,6 +15,7 @@
 #include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include "api/log.h"
 
 namespace tandem::api {
 
@@ -172,7 +173,7 @@ class session : public std::enable_shared_from_this<session> {
       try {
         refused = srv_.cfg.admit(request_of(req));
       } catch (const std::exception& e) {
-        spdlog::error("http: admission: {}", e.what());
+        api::logger().error("http: admission: {}", e.what());
         refused = error(500, "internal error");
       }
       if (refused) {
@@ -195,7 +196,7 @@ class session : public std::enable_shared_from_this<session> {
     try {
       res = srv_.handler(r);
     } catch (const std::exception& e) {
-      spdlog::error("http: {} {}: {}", r.method, r.path, e.what());
+      api::logger().error("http: {} {}: {}", r.method, r.path, e.what());
       res = error(500, "internal error");
     }
     if (auto* resp = std::get_if<http_response>(&res)) return send(std::move(*resp));
@@ -327,7 +328,7 @@ class session : public std::enable_shared_from_this<session> {
         } catch (const std::exception& e) {
           // A route's formatter failed: what was sent cannot be completed consistently, so
           // the generation is cancelled and the connection closed once it has ended.
-          spdlog::error("http: streaming a generation: {}", e.what());
+          api::logger().error("http: streaming a generation: {}", e.what());
           broken_ = true;
           client_gone_ = true;
           keep_alive_ = false;
@@ -360,7 +361,7 @@ class session : public std::enable_shared_from_this<session> {
     try {
       last = g.on_end();
     } catch (const std::exception& e) {
-      spdlog::error("http: ending a generation: {}", e.what());
+      api::logger().error("http: ending a generation: {}", e.what());
       last = error(500, "internal error");
     }
     if (g.on_close) g.on_close(client_gone_);
@@ -405,7 +406,7 @@ void http_server::impl::accept() {
   acceptor.async_accept(net::make_strand(ioc), [self = this](beast::error_code ec, tcp::socket s) {
     if (ec) {
       if (!self->acceptor.is_open()) return;
-      spdlog::warn("http: accept: {}", ec.message());
+      api::logger().warn("http: accept: {}", ec.message());
       return self->accept();
     }
     bool full = false;
@@ -459,7 +460,7 @@ http_server::http_server(const http_server_config& config, route_handler handler
           return;
         } catch (const std::exception& e) {
           // A handler threw past its own catch: log it, keep the thread serving.
-          spdlog::error("http: {}", e.what());
+          api::logger().error("http: {}", e.what());
         }
       }
     });

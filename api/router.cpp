@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "api/log.h"
 #include "api/api_error.h"
 #include "api/routes.h"
 
@@ -215,10 +216,10 @@ route_handler make_router(server_context& ctx) {
     try {
       return dispatch(ctx, r);
     } catch (const api_error& e) {
-      if (e.status >= 500) spdlog::warn("http: {} {}: {} {}", r.method, r.path, e.status, e.what());
+      if (e.status >= 500) api::logger().warn("http: {} {}: {} {}", r.method, r.path, e.status, e.what());
       return error_response(r.path, e.status, e.type, e.what(), e.param, e.code, e.retry_after_s);
     } catch (const std::exception& e) {
-      spdlog::error("http: {} {}: {}", r.method, r.path, e.what());
+      api::logger().error("http: {} {}: {}", r.method, r.path, e.what());
       return error_response(r.path, 500, "server_error", std::string("internal error: ") + e.what());
     }
   };

@@ -11,6 +11,7 @@
 #include <random>
 #include <algorithm>
 
+#include "cli/log.h"
 #include "cli/command_registry.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/thread_pool.h"
@@ -74,7 +75,7 @@ std::vector<int32_t> build_prompt(const run_args& a, const models::model& m, con
     if (*k != tmpl.kind) tmpl = {*k, std::string(models::family_default_system_prompt(*k))};
   }
   if (!a.default_system) tmpl.default_system.clear();
-  spdlog::info("chat template: {}{}", models::chat_template_name(tmpl.kind),
+  cli::logger().info("chat template: {}{}", models::chat_template_name(tmpl.kind),
                tmpl.default_system.empty() ? "" : " (with the template's default system prompt)");
   std::vector<models::chat_message> msgs;
   if (!a.system.empty()) msgs.push_back({"system", a.system});
@@ -95,9 +96,9 @@ void run(const run_args& a) {
     throw std::runtime_error(cuda.built ? "--gpu: " + cuda.reason : std::string("--gpu: this build has no CUDA backend (nvcc was not found when it was configured)"));
   if (!a.gpu) {
     if (cuda.devices.empty())
-      spdlog::info("{}; using the CPU backend", cuda.reason);
+      cli::logger().info("{}; using the CPU backend", cuda.reason);
     else
-      spdlog::info("CUDA device {} found; using the CPU backend (pass --gpu to run on it)", cuda.devices[0].name);
+      cli::logger().info("CUDA device {} found; using the CPU backend (pass --gpu to run on it)", cuda.devices[0].name);
   }
   const auto t_load = std::chrono::steady_clock::now();
   models::load_options lo;
@@ -106,7 +107,7 @@ void run(const run_args& a) {
   models::model m(a.model, lo);
   const auto tok = models::tokenizer::from_gguf(m.file());
   models::check_tokenizer_matches(tok, m.config(), a.model);
-  spdlog::info("loaded {} ({}, {} layers, {:.1f} MiB) in {:.2f} s", a.model, models::architecture_name(m.config().arch),
+  cli::logger().info("loaded {} ({}, {} layers, {:.1f} MiB) in {:.2f} s", a.model, models::architecture_name(m.config().arch),
                m.config().n_layer, m.weight_bytes() / 1048576.0,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count());
 
@@ -144,9 +145,9 @@ void run(const run_args& a) {
     po.wait = a.gpu;
     placed = runtime::place_model(m, name, po);
     const auto info = placed->backend->info();
-    spdlog::info("backend: {}{}", info.name,
+    cli::logger().info("backend: {}{}", info.name,
                  info.link_gbps > 0 ? fmt::format(", host<->device link {:.1f} GB/s (simulated)", info.link_gbps) : std::string());
-    spdlog::info("device {} / host {}: {} of {} segments on the device, {} staged on the host{}", configs::format_byte_size(po.device_bytes),
+    cli::logger().info("device {} / host {}: {} of {} segments on the device, {} staged on the host{}", configs::format_byte_size(po.device_bytes),
                  configs::format_byte_size(po.host_bytes), placed->on_device, placed->segments, placed->staged,
                  placed->stream_slots > 0 ? fmt::format(", the rest streamed through {} stream slot{}", placed->stream_slots,
                                                                placed->stream_slots == 1 ? "" : "s")

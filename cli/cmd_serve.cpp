@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include <spdlog/spdlog.h>
 
+#include "cli/log.h"
 #include "api/http_server.h"
 #include "api/router.h"
 #include "api/server_context.h"
@@ -82,7 +83,7 @@ void run_serve(const serve_args& a) {
   auto hc = api::http_config_of(roster.server);
   hc.threads = a.http_threads;
   if (hc.host != "127.0.0.1" && hc.host != "::1" && roster.server.api_keys.empty())
-    spdlog::warn("serve: listening on {} without api_keys: anyone who can reach it may use the models", hc.host);
+    cli::logger().warn("serve: listening on {} without api_keys: anyone who can reach it may use the models", hc.host);
 
   // Signals are taken by sigwait below: block them before any thread starts so that none of
   // the engine's or the server's threads receives them.

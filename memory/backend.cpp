@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 
+#include "memory/log.h"
 #include "memory/cpu_backend.h"
 #include "memory/cuda_backend.h"
 
@@ -20,11 +21,11 @@ std::unique_ptr<backend> make_backend(const backend_options& options) {
   if (options.kind == backend_kind::cpu) return make_cpu_backend(options.link_gbps);
   std::string why;
   if (auto cuda = make_cuda_backend(&why)) {
-    if (options.link_gbps > 0) spdlog::warn("link_gbps applies to the CPU backend only; the CUDA backend copies at PCIe speed");
+    if (options.link_gbps > 0) memory::logger().warn("link_gbps applies to the CPU backend only; the CUDA backend copies at PCIe speed");
     return cuda;
   }
   if (options.kind == backend_kind::cuda) throw std::runtime_error("backend cuda requested, but " + why);
-  spdlog::info("{}; using the CPU backend", why);
+  memory::logger().info("{}; using the CPU backend", why);
   return make_cpu_backend(options.link_gbps);
 }
 

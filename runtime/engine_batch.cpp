@@ -5,6 +5,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "runtime/log.h"
 #include "runtime/engine.h"
 #include "runtime/engine_state.h"
 
@@ -43,7 +44,7 @@ void engine::reserve_for(served& s, batch_plan& plan) {
   for (size_t k = 0; k < plan.entries.size(); ++k) {
     active& a = *s.queues.running[plan.entries[k].seq];
     if (s.kv->reserve(a.seq, plan.reserve_tokens[k]) != memory::status::ok) {
-      spdlog::debug("engine: {}: {} KV positions did not fit as planned; preempting it", s.cfg.name, plan.reserve_tokens[k]);
+      runtime::logger().debug("engine: {}: {} KV positions did not fit as planned; preempting it", s.cfg.name, plan.reserve_tokens[k]);
       preempt(s, a);
       continue;
     }

@@ -6,6 +6,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "runtime/log.h"
 #include "policy/planner.h"
 #include "runtime/engine.h"
 #include "runtime/engine_state.h"
@@ -60,7 +61,7 @@ void engine::interleave(served& outer) noexcept {
   } catch (const std::exception& e) {
     // The paused pass goes on whatever happened here; the model whose admission failed ends
     // its requests as iterate would, and nothing more is interleaved into this pass.
-    spdlog::error("engine: interleaving a pass of another model beside '{}' failed: {}", outer.cfg.name, e.what());
+    runtime::logger().error("engine: interleaving a pass of another model beside '{}' failed: {}", outer.cfg.name, e.what());
     outer.interleave.failed = true;
     if (inner) {
       if (!lock.owns_lock()) lock.lock();

@@ -5,6 +5,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "runtime/log.h"
 #include "policy/planner.h"
 #include "runtime/engine.h"
 #include "runtime/engine_state.h"
@@ -126,7 +127,7 @@ memory::status engine::carry_out(served& t, const policy::action& act, const mem
     t.swaps.out_bytes += present;
     t.swaps.in_started.reset();
   }
-  spdlog::debug("engine: {} {} ({}): {}", policy::action_name(act.kind), act.model, act.why, memory::status_name(st));
+  runtime::logger().debug("engine: {} {} ({}): {}", policy::action_name(act.kind), act.model, act.why, memory::status_name(st));
   return st;
 }
 
@@ -169,7 +170,7 @@ void engine::apply_controls() {
     auto& arb = s.cfg.placement->arbiter();
     if (c.evict && entry->pinned) {
       // Pinned models stay: an operator unpins first (the admin route answers 409).
-      spdlog::warn("engine: not evicting '{}': it is pinned", name);
+      runtime::logger().warn("engine: not evicting '{}': it is pinned", name);
       c.evict = false;
     }
     if (c.evict) {

@@ -7,6 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "runtime/log.h"
 #include "configs/byte_size.h"
 #include "models/forward.h"
 #include "runtime/memory_plan.h"
@@ -69,7 +70,7 @@ served_roster::served_roster(const configs::roster& r, const serve_options& o) :
       continue;  // an unreadable file is reported, naming it, when the models are opened below
     }
     if (why.empty()) continue;
-    spdlog::error("serve: model '{}' cannot run on {}: {}", e.name, backend_->info().name, why);
+    runtime::logger().error("serve: model '{}' cannot run on {}: {}", e.name, backend_->info().name, why);
     throw std::runtime_error(roster_.source + ": model '" + e.name + "' cannot run on " + backend_->info().name + " (devices[0].backend: " +
                              (dev.backend == configs::backend_choice::cuda ? "cuda" : "auto") + "): " + why +
                              "; set devices[0].backend: cpu to serve the roster on the CPU");
@@ -104,13 +105,13 @@ served_roster::served_roster(const configs::roster& r, const serve_options& o) :
     }
     // The roster may state sizes for `tandem sim`; say so when the file disagrees.
     if (e.size_bytes && std::abs(static_cast<double>(*e.size_bytes) - static_cast<double>(m->file_bytes)) > 0.05 * static_cast<double>(m->file_bytes))
-      spdlog::warn("serve: model '{}' states size {} but {} is {}", e.name, format_byte_size(*e.size_bytes), e.file, format_byte_size(m->file_bytes));
+      runtime::logger().warn("serve: model '{}' states size {} but {} is {}", e.name, format_byte_size(*e.size_bytes), e.file, format_byte_size(m->file_bytes));
     const auto kv = kv_type_of(e.kv_type);
     const uint64_t per_token = models::kv_bytes_per_token(m->model->config(), kv);
     if (e.kv_bytes_per_token && *e.kv_bytes_per_token != per_token)
-      spdlog::warn("serve: model '{}' states {} KV bytes per token; its file needs {}", e.name, *e.kv_bytes_per_token, per_token);
+      runtime::logger().warn("serve: model '{}' states {} KV bytes per token; its file needs {}", e.name, *e.kv_bytes_per_token, per_token);
     if (e.context > m->model->config().n_ctx_train && m->model->config().n_ctx_train > 0)
-      spdlog::warn("serve: model '{}' runs a context of {} beyond the {} it was trained with", e.name, e.context, m->model->config().n_ctx_train);
+      runtime::logger().warn("serve: model '{}' runs a context of {} beyond the {} it was trained with", e.name, e.context, m->model->config().n_ctx_train);
     const int32_t blocks = kv_blocks_for(e);
     memory::status st = memory::status::ok;
     m->kv = memory::kv_pool::make(*arbiter_, e.name, blocks, k_block_tokens, static_cast<size_t>(per_token * k_block_tokens), &st);
@@ -123,7 +124,7 @@ served_roster::served_roster(const configs::roster& r, const serve_options& o) :
       apply_memory_action(*m->placement, {policy::action_kind::stage, e.name, "preload", 0});
     if (e.preload == configs::preload_tier::device || e.pinned)
       apply_memory_action(*m->placement, {policy::action_kind::load, e.name, "preload", 0});
-    spdlog::info("serve: {} ({}, {} {}, {} x {} positions) opened in {:.0f} ms", e.name, e.file, models::architecture_name(m->model->config().arch),
+    runtime::logger().info("serve: {} ({}, {} {}, {} x {} positions) opened in {:.0f} ms", e.name, e.file, models::architecture_name(m->model->config().arch),
                  format_byte_size(m->file_bytes), e.max_sequences, e.context,
                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     engine_model em;

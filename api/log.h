@@ -1,0 +1,12 @@
+// The api module's spdlog logger, named "api": one logger per module, so the log says
+// which part of tandem spoke and its level can be set apart (spdlog::get("api")).
+#pragma once
+
+#include <spdlog/logger.h>
+
+namespace tandem::api {
+
+// Created on first use with the default logger's sinks and the global level. Thread-safe.
+spdlog::logger& logger();
+
+}  // namespace tandem::api

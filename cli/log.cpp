@@ -1,0 +1,17 @@
+#include "cli/log.h"
+
+#include <spdlog/spdlog.h>
+
+namespace tandem::cli {
+
+spdlog::logger& logger() {
+  static const std::shared_ptr<spdlog::logger> logger = [] {
+    if (auto existing = spdlog::get("cli")) return existing;
+    auto l = std::make_shared<spdlog::logger>("cli", spdlog::default_logger()->sinks().begin(), spdlog::default_logger()->sinks().end());
+    spdlog::initialize_logger(l);
+    return l;
+  }();
+  return *logger;
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,12 @@
+// The memory module's spdlog logger, named "memory": one logger per module, so the log says
+// which part of tandem spoke and its level can be set apart (spdlog::get("memory")).
+#pragma once
+
+#include <spdlog/logger.h>
+
+namespace tandem::memory {
+
+// Created on first use with the default logger's sinks and the global level. Thread-safe.
+spdlog::logger& logger();
+
+}  // namespace tandem::memory
