@@ -13,10 +13,23 @@
 
 namespace tandem::test {
 
-std::filesystem::path data_path(const std::string& rel) { return std::filesystem::path(TANDEM_TEST_DATA) / rel; }
+namespace {
+
+// The environment variable `name` when set and not empty, else the path compiled in: test
+// executables packed by scripts/gpu-check --pack run where the build tree does not exist.
+std::string configured_path(const char* name, const char* built_in) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : built_in;
+}
+
+}  // namespace
+
+std::filesystem::path data_path(const std::string& rel) {
+  return std::filesystem::path(configured_path("TANDEM_TEST_DATA", TANDEM_TEST_DATA)) / rel;
+}
 
 std::filesystem::path smollm_path() {
-  return std::filesystem::path(TANDEM_MODELS_DIR) / "SmolLM2-135M-Instruct.Q4_1.gguf";
+  return std::filesystem::path(configured_path("TANDEM_MODELS_DIR", TANDEM_MODELS_DIR)) / "SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
 void require_smollm() {
@@ -48,7 +61,8 @@ command_result run_tandem(const std::string& args) {
   scratch_dir dir;
   const auto out = dir / "stdout";
   const auto err = dir / "stderr";
-  const std::string cmd = std::string("'") + TANDEM_BINARY + "' " + args + " >'" + out.string() + "' 2>'" + err.string() + "' </dev/null";
+  const std::string bin = configured_path("TANDEM_BINARY", TANDEM_BINARY);
+  const std::string cmd = "'" + bin + "' " + args + " >'" + out.string() + "' 2>'" + err.string() + "' </dev/null";
   const int status = std::system(cmd.c_str());
   command_result r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;

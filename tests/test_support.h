@@ -1,4 +1,6 @@
 // Helpers shared by the test suites: where test data lives, scratch files, running the CLI.
+// The paths are compiled in (tests/CMakeLists.txt); the environment variables TANDEM_TEST_DATA,
+// TANDEM_MODELS_DIR and TANDEM_BINARY, when set, replace them.
 #pragma once
 
 #include <filesystem>
@@ -6,9 +8,9 @@
 
 namespace tandem::test {
 
-// tests/data/<rel>
+// tests/data/<rel> ($TANDEM_TEST_DATA/<rel>)
 std::filesystem::path data_path(const std::string& rel);
-// .models/SmolLM2-135M-Instruct.Q4_1.gguf (may not exist).
+// .models/SmolLM2-135M-Instruct.Q4_1.gguf, or under $TANDEM_MODELS_DIR (may not exist).
 std::filesystem::path smollm_path();
 // Exits the test process with 77 (CTest "skipped") when the SmolLM2 model is absent, after
 // printing why. Only call it from suites named "smollm*", which CTest runs on their own.
@@ -33,7 +35,7 @@ struct command_result {
   std::string out;  // stdout
   std::string err;  // stderr
 };
-// Runs the built tandem binary with `args` (a shell-quoted argument string).
+// Runs the built tandem binary ($TANDEM_BINARY) with `args` (a shell-quoted argument string).
 command_result run_tandem(const std::string& args);
 
 std::string read_file(const std::filesystem::path& p);
