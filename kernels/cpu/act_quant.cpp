@@ -6,11 +6,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "kernels/cpu/act_quant_impl.h"
 #include "kernels/cpu/blocks.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/quants.h"
-#include "kernels/cpu/quants_impl.h"
 
 namespace tandem::kernels::cpu {
 namespace {

@@ -8,7 +8,7 @@
 
 #include <cstring>
 
-#include "kernels/cpu/act_quant_impl.h"
+#include "kernels/cpu/act_quant.h"
 #include "kernels/cpu/blocks.h"
 
 namespace tandem::kernels::cpu {

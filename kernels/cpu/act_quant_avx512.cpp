@@ -7,7 +7,7 @@
 
 #include <cstring>
 
-#include "kernels/cpu/act_quant_impl.h"
+#include "kernels/cpu/act_quant.h"
 #include "kernels/cpu/blocks.h"
 #include "kernels/cpu/panel.h"
 #include "kernels/cpu/quants.h"

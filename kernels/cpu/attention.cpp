@@ -132,7 +132,8 @@ int64_t zigzag_row(int64_t u, int64_t n_q) { return u % 2 == 0 ? u / 2 : n_q - 1
 size_t prompt_scratch_floats(int padded_dim) {
   // qt, acc: dp x 16 lanes each; kb, vb: 16 keys x dp x k_prompt_max_kv_period each; the K rows
   // of one key being widened (dp x k_prompt_max_kv_period); w; alpha; 16 floats of alignment
-  // slack (attention_prompt_simd.h). The AVX2 tiles (8 lanes, the same key blocks) take less.
+  // slack (attention_simd.h, prompt_kernel). The AVX2 tiles (8 lanes, the same key blocks)
+  // take less.
   const size_t dp = static_cast<size_t>(padded_dim);
   constexpr size_t L = k_prompt_lanes;
   constexpr size_t P = k_prompt_max_kv_period;

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "kernels/cpu/expf_exact_avx512.h"
+#include "kernels/cpu/simd_avx512.h"
 
 namespace tandem::kernels::cpu {
 namespace {
@@ -39,7 +39,7 @@ struct avx512_lanes {
   // maximum when its score exceeds the running max over the keys before it (E[b], an
   // exclusive prefix max, NaN scores never counting), and takes the same expf argument as
   // the key-by-key loop: E[b] - sc[b] for a new maximum, sc[b] - E[b] otherwise, each
-  // through the vector expf with the C library's bits (expf_exact_avx512.h).
+  // through the vector expf with the C library's bits (avx512::expf_exact, simd_avx512.h).
   static void online_weights(const float* sc, int nb, float& m, float* ms, float* w) {
     const __mmask16 valid = nb >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << nb) - 1);
     const __m512 ninf = _mm512_set1_ps(-__builtin_inff());

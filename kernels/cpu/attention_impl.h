@@ -96,9 +96,9 @@ void attend_avx512(const attention_task& t, const attention_scratch& s);
 // KV head is past n_kv, or whose row is past n_rows, are empty). Decode rows fill a tile with
 // several KV heads (kv_period 2 or 4), prompt chunks with rows of one (kv_period 1). Not the
 // f16 contract above: f32 throughout, scores from fused multiply-adds over the dimensions in
-// order, a vectorised exponential, online softmax over blocks of 16 keys
-// (attention_prompt_simd.h). Each lane's result depends on its own row and head only, never
-// on the tile's other lanes or on the path.
+// order, a vectorised exponential, online softmax over blocks of 16 keys (attention_simd.h,
+// prompt_kernel). Each lane's result depends on its own row and head only, never on the
+// tile's other lanes or on the path.
 struct prompt_tile {
   const float* q;         // the tile's first row, its first KV head's first head
   float* out;             // same layout as q

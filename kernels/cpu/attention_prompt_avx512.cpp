@@ -1,12 +1,12 @@
 // The prompt-row attention kernel (attention_impl.h, prompt_tile) with AVX-512: the kernel of
-// attention_prompt_simd.h over 16-float registers, lane masks in k registers.
+// attention_simd.h (prompt_kernel) over 16-float registers, lane masks in k registers.
 // GCC 12 warns, wrongly, that the undefined pass-through operand of the unmasked AVX-512
 // intrinsics (cvtph_ps, max_ps, min_ps) may be used uninitialised.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #include <immintrin.h>
 
-#include "kernels/cpu/attention_prompt_simd.h"
+#include "kernels/cpu/attention_simd.h"
 
 namespace tandem::kernels::cpu {
 namespace {

@@ -68,7 +68,7 @@ struct block_q5_k {
   uint8_t qs[128];                 // low 4 bits, as Q4_K
 };
 struct block_q6_k {
-  uint8_t ql[128];                 // low 4 bits (see quants_k.cpp for the order)
+  uint8_t ql[128];                 // low 4 bits (see quants.cpp for the order)
   uint8_t qh[64];                  // high 2 bits
   int8_t scales[16];               // one signed 8-bit scale per 16 elements
   half_bytes d;                    // super-block scale

@@ -62,11 +62,6 @@ bool cpu_has_avx512_bf16() {
   return ok;
 }
 
-bool cpu_has_gfni() {
-  static const bool ok = cpu_has_avx512() && __builtin_cpu_supports("gfni");
-  return ok;
-}
-
 bool cpu_has_prefetchw() {
   static const bool ok = [] {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;

@@ -26,8 +26,6 @@ isa requested_isa();
 const char* isa_name(isa which);
 // AVX-512 BF16 (vdpbf16ps), used by the avx512 path for BF16 weights when present.
 bool cpu_has_avx512_bf16();
-// GFNI (vgf2p8affineqb) with AVX-512, used by the avx512 path's packed Q6_K kernel when present.
-bool cpu_has_gfni();
 // PREFETCHW (a request for a line with the right to write it; cpuid 0x80000001 ECX bit 8):
 // matmul asks for a batch's output lines with it where present.
 bool cpu_has_prefetchw();

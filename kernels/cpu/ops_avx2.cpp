@@ -6,10 +6,8 @@
 
 #include <cmath>
 
-#include "kernels/cpu/expf_exact_avx2.h"
 #include "kernels/cpu/quants.h"
-#include "kernels/cpu/simd_math_avx2.h"
-#include "kernels/cpu/unfused.h"
+#include "kernels/cpu/simd_avx2.h"
 
 namespace tandem::kernels::cpu {
 

@@ -1,11 +1,11 @@
 // AVX-512 paths of element-wise ops whose contract is expf itself (ops_simd.h): the vector
-// exponential of expf_exact_avx512.h gives the scalar path's bits, so these are not
+// exponential avx512::expf_exact (simd_avx512.h) gives the scalar path's bits, so these are not
 // approximations of it but the same results, several elements per instruction.
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/cpu/expf_exact_avx512.h"
 #include "kernels/cpu/ops_simd.h"
+#include "kernels/cpu/simd_avx512.h"
 
 namespace tandem::kernels::cpu {
 

@@ -22,22 +22,22 @@ void rms_norm_avx2(const float* x, const float* w, float* out, int64_t n, float 
 // x[2i+1]) when adjacent, (x[i], x[i + half]) when neox; cs holds cos, sin of pair i at 2i, 2i+1.
 void rope_apply_avx2(float* x, int n_heads, int head_dim, int half, bool neox, const float* cs);
 
-// As softmax, with the vector e^x of simd_math_avx2.h instead of expf.
+// As softmax, with the vector e^x avx2::exp_ps (simd_avx2.h) instead of expf.
 void softmax_avx2(float* x, int64_t n);
 
-// As swiglu, with the vector e^x of simd_math_avx2.h instead of expf (swiglu_fast in ops.h).
+// As swiglu, with avx2::exp_ps instead of expf (swiglu_fast in ops.h).
 void swiglu_avx2(float* gate, const float* up, int64_t n);
 
-// out[i] = e^x[i] through the vector exponential softmax_avx2 uses (simd_math_avx2.h); here so
+// out[i] = e^x[i] through the vector exponential softmax_avx2 uses (avx2::exp_ps); here so
 // that tests can measure its error. out may equal x.
 void exp_avx2(const float* x, float* out, int64_t n);
 
-// out[i] = expf(x[i]), the same bits as std::exp on floats (expf_exact_avx2.h,
-// expf_exact_avx512.h); out may equal x. The avx512 form only with AVX-512 (isa::avx512).
+// out[i] = expf(x[i]), the same bits as std::exp on floats (avx2::expf_exact,
+// avx512::expf_exact); out may equal x. The avx512 form only with AVX-512 (isa::avx512).
 void expf_exact_avx2(const float* x, float* out, int64_t n);
 void expf_exact_avx512(const float* x, float* out, int64_t n);
 
-// swiglu itself, bit for bit: its expf through expf_exact_avx2.h / expf_exact_avx512.h (the
+// swiglu itself, bit for bit: its expf through avx2::expf_exact / avx512::expf_exact (the
 // latter only with AVX-512).
 void swiglu_exact_avx2(float* gate, const float* up, int64_t n);
 void swiglu_avx512(float* gate, const float* up, int64_t n);

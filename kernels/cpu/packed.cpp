@@ -171,7 +171,7 @@ void dequantize_packed_row(weight_type wt, const void* packed, int64_t cols, int
   const int r = static_cast<int>(row % R);
   const size_t ub = packed_unit_bytes(wt);
   const int64_t uc = packed_unit_cols(wt);
-  // The formulas of the GGUF dequantizers (quants_legacy.cpp, quants_k.cpp), so the values match.
+  // The formulas of the GGUF dequantizers (quants.cpp), so the values match.
   for (int64_t u = 0; u < cols / uc; ++u) {
     const uint8_t* unit = panel + u * ub;
     float* y = out + u * uc;

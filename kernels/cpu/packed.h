@@ -214,13 +214,11 @@ inline constexpr int k_packed_max_act_rows = 16;
 // rows.
 void packed_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
                     int n_act, float* out, int64_t out_stride, int n_w);
-// allow_gfni: Q6_K takes the GFNI kernel where the CPU has GFNI (the same results bit for
-// bit; tests turn it off to compare). order: see sum_order. Any n_act: groups of up to
+// order: see sum_order. Any n_act: groups of up to
 // k_packed_max_act_rows rows go through tile_packed_acts and packed_dot_tiled_avx512 (a copy
 // per call; matmul tiles each activation row once instead).
 void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
-                       int n_act, float* out, int64_t out_stride, int n_w, bool allow_gfni = true,
-                       sum_order order = sum_order::ggml);
+                       int n_act, float* out, int64_t out_stride, int n_w, sum_order order = sum_order::ggml);
 
 // The AVX2 form (packed_avx2.cpp) for CPUs without AVX-512: panel_acts rows, any n_act, in
 // passes of up to 4 rows. The same bits as packed_dot_avx512 in both orders (its integer sums
@@ -249,11 +247,7 @@ void tile_packed_acts(weight_type wt, int64_t cols, const int8_t* codes, const f
 // call then does nothing; matmul never makes it).
 void packed_dot_tiled_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* tiled_codes,
                              const float* tiled_aux, int n_act, float* out, int64_t out_stride, int n_w,
-                             bool allow_gfni = true, sum_order order = sum_order::ggml);
-// The Q6_K kernel with GFNI over tiled activations (packed_q6k_gfni_avx512.cpp); only call
-// when cpu_has_gfni().
-void packed_dot_q6k_gfni_avx512(const uint8_t* panel, int64_t cols, const int8_t* tiled_codes, const float* tiled_aux,
-                                int n_act, float* out, int64_t out_stride, int n_w);
+                             sum_order order = sum_order::ggml);
 // Widens one packed panel into panel.h's form (64-byte aligned panel, panel_bytes(wt, cols)):
 // the codes pack_panel_* writes from the GGUF rows and the same scale and min values (padded
 // rows: -0 where pack_panel_* writes +0), for products with many activation rows

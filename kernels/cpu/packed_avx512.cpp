@@ -98,13 +98,9 @@ void expand_packed_avx512(weight_type wt, const uint8_t* packed, int64_t cols, u
 }
 
 void packed_dot_tiled_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* tiled_codes,
-                             const float* tiled_aux, int n_act, float* out, int64_t out_stride, int n_w, bool allow_gfni,
+                             const float* tiled_aux, int n_act, float* out, int64_t out_stride, int n_w,
                              sum_order order) {
   assert(!(has_ggml_order(wt) && order == sum_order::ggml) && "ggml-order Q4_1/Q5_1 reads panel_acts rows");
-  if (wt == weight_type::q6_k && allow_gfni && cpu_has_gfni()) {
-    packed_dot_q6k_gfni_avx512(panel, cols, tiled_codes, tiled_aux, n_act, out, out_stride, n_w);
-    return;
-  }
   const __mmask16 lanes = avx512::first16(n_w);
   auto rows = [&]<weight_type WT>() {
     if constexpr (WT != weight_type::q6_k) {
@@ -145,7 +141,7 @@ void packed_dot_tiled_avx512(weight_type wt, const uint8_t* panel, int64_t cols,
 }
 
 void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
-                       int n_act, float* out, int64_t out_stride, int n_w, bool allow_gfni, sum_order order) {
+                       int n_act, float* out, int64_t out_stride, int n_w, sum_order order) {
   if (has_ggml_order(wt) && order == sum_order::ggml) {
     auto run = [&]<weight_type WT>() {
       constexpr size_t ub = packed_unit_bytes(WT);
@@ -180,7 +176,7 @@ void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const
     return;
   }
   if (n_act == 1) {  // one row's tiled form is its panel_acts form
-    packed_dot_tiled_avx512(wt, panel, cols, codes, aux, 1, out, out_stride, n_w, allow_gfni, order);
+    packed_dot_tiled_avx512(wt, panel, cols, codes, aux, 1, out, out_stride, n_w, order);
     return;
   }
   thread_local std::vector<int8_t> tiled_codes;
@@ -192,7 +188,7 @@ void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const
     tiled_aux.resize(static_cast<size_t>(n * aux_per_row));
     tile_packed_acts(wt, cols, codes + r0 * cols, aux + r0 * aux_per_row, n, tiled_codes.data(), tiled_aux.data());
     packed_dot_tiled_avx512(wt, panel, cols, tiled_codes.data(), tiled_aux.data(), n, out + r0 * out_stride, out_stride, n_w,
-                            allow_gfni, order);
+                            order);
   }
 }
 

@@ -17,7 +17,7 @@
 // multiplied as |q| x sign(a, q), as the row tiles do. Every integer sum is exact and every
 // float step is the AVX-512 tile kernel's (packed_tile_avx512.h), so all three give the same
 // bits; Q4_1 / Q5_1 in ggml's order give the bits of the AVX2 row tiles
-// (vec_dot_legacy_avx2.cpp), as on AVX-512.
+// (vec_dot_avx2.cpp), as on AVX-512.
 #pragma once
 
 #include <immintrin.h>

@@ -1,7 +1,6 @@
-// The tile kernel over packed weights (packed.h), shared by packed_avx512.cpp and, with
-// GFNI for Q6_K's high bit pairs, packed_q6k_gfni_avx512.cpp. Include only from *_avx512.cpp
-// files: everything is in an unnamed namespace, so each file compiles its own copy for its own
-// instruction set and no copy built with GFNI can stand in for one built without.
+// The tile kernel over packed weights (packed.h), for packed_avx512.cpp. Include only from
+// *_avx512.cpp files: everything is in an unnamed namespace, so each file compiles its own copy
+// for its own instruction set.
 //
 // Per 32-column chunk the compact codes are widened to the 8 group registers of panel.h
 // (nibble masks and shifts, Q6_K's high pairs moved into bits 4-5, the Q5 types' fifth bits
@@ -63,21 +62,8 @@ static inline __m512i with_fifth_bit(__m512i codes, const uint8_t* fifth, int g)
   return _mm512_mask_add_epi8(codes, k, codes, _mm512_set1_epi8(0x10));
 }
 
-// Q6_K's high bit pair of group q (bits 2q, 2q+1 of h) in bits 4-5, everything else zero, in
-// one GFNI affine transform: output bit 4 takes input bit 2q, bit 5 input bit 2q+1.
-template <bool GFNI>
-static inline __m512i q6_pair_gfni(__m512i h, int q) {
-  if constexpr (GFNI) {
-    const uint64_t matrix = (uint64_t{1} << (2 * q)) << 24 | (uint64_t{1} << (2 * q + 1)) << 16;
-    return _mm512_gf2p8affine_epi64_epi8(h, _mm512_set1_epi64(static_cast<long long>(matrix)), 0);
-  } else {
-    return q6_high_pair(h, q);
-  }
-}
-
 // R activation rows against one packed panel (Q4_1 and Q5_1 here in the tile's order, with
-// their min term as one more FMA per sub-block; packed_avx512.cpp has ggml's). GFNI:
-// Q6_K's codes are assembled with gf2p8affine + one bit select instead of shifts, masks and ors.
+// their min term as one more FMA per sub-block; packed_avx512.cpp has ggml's).
 // R is 1..8, or k_packed_max_act_rows for every type but Q6_K (whose two sums per chunk would
 // not fit the registers). The activations are in the tiled form of tile_packed_acts for a group
 // of `group` rows, codes and aux starting at this call's first row: every byte and scale the
@@ -86,7 +72,7 @@ static inline __m512i q6_pair_gfni(__m512i h, int q) {
 // whose moves took the vector ports: 95 cycles per chunk against 82 tiled). REQ: how the pass
 // asks for its lines ahead (packed_avx512_requests; with_requests picks this CPU's). Split:
 // two integer sums per row up to 8 rows (packed_avx512_split_sums; with_split picks this CPU's).
-template <weight_type WT, int R, avx512_requests REQ, bool Split = true, bool GFNI = false>
+template <weight_type WT, int R, avx512_requests REQ, bool Split = true>
 void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int group, float* out,
                  int64_t out_stride, __mmask16 lanes) {
   static_assert(R <= k_panel_max_act_rows || (R == k_packed_max_act_rows && WT != weight_type::q6_k));
@@ -164,24 +150,16 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
           lo = avx512::load64(unit + 64 * q);
         } else {
           const __m512i z = avx512::load64(unit + ch * 256 + 64 * q);
-          if constexpr (WT == weight_type::q6_k && GFNI) {
-            // Bits 0-3 from the nibbles, 4-5 from the pair (select by the 0x0F mask: 0xE4).
-            const __m512i p0 = q6_pair_gfni<true>(avx512::load64(unit + 2048 + ch * 128), q);
-            const __m512i p1 = q6_pair_gfni<true>(avx512::load64(unit + 2048 + ch * 128 + 64), q);
-            lo = _mm512_ternarylogic_epi32(z, p0, low4, 0xE4);
-            hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(z, 4), p1, low4, 0xE4);
-          } else {
-            lo = _mm512_and_si512(z, low4);
-            hi = k_high_unshifted ? _mm512_and_si512(z, high4) : _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
-            if constexpr (packed_has_fifth_bit(WT)) {
-              const uint8_t* fifth = unit + packed_fifth_at(WT, ch);
-              lo = with_fifth_bit(lo, fifth, q);
-              hi = with_fifth_bit(hi, fifth, q + 4);
-            }
-            if constexpr (WT == weight_type::q6_k) {
-              lo = _mm512_or_si512(lo, q6_high_pair(avx512::load64(unit + 2048 + ch * 128), q));
-              hi = _mm512_or_si512(hi, q6_high_pair(avx512::load64(unit + 2048 + ch * 128 + 64), q));
-            }
+          lo = _mm512_and_si512(z, low4);
+          hi = k_high_unshifted ? _mm512_and_si512(z, high4) : _mm512_and_si512(_mm512_srli_epi16(z, 4), low4);
+          if constexpr (packed_has_fifth_bit(WT)) {
+            const uint8_t* fifth = unit + packed_fifth_at(WT, ch);
+            lo = with_fifth_bit(lo, fifth, q);
+            hi = with_fifth_bit(hi, fifth, q + 4);
+          }
+          if constexpr (WT == weight_type::q6_k) {
+            lo = _mm512_or_si512(lo, q6_high_pair(avx512::load64(unit + 2048 + ch * 128), q));
+            hi = _mm512_or_si512(hi, q6_high_pair(avx512::load64(unit + 2048 + ch * 128 + 64), q));
           }
         }
         TANDEM_UNROLL for (int r = 0; r < R; ++r) {

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "kernels/cpu/act_quant.h"
-#include "kernels/cpu/act_quant_impl.h"
 #include "kernels/cpu/blocks.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/packed.h"

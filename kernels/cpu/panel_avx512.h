@@ -54,7 +54,7 @@ static inline __m512i q6_high_pair(__m512i h, int q) {
 }
 
 // Q4_1 / Q5_1 in ggml's x86 float order, bit for bit equal to the row tiles
-// (vec_dot_legacy_avx512.cpp): there output (o, r) keeps 8 float lanes, lane j summing
+// (vec_dot_avx512.cpp): there output (o, r) keeps 8 float lanes, lane j summing
 // fma(d * dy, float(dot of the block's columns 4j..4j+3), lane) block by block, plus a fused
 // sum of m * s, and ends with the AVX2 lane-sum tree. The vpdpbusd of column group j yields
 // exactly lane j's integer for all 16 rows, so one float accumulator per group and activation

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/weight_type.h"
 
@@ -26,5 +27,14 @@ float fp16_to_fp32(uint16_t h);
 uint16_t fp32_to_fp16(float f);
 float bf16_to_fp32(uint16_t h);
 uint16_t fp32_to_bf16(float f);  // round to nearest even
+
+// ggml's nearest_int: round half to even through the float mantissa (|f| < 2^22). Shared by
+// the K-quant quantizers and the activation quantizers (act_quant.h).
+inline int nearest_int(float f) {
+  const float v = f + 12582912.0f;  // 1.5 * 2^23: pushes the integer part into the mantissa
+  int32_t i;
+  std::memcpy(&i, &v, sizeof i);
+  return (i & 0x007fffff) - 0x00400000;
+}
 
 }  // namespace tandem::kernels::cpu

@@ -53,7 +53,7 @@ const dot_kernel& find_dot_kernel(weight_type weights);
 // next narrower path where a wider one has no kernel or the CPU lacks an extension it uses.
 dot_fn select_dot(const dot_kernel& k, isa path);
 
-// Scalar references (vec_dot_scalar.cpp, vec_dot_scalar_k.cpp).
+// Scalar references (vec_dot.cpp).
 void vec_dot_f32_scalar(int64_t, const void*, const void*, size_t, int, float*, int64_t);
 void vec_dot_f16_scalar(int64_t, const void*, const void*, size_t, int, float*, int64_t);
 void vec_dot_bf16_scalar(int64_t, const void*, const void*, size_t, int, float*, int64_t);
@@ -66,7 +66,7 @@ void vec_dot_q4_k_scalar(int64_t, const void*, const void*, size_t, int, float*,
 void vec_dot_q5_k_scalar(int64_t, const void*, const void*, size_t, int, float*, int64_t);
 void vec_dot_q6_k_scalar(int64_t, const void*, const void*, size_t, int, float*, int64_t);
 
-// AVX2 paths (vec_dot_float_avx2.cpp, vec_dot_legacy_avx2.cpp, vec_dot_k_avx2.cpp).
+// AVX2 paths (vec_dot_avx2.cpp).
 void vec_dot_f32_avx2(int64_t, const void*, const void*, size_t, int, float*, int64_t);
 void vec_dot_f16_avx2(int64_t, const void*, const void*, size_t, int, float*, int64_t);
 void vec_dot_bf16_avx2(int64_t, const void*, const void*, size_t, int, float*, int64_t);
@@ -79,7 +79,7 @@ void vec_dot_q4_k_avx2(int64_t, const void*, const void*, size_t, int, float*, i
 void vec_dot_q5_k_avx2(int64_t, const void*, const void*, size_t, int, float*, int64_t);
 void vec_dot_q6_k_avx2(int64_t, const void*, const void*, size_t, int, float*, int64_t);
 
-// AVX2 tiles of the 32-element block types (vec_dot_legacy_avx2.cpp), dot_fn form; the
+// AVX2 tiles of the 32-element block types (vec_dot_avx2.cpp), dot_fn form; the
 // vec_dot_*_avx2 above are their one-row case.
 void dot_q4_0_avx2(int64_t, const void*, size_t, int, const void*, size_t, int, float*, int64_t);
 void dot_q4_1_avx2(int64_t, const void*, size_t, int, const void*, size_t, int, float*, int64_t);
@@ -87,8 +87,7 @@ void dot_q5_0_avx2(int64_t, const void*, size_t, int, const void*, size_t, int, 
 void dot_q5_1_avx2(int64_t, const void*, size_t, int, const void*, size_t, int, float*, int64_t);
 void dot_q8_0_avx2(int64_t, const void*, size_t, int, const void*, size_t, int, float*, int64_t);
 
-// AVX-512 tiles (vec_dot_float_avx512.cpp, vec_dot_legacy_avx512.cpp, vec_dot_k_avx512.cpp),
-// dot_fn form.
+// AVX-512 tiles (vec_dot_avx512.cpp), dot_fn form.
 #define TANDEM_DOT_FN(name)                                                                                  \
   void name(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride, int n_act, \
             float* out, int64_t out_stride)

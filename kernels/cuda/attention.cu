@@ -1,4 +1,4 @@
-// Paged KV store and causal GQA attention, the CUDA twins of kernels/cpu/kv_store.cpp and
+// Paged KV store and causal GQA attention, the CUDA twins of kernels/cpu/ops.cpp (KV store) and
 // attention.cpp. Attention keeps f32 throughout (also on an f16 cache, unlike the CPU's
 // llama.cpp-compatible f16 accumulation), so it agrees with the CPU within float noise.
 #include <cuda_fp16.h>

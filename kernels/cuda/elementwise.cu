@@ -1,4 +1,4 @@
-// Element-wise CUDA twins of kernels/cpu (norm.cpp, rope.cpp, activation.cpp, softmax.cpp).
+// Element-wise CUDA twins of kernels/cpu/ops.cpp (RMS norm, RoPE, activations, softmax).
 // Where the CPU op's arithmetic order matters for tracking llama.cpp (double sums, RoPE's
 // angles), it is reproduced here; the rest differs from the CPU by float noise only.
 #include <cuda_runtime.h>
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(k_rms_block) rms_norm_kernel(const float* x, c
   if (row >= n_rows) return;  // only in the warp-per-row layout, which never synchronises
   const float* xr = x + row * n;
   float* o = out + row * n;
-  // As norm.cpp: squares rounded to float, summed in double.
+  // As ops.cpp's RMS norm: squares rounded to float, summed in double.
   double ss = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     const float v = xr[i];
@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(k_rms_block) rms_norm_kernel(const float* x, c
 
 // ---- rope ----
 
-// What rope.cpp derives from rope_params once per call, computed on the host with the same
+// What ops.cpp's RoPE derives from rope_params once per call, computed on the host with the same
 // expressions so the device sees the same bits.
 struct rope_args {
   int64_t row_stride;
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(k_rope_block) rope_kernel(float* x, const int3
   const int64_t row = blockIdx.x;
   const float p = static_cast<float>(pos[row]);
   for (int i = threadIdx.x; i < a.half; i += blockDim.x) {
-    // theta_i by i repeated float multiplications, the sequence rope.cpp (and ggml) rounds
+    // theta_i by i repeated float multiplications, the sequence ops.cpp (and ggml) rounds
     // through, rather than powf: angles at large positions then match the CPU's.
     float theta = p;
     for (int j = 0; j < i; ++j) theta *= a.theta_scale;
@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(k_rope_block) rope_kernel(float* x, const int3
   }
 }
 
-// rope.cpp's YaRN correction dims, the same float expressions.
+// ops.cpp's YaRN correction dims, the same float expressions.
 float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot_turns, float base) {
   const float pi = 3.14159265358979323846f;
   return static_cast<float>(n_dims) * std::log(static_cast<float>(n_ctx_orig) / (n_rot_turns * 2.0f * pi)) /
@@ -166,7 +166,7 @@ __global__ void swiglu_kernel(float* gate, const float* up, int64_t n) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     const float g = gate[i];
     // g / (1 + e^-g), not g * sigmoid(g): for very negative g, e^-g is inf and this gives -0
-    // (as activation.cpp) where the product form would give inf * 0 = NaN.
+    // (as ops.cpp) where the product form would give inf * 0 = NaN.
     gate[i] = g / (1.0f + expf(-g)) * up[i];
   }
 }
@@ -191,7 +191,7 @@ __global__ void softmax_kernel(float* x, int64_t n) {
   float m = -INFINITY;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, xr[i]);
   m = row_reduce(m, max_op{}, scratch_f);
-  // As softmax.cpp: f32 exponentials, their sum in double so a vocabulary-long row keeps its
+  // As ops.cpp's softmax: f32 exponentials, their sum in double so a vocabulary-long row keeps its
   // small terms.
   double sum = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {

@@ -1,5 +1,5 @@
 // Device-side decoders of the GGUF weight blocks the CUDA kernels take, giving the same values
-// as the CPU reference dequantizers (kernels/cpu/quants_k.cpp, quants_legacy.cpp).
+// as the CPU reference dequantizers (kernels/cpu/quants.cpp).
 //
 // Each block is decoded cooperatively by `lanes` threads; thread `part` of a block produces
 // `n` values whose in-block indices are elem(part, j). Parts are chosen so that neighbouring

@@ -161,7 +161,7 @@ TEST_SUITE("gpu_ops") {
         for (int64_t r = 0; r < n_rows; ++r) {
           CAPTURE(pos[size_t(r)]);
           // Both sides compute angles in float: each within 1e-5 + 1e-6 * pos of exact
-          // (rope_test), so within twice that of each other.
+          // (ops_test.cpp), so within twice that of each other.
           const double tol = 2e-5 + 2e-6 * pos[size_t(r)];
           double worst = 0;
           size_t others_changed = 0;

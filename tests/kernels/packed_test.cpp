@@ -275,16 +275,16 @@ TEST_CASE("a packed product's row has the same bits however many rows share the 
     const auto per_row = static_cast<int64_t>(panel_act_aux_floats(wt, cols, 1));
     const int n_w = 14;
     std::vector<float> all(static_cast<size_t>(16 * n_act), -7.0f), eights(all);
-    packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n_act, all.data(), 16, n_w, true, order);
+    packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n_act, all.data(), 16, n_w, order);
     for (int r0 = 0; r0 < n_act; r0 += k_panel_max_act_rows)
       packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data() + r0 * cols, a.aux.data() + r0 * per_row,
-                        k_panel_max_act_rows, eights.data() + r0 * 16, 16, n_w, true, order);
+                        k_panel_max_act_rows, eights.data() + r0 * 16, 16, n_w, order);
     CHECK(std::memcmp(all.data(), eights.data(), all.size() * sizeof(float)) == 0);
     for (const int r : {0, 5, n_act - 1}) {
       CAPTURE(r);
       std::vector<float> one(16, -7.0f);
       packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data() + r * cols, a.aux.data() + r * per_row, 1, one.data(), 16,
-                        n_w, true, order);
+                        n_w, order);
       CHECK(std::memcmp(one.data(), all.data() + r * 16, one.size() * sizeof(float)) == 0);
     }
   });
@@ -365,7 +365,7 @@ TEST_CASE("packed AVX2 products, with and without AVX-VNNI: the AVX-512 kernels'
         CAPTURE(n);
         CAPTURE(n_w);
         std::vector<float> want(static_cast<size_t>(16 * n), -7.0f);
-        packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n, want.data(), 16, n_w, true, order);
+        packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n, want.data(), 16, n_w, order);
         for (const bool vnni : {false, true}) {
           if (vnni && !cpu_has_avx_vnni()) continue;
           CAPTURE(vnni);
@@ -471,7 +471,7 @@ TEST_CASE("packed Q4_1 and Q5_1 in the tile's order: the exact dot to rounding, 
       const acts a = make_acts(wt, cols, n_act, 17);
       const int n_w = 13;  // a partial panel: lanes past it are left alone
       std::vector<float> all(static_cast<size_t>(16 * n_act), -7.0f);
-      packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n_act, all.data(), 16, n_w, true,
+      packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n_act, all.data(), 16, n_w,
                         sum_order::tile);
       const auto per_row = static_cast<int64_t>(panel_act_aux_floats(wt, cols, 1));
       bool differs_from_ggml = false;
@@ -479,7 +479,7 @@ TEST_CASE("packed Q4_1 and Q5_1 in the tile's order: the exact dot to rounding, 
         CAPTURE(r);
         std::vector<float> one(16, -7.0f), ggml(16, -7.0f);
         packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data() + r * cols, a.aux.data() + r * per_row, 1, one.data(), 16,
-                          n_w, true, sum_order::tile);
+                          n_w, sum_order::tile);
         packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data() + r * cols, a.aux.data() + r * per_row, 1, ggml.data(), 16,
                           n_w);
         for (int o = 0; o < 16; ++o) {
@@ -552,23 +552,3 @@ TEST_CASE("packing reads nothing past the last row (a matrix may end at the end 
   }
 }
 #endif
-
-TEST_CASE("packed Q6_K: the GFNI kernel equals the shift-and-mask kernel bit for bit") {
-  if (!isa_supported(isa::avx512) || !cpu_has_gfni()) {
-    MESSAGE("skipped: this CPU lacks GFNI");
-    return;
-  }
-  const weight_type wt = weight_type::q6_k;
-  for (const int64_t cols : col_counts(wt)) {
-    CAPTURE(cols);
-    const matrix m = make_matrix(wt, 16, cols, static_cast<uint32_t>(cols + 5));
-    const int n_act = k_packed_max_act_rows;
-    const acts a = make_acts(wt, cols, n_act, 3);
-    for (int n = 1; n <= n_act; ++n) {
-      std::vector<float> with(static_cast<size_t>(16 * n)), without(with);
-      packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n, with.data(), 16, 16, true);
-      packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n, without.data(), 16, 16, false);
-      CHECK(with == without);
-    }
-  }
-}

@@ -1,14 +1,36 @@
+// The element-wise ops of ops.h (RMSNorm, RoPE, softmax, SwiGLU, the KV store): the scalar
+// references, and the dispatch to their AVX2 and AVX-512 forms (ops_simd.h).
 #include "kernels/cpu/ops.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <numbers>
 #include <vector>
 
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/ops_simd.h"
+#include "kernels/cpu/quants.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace tandem::kernels::cpu {
+
+void rms_norm(const float* x, const float* w, float* out, int64_t n, float eps) {
+  if (n <= 0) return;
+  if (active_isa() != isa::scalar) return rms_norm_avx2(x, w, out, n, eps);
+  // Same arithmetic as ggml's rms_norm + mul: squares in float summed in double, one float
+  // scale, then x*scale*w in that order, so hidden states track llama.cpp closely.
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i] * x[i]);
+  const float mean = static_cast<float>(sum / static_cast<double>(n));
+  const float scale = 1.0f / std::sqrt(mean + eps);
+  if (w) {
+    for (int64_t i = 0; i < n; ++i) out[i] = (x[i] * scale) * w[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale;
+  }
+}
 
 namespace {
 
@@ -102,6 +124,74 @@ void rope(float* x, int n_heads, int head_dim, int64_t pos, const rope_params& p
   cs.resize(static_cast<size_t>(n));
   rope_table(pos, head_dim, p, cs.data());
   rope_apply(x, n_heads, head_dim, cs.data(), p);
+}
+
+void softmax(float* x, int64_t n) {
+  if (n <= 0) return;
+  if (active_isa() != isa::scalar) return softmax_avx2(x, n);
+  float max_v = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) max_v = x[i] > max_v ? x[i] : max_v;
+  // Exponentials are F32; their sum is kept in double (as ggml's soft_max does) so long rows
+  // (attention over many keys, a whole vocabulary) do not lose the small terms.
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - max_v);
+    sum += x[i];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void swiglu(float* gate, const float* up, int64_t n) {
+  // silu(g) = g * sigmoid(g), written as g / (1 + e^-g) like ggml: for very negative g,
+  // e^-g overflows to inf and the result is a clean -0 instead of inf * 0 = NaN.
+  // expf itself: an AVX2 version with the vector e^x avx2::exp_ps (within 2 ulp) flips greedy
+  // tokens of the SmolLM2 llama.cpp fixtures (tests/models). The AVX2 and AVX-512 forms give
+  // these same bits (avx2::expf_exact, avx512::expf_exact). Large calls (batched decode,
+  // prefill) are split over the pool too, and the rows the server computes take swiglu_fast.
+  switch (active_isa()) {
+    case isa::avx512: return swiglu_avx512(gate, up, n);
+    case isa::avx2: return swiglu_exact_avx2(gate, up, n);
+    default: break;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void swiglu(float* gate, const float* up, int64_t n, thread_pool* pool) {
+  // Below this many elements a wakeup of the workers costs more than the expf calls it saves.
+  constexpr int64_t k_min_chunk = 4096;
+  if (!pool || n < 2 * k_min_chunk) {
+    swiglu(gate, up, n);
+    return;
+  }
+  pool->parallel_for(n, k_min_chunk, [&](int64_t b, int64_t e) { swiglu(gate + b, up + b, e - b); });
+}
+
+void swiglu_fast(float* gate, const float* up, int64_t n, thread_pool* pool) {
+  if (active_isa() == isa::scalar) return swiglu(gate, up, n, pool);
+  // The vector form is several times cheaper per element, so it pays for a wakeup later.
+  constexpr int64_t k_min_chunk = 16384;
+  if (!pool || n < 2 * k_min_chunk) {
+    swiglu_avx2(gate, up, n);
+    return;
+  }
+  pool->parallel_for(n, k_min_chunk, [&](int64_t b, int64_t e) { swiglu_avx2(gate + b, up + b, e - b); });
+}
+
+void kv_store(void* cache, kv_type kt, int64_t pos, const float* rows, int64_t n, int64_t row_elems) {
+  const int64_t first = pos * row_elems;
+  const int64_t count = n * row_elems;
+  if (kt == kv_type::f32) {
+    std::memcpy(static_cast<float*>(cache) + first, rows, static_cast<size_t>(count) * sizeof(float));
+    return;
+  }
+  // Round to nearest even, as ggml's F32 -> F16 copy into the cache does.
+  uint16_t* dst = static_cast<uint16_t*>(cache) + first;
+  if (active_isa() != isa::scalar) return f32_to_f16_row_avx2(rows, dst, count);
+  for (int64_t i = 0; i < count; ++i) dst[i] = fp32_to_fp16(rows[i]);
 }
 
 }  // namespace tandem::kernels::cpu
