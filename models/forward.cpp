@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -78,6 +79,22 @@ std::string mib(uint64_t bytes) {
 
 }  // namespace
 
+// The rows' pointers are the caller's (begin, eval, decode), valid until the pass is over.
+struct forward_context::in_flight {
+  std::optional<cpu_pass> pass;
+  std::optional<whole_pass_hold> whole;
+  std::optional<layer_walk> walk;
+  const int64_t* seqs = nullptr;
+  const int64_t* positions = nullptr;
+  int64_t n = 0;
+  // The walk first (it may lease from the hold's residency), the backend last.
+  void clear() {
+    walk.reset();
+    whole.reset();
+    pass.reset();
+  }
+};
+
 kernels::cpu::rope_params rope_params_of(const model_config& c, const model_weights& w) { return make_rope(c, w); }
 
 uint64_t kv_cache_bytes(const model_config& c, int64_t n_ctx, kernels::cpu::kv_type kv) {
@@ -94,7 +111,13 @@ uint64_t forward_context::scratch_bytes(const model_config& c, const context_par
 
 forward_context::forward_context(const model& m, const context_params& p, kernels::cpu::thread_pool* pool,
                                  weight_residency* residency)
-    : model_(m), pool_(pool), residency_(residency), kv_type_(p.kv), rope_(make_rope(m.config(), m.weights())), n_vocab_(m.config().n_vocab) {
+    : model_(m),
+      pool_(pool),
+      residency_(residency),
+      kv_type_(p.kv),
+      rope_(make_rope(m.config(), m.weights())),
+      n_vocab_(m.config().n_vocab),
+      flight_(std::make_unique<in_flight>()) {
   const auto& c = m.config();
   const auto sizes = size_context(c, p);
   n_ctx_ = sizes.n_ctx;
@@ -164,6 +187,8 @@ forward_context::forward_context(const model& m, const context_params& p, kernel
   rope_cs_ = carve(c.head_dim);
   logits_.resize(static_cast<size_t>(n_vocab_ * sizes.n_seq));
 }
+
+forward_context::~forward_context() = default;
 
 void forward_context::check_seq(int64_t seq) const {
   if (seq < 0 || seq >= n_seq())
@@ -247,7 +272,8 @@ void forward_context::decode(std::span<const int32_t> tokens, std::span<const in
   eval_chunk(tokens.data(), row_seq_.data(), row_pos_.data(), n, logits_.data(), nullptr, n);
 }
 
-void forward_context::step(std::span<const int32_t> tokens, std::span<const int64_t> seqs) {
+void forward_context::begin(std::span<const int32_t> tokens, std::span<const int64_t> seqs) {
+  flight_->clear();
   if (tokens.empty() && seqs.empty()) return;
   lay_out_step(
       tokens, seqs, n_vocab_, max_batch_,
@@ -267,10 +293,17 @@ void forward_context::step(std::span<const int32_t> tokens, std::span<const int6
   const auto runs = static_cast<int64_t>(step_out_.size());
   if (logits_.size() < static_cast<size_t>(runs * n_vocab_)) logits_.resize(static_cast<size_t>(runs * n_vocab_));
   n_logit_rows_ = runs;
-  eval_chunk(tokens.data(), row_seq_.data(), row_pos_.data(), n, logits_.data(), step_out_.data(), runs);
+  begin_chunk(tokens.data(), row_seq_.data(), row_pos_.data(), n, logits_.data(), step_out_.data(), runs);
 }
 
 void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n,
+                                 float* logits, const int64_t* out_rows, int64_t n_out) {
+  begin_chunk(tokens, seqs, positions, n, logits, out_rows, n_out);
+  while (!advance()) {
+  }
+}
+
+void forward_context::begin_chunk(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n,
                                  float* logits, const int64_t* out_rows, int64_t n_out) {
   const auto& c = model_.config();
   const int64_t hd = c.head_dim;
@@ -284,14 +317,39 @@ void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, con
     if (r == 0 || seqs[r] != seqs[r - 1]) run_start_.push_back(r);
   runs_.resize(run_start_.size());
   run_start_.push_back(n);
-  cpu_pass pass(*this, tokens, seqs, positions, n, logits, out_rows, n_out, false);
+  in_flight& f = *flight_;
+  f.clear();
+  cpu_pass& pass = f.pass.emplace(*this, tokens, seqs, positions, n, logits, out_rows, n_out, false);
   // Decode steps (up to k_team_max_rows rows, all of one arithmetic) run each layer as one
   // team job (context_params::layer_teams).
   pass.team = !team_scratch_.empty() && n <= k_team_max_rows;
   for (int64_t r = 1; r < n && pass.team; ++r) pass.team = pass.fast(r) == pass.fast(0);
-  const whole_pass_hold whole(residency_);  // all on the device: no per-layer lease
-  run_recipe(recipe_for(c), pass, model_, residency_, {tokens, static_cast<size_t>(n)}, logits != nullptr, between_layers_);
-  for (int64_t r = 0; r < n; ++r) pos_[static_cast<size_t>(seqs[r])] = positions[r] + 1;
+  f.whole.emplace(residency_);  // all on the device: no per-layer lease
+  try {
+    run_embedding(pass, model_, residency_, {tokens, static_cast<size_t>(n)});
+    f.walk.emplace(recipe_for(c), pass, model_, residency_, logits != nullptr);
+  } catch (...) {
+    f.clear();
+    throw;
+  }
+  f.seqs = seqs;
+  f.positions = positions;
+  f.n = n;
+}
+
+bool forward_context::advance() {
+  in_flight& f = *flight_;
+  if (!f.walk) return true;  // nothing begun (an empty step)
+  try {
+    if (!f.walk->advance()) return false;
+  } catch (...) {
+    f.clear();
+    throw;
+  }
+  // Positions move only once the pass has run: a failure leaves the sequences where they were.
+  for (int64_t r = 0; r < f.n; ++r) pos_[static_cast<size_t>(f.seqs[r])] = f.positions[r] + 1;
+  f.clear();
+  return true;
 }
 
 void forward_context::paged_store(int64_t s, int64_t layer, int64_t p0, const float* k, const float* v, int64_t len) {

@@ -87,6 +87,9 @@ class forward_context final : public forward_pass {
   // (no slot reserved: arbiter_residency::prepare_streaming was not called).
   forward_context(const model& m, const context_params& p, kernels::cpu::thread_pool* pool,
                   weight_residency* residency = nullptr);
+  ~forward_context() override;
+  forward_context(const forward_context&) = delete;
+  forward_context& operator=(const forward_context&) = delete;
 
   // Bytes a context with these parameters allocates at construction: KV cache (n_seq slots),
   // scratch (rows = max(min(max_batch, n_ctx), n_seq) of every activation) and n_seq rows of
@@ -111,13 +114,15 @@ class forward_context final : public forward_pass {
   // is out of range or listed twice, a token id is out of range, or a sequence is full.
   void decode(std::span<const int32_t> tokens, std::span<const int64_t> seqs);
 
-  // One pass over a mixed batch (the engine's step): rows of several sequences, each
-  // sequence's rows consecutive and continuing it at its pos() — a chunk of a prompt, or one
-  // decoded token. Afterwards all_logits_rows() holds one row of logits per sequence, for its
-  // last row, in the order the sequences appear. At most max_batch() rows. Throws
-  // std::invalid_argument before doing any work for a bad token id or sequence, rows of a
-  // sequence that are not consecutive, or a sequence that would overflow its context or KV.
-  void step(std::span<const int32_t> tokens, std::span<const int64_t> seqs) override;
+  // One pass over a mixed batch (the engine's step, forward_pass::step or begin/advance):
+  // rows of several sequences, each sequence's rows consecutive and continuing it at its
+  // pos() — a chunk of a prompt, or one decoded token. Afterwards all_logits_rows() holds one
+  // row of logits per sequence, for its last row, in the order the sequences appear. At most
+  // max_batch() rows. begin() throws std::invalid_argument before doing any work for a bad
+  // token id or sequence, rows of a sequence that are not consecutive, or a sequence that
+  // would overflow its context or KV. Each advance() runs one layer (the last with the head).
+  void begin(std::span<const int32_t> tokens, std::span<const int64_t> seqs) override;
+  bool advance() override;
 
   std::span<const float> logits() const { return {logits_.data() + (n_logit_rows_ - 1) * n_vocab_, static_cast<size_t>(n_vocab_)}; }
   std::span<const float> all_logits_rows() const override { return {logits_.data(), static_cast<size_t>(n_logit_rows_ * n_vocab_)}; }
@@ -151,6 +156,9 @@ class forward_context final : public forward_pass {
   // whose logits are written there in that order, or null for every row.
   void eval_chunk(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, float* logits,
                   const int64_t* out_rows, int64_t n_out);
+  // eval_chunk's first part: the pass set up and its embedding run; advance() runs the rest.
+  void begin_chunk(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, float* logits,
+                   const int64_t* out_rows, int64_t n_out);
   void check_seq(int64_t seq) const;
   friend class cpu_pass;  // the recipe's ops over this context's cache and scratch (cpu_pass.h)
 
@@ -205,6 +213,9 @@ class forward_context final : public forward_pass {
   float* rope_cs_ = nullptr;  // per row: RoPE's cos/sin of its position (rope_table)
   std::vector<float> logits_;
   std::vector<float> head_scratch_;  // logits of one piece of a head cut into pieces (weight_plan.h)
+  // The pass begun and not yet over (forward.cpp); last, so it goes before what it uses.
+  struct in_flight;
+  std::unique_ptr<in_flight> flight_;
 };
 
 }  // namespace tandem::models

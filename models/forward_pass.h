@@ -18,7 +18,23 @@ class forward_pass {
   // it at its pos(): afterwards all_logits_rows() holds one row of logits per sequence (for
   // its last row), in the order the sequences appear. Throws std::invalid_argument before
   // doing any work on bad input.
-  virtual void step(std::span<const int32_t> tokens, std::span<const int64_t> seqs) = 0;
+  void step(std::span<const int32_t> tokens, std::span<const int64_t> seqs) {
+    begin(tokens, seqs);
+    while (!advance()) {
+    }
+  }
+  // The same pass in parts, for a caller that does other work at its yield points: begin()
+  // checks and lays out the rows (throwing as step() does, before any work) and queues the
+  // embedding; each advance() runs up to the next yield point (the next layer, or all that
+  // is left where the pass cannot stop: a replayed graph, weights that never move) and
+  // returns true once the pass is over and its logits are ready. Between two advance() calls
+  // none of the pass's work runs on the host and it holds at most its current layer's weight
+  // lease, so passes of another model whose weights are on the device may run there
+  // (runtime/engine_interleave.cpp). tokens and seqs stay the caller's until then. An
+  // exception from advance() ends the pass (positions unmoved, leases released); begin()
+  // while a pass is unfinished abandons that one.
+  virtual void begin(std::span<const int32_t> tokens, std::span<const int64_t> seqs) = 0;
+  virtual bool advance() = 0;
   virtual std::span<const float> all_logits_rows() const = 0;
   virtual int64_t pos(int64_t seq) const = 0;
   virtual int64_t max_batch() const = 0;  // rows per step
@@ -30,15 +46,6 @@ class forward_pass {
   // tiled f32 attention, SwiGLU's vector e^x and the Q4_1/Q5_1 tile order, or llama.cpp's f16
   // attention, expf and ggml's order); a no-op elsewhere.
   virtual void set_prompt_end(int64_t seq, int64_t end) = 0;
-
-  // Called on the caller's thread between two layers of each later step() (not after the
-  // last), when none of the pass's work is running on the host: the engine runs passes of a
-  // higher-priority model there (runtime/engine_interleave.cpp), whose weights must then be
-  // on the device already. Empty: none. The hook must not throw.
-  void set_between_layers(std::function<void()> hook) { between_layers_ = std::move(hook); }
-
- protected:
-  std::function<void()> between_layers_;
 };
 
 // The rows of a step() checked and laid out, before any work, for both forward passes: rows

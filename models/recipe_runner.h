@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <span>
 #include <type_traits>
 
@@ -71,22 +70,83 @@ class pass_backend {
   virtual void wait_mark(int slot) = 0;
 };
 
-// The token embedding of the pass's rows (tokens), piece by piece: the first part of
-// run_recipe, apart for a backend that replays the rest from a recorded graph. Starts the
-// first layers' copies.
-void run_embedding(pass_backend& b, const model& m, weight_residency* residency, std::span<const int32_t> tokens);
-// The layers and the output head: the rest of run_recipe.
-void run_layers(const recipe& r, pass_backend& b, const model& m, weight_residency* residency, bool want_logits,
-                const std::function<void()>& between_layers);
+// A segment leased for the span of its use. On an asynchronous backend the work reading it
+// must have run before it goes back; end() waits for that, the destructor (an exception
+// unwinding the pass) releases it whatever the backend's state, so no lease outlives a pass.
+class segment_lease {
+ public:
+  segment_lease() = default;
+  // Throws std::logic_error when the arbiter cannot make the segment resident.
+  segment_lease(weight_residency* r, pass_backend* b, int seg);
+  segment_lease(segment_lease&& o) noexcept;
+  segment_lease& operator=(segment_lease&& o) noexcept;
+  segment_lease(const segment_lease&) = delete;
+  segment_lease& operator=(const segment_lease&) = delete;
+  ~segment_lease() { drop(); }
+  explicit operator bool() const { return r_ != nullptr; }
 
-// Runs recipe r over the pass the backend holds: run_embedding, then run_layers. residency null: the weights are m.weights()
-// (owned by the model, or device copies the backend binds itself); otherwise each segment is
-// leased from it for the span of its use, the next prefetch_depth() segments copying ahead.
-// between_layers, when set, runs between two layers (not after the last) while the pass holds
-// only its current layer's lease. tokens: the pass's rows' tokens (which embedding pieces are
-// needed). want_logits false: the output head is skipped. Exceptions from the backend
-// propagate with every lease released.
+  // Releases once the queued work is done (waits for it on an asynchronous backend).
+  void end();
+  // Releases after the work recorded under `slot` has run, not waiting for what came after.
+  void end_after(int slot);
+
+  const std::byte* base = nullptr;
+
+ private:
+  void drop() noexcept;
+  weight_residency* r_ = nullptr;
+  pass_backend* b_ = nullptr;
+  int seg_ = 0;
+};
+
+// The token embedding of the pass's rows (tokens), piece by piece: the first part of a pass,
+// before its layer_walk. Starts the first layers' copies.
+void run_embedding(pass_backend& b, const model& m, weight_residency* residency, std::span<const int32_t> tokens);
+
+// The layers and the output head of one pass, one layer per advance(): the points between
+// two advance() calls are where the executor yields (forward_pass::begin/advance), with none
+// of the pass's work running on the host and only the current layer's lease held.
+// residency null: the weights are m.weights() (owned by the model, or device copies the
+// backend binds itself); otherwise each segment is leased from it for the span of its use,
+// the next prefetch_depth() segments copying ahead. want_logits false: the output head is
+// skipped. An exception from the backend propagates with every lease released; a walk
+// destroyed unfinished waits for the work it queued, then releases its leases.
+class layer_walk {
+ public:
+  layer_walk(const recipe& r, pass_backend& b, const model& m, weight_residency* residency, bool want_logits);
+  ~layer_walk();
+  layer_walk(const layer_walk&) = delete;
+  layer_walk& operator=(const layer_walk&) = delete;
+
+  // Runs the next layer, and with the last one the output norm and head: true once all of
+  // the pass has been queued (and, on a synchronous backend, has run).
+  bool advance();
+  // Every remaining layer and the head.
+  void finish() {
+    while (!advance()) {
+    }
+  }
+  bool done() const { return next_ > n_layer_; }
+
+ private:
+  void prefetch_after(int seg, int ahead);
+  void run_head();
+
+  const recipe& r_;
+  pass_backend& b_;
+  const model& m_;
+  weight_residency* residency_;
+  bool want_logits_;
+  int64_t n_layer_;
+  int64_t next_ = 0;  // the next layer to run; n_layer_ + 1 once done
+  int depth_ = 0;
+  bool overlap_ = false;
+  segment_lease cur_, prev_;
+};
+
+// One whole pass of recipe r over the pass the backend holds: run_embedding, then a
+// layer_walk to its end. tokens: the pass's rows' tokens (which embedding pieces are needed).
 void run_recipe(const recipe& r, pass_backend& b, const model& m, weight_residency* residency,
-                std::span<const int32_t> tokens, bool want_logits, const std::function<void()>& between_layers);
+                std::span<const int32_t> tokens, bool want_logits);
 
 }  // namespace tandem::models

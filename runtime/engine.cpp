@@ -376,12 +376,8 @@ void engine::admit(served& s) {
 }
 
 void engine::run_pass(served& s, std::unique_lock<std::mutex>& lock, bool interleaving) {
-  // Between its layers, passes of a higher-priority model may run (engine_interleave.cpp).
-  s.interleave.start_pass();
-  if (interleaving)
-    s.ctx->set_between_layers([this, &s] { interleave(s); });
-  else
-    s.ctx->set_between_layers({});
+  // At its yield points, passes of a higher-priority model may run (execute, engine_interleave.cpp).
+  s.interleave.start_pass(interleaving);
   // The pass runs without the lock: submit() and cancel() stay responsive meanwhile.
   lock.unlock();
   try {

@@ -22,8 +22,9 @@
 //
 // Interleaving (with a roster, policy.interleave): while a model's pass runs, requests for a
 // model of higher priority whose weights are all on the device do not wait for the pass to
-// end. Between two of its layers the engine runs that model's passes until it has no work
-// left (or the paused pass has waited policy.max_wait), then the paused pass goes on. A long
+// end. At a yield point of its pass (forward_pass::advance, between two layers) the engine
+// runs that model's passes until it has no work left (or the paused pass has waited
+// policy.max_wait), then the paused pass goes on. A long
 // prompt of a big model, or its pass streaming weights through the link, delays a code
 // completion by one layer, not by the whole pass.
 #pragma once
@@ -216,8 +217,9 @@ class engine {
   void drop_cancelled(served& s);
   void admit(served& s);
   void run_pass(served& s, std::unique_lock<std::mutex>& lock, bool interleaving);
-  // Between two layers of `outer`'s pass (engine thread, engine::m_ not held): passes of the
-  // model interleavable() names, until it has none left (engine_interleave.cpp).
+  // At a yield point of `outer`'s pass, between two layers (execute; engine thread,
+  // engine::m_ not held): passes of the model interleavable() names, until it has none left
+  // (engine_interleave.cpp).
   void interleave(served& outer) noexcept;
   served* interleavable(const served& outer, std::chrono::steady_clock::duration paused);
   served* find(const std::string& name) const;        // null when no model has that name

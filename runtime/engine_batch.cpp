@@ -68,7 +68,10 @@ step_result engine::execute(served& s, const batch_plan& plan) {
       seqs.push_back(a.seq);
     }
   }
-  s.ctx->step(toks, seqs);
+  // The pass's yield points (between its layers): other models' passes may run there.
+  s.ctx->begin(toks, seqs);
+  while (!s.ctx->advance())
+    if (s.interleave.allowed) interleave(s);
   return {s.ctx->all_logits_rows(), static_cast<size_t>(s.cfg.model->config().n_vocab)};
 }
 

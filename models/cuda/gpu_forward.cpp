@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <initializer_list>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -37,6 +38,25 @@ size_t round_up(size_t n) { return (n + k_align - 1) / k_align * k_align; }
 size_t elem_bytes(kv_type t) { return t == kv_type::f16 ? 2 : 4; }
 
 }  // namespace
+
+// The rows' pointers are the caller's (begin, eval, decode), valid until the pass is over.
+struct gpu_forward::in_flight {
+  std::optional<cuda_pass> pass;
+  std::optional<whole_pass_hold> whole;
+  std::optional<layer_walk> walk;  // null on the graph path (replay_layers makes its own)
+  weight_residency* weights = nullptr;
+  bool graph = false;   // the layers and head in one advance(), replayed from a graph
+  bool yields = false;  // leased weights: one layer per advance()
+  const int64_t* seqs = nullptr;
+  const int64_t* positions = nullptr;
+  int64_t n = 0, n_out = 0;
+  // The walk first (it may lease from the hold's residency), the backend last.
+  void clear() {
+    walk.reset();
+    whole.reset();
+    pass.reset();
+  }
+};
 
 std::string gpu_unsupported(const model& m) {
   const auto& c = m.config();
@@ -76,7 +96,7 @@ class gpu_forward::uploaded_weights final : public weight_residency {
 };
 
 gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_residency* residency)
-    : model_(m), residency_(residency) {
+    : model_(m), residency_(residency), flight_(std::make_unique<in_flight>()) {
   const auto& c = m.config();
   const weight_plan& plan = m.plan();
   if (const std::string why = gpu_unsupported(m); !why.empty()) throw std::invalid_argument("gpu forward: " + why);
@@ -320,7 +340,8 @@ void gpu_forward::assume(int64_t pos, int64_t seq) {
   pos_[static_cast<size_t>(seq)] = pos;
 }
 
-void gpu_forward::step(std::span<const int32_t> tokens, std::span<const int64_t> seqs) {
+void gpu_forward::begin(std::span<const int32_t> tokens, std::span<const int64_t> seqs) {
+  flight_->clear();
   if (tokens.empty() && seqs.empty()) return;
   lay_out_step(
       tokens, seqs, n_vocab_, max_rows_,
@@ -329,15 +350,24 @@ void gpu_forward::step(std::span<const int32_t> tokens, std::span<const int64_t>
         return pos(s);
       },
       [this](int64_t s, int64_t need) { check_capacity(s, need); }, step_out_, row_pos_.data());
-  run(tokens.data(), seqs.data(), row_pos_.data(), static_cast<int64_t>(tokens.size()), step_out_.data(),
-      static_cast<int64_t>(step_out_.size()));
+  begin_run(tokens.data(), seqs.data(), row_pos_.data(), static_cast<int64_t>(tokens.size()), step_out_.data(),
+            static_cast<int64_t>(step_out_.size()));
 }
 
 void gpu_forward::run(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, const int64_t* out_rows,
                       int64_t n_out) {
+  begin_run(tokens, seqs, positions, n, out_rows, n_out);
+  while (!advance()) {
+  }
+}
+
+void gpu_forward::begin_run(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, const int64_t* out_rows,
+                            int64_t n_out) {
   const auto& c = model_.config();
   gpu_device_state& d = *d_;
   const cu::stream_t s = stream_.get();
+  in_flight& f = *flight_;
+  f.clear();
   for (int64_t r = 0; r < n; ++r) {
     d.h_pos[r] = static_cast<int32_t>(positions[r]);
     d.h_tor[r] = static_cast<int32_t>(seqs[r] * blocks_per_seq_);
@@ -347,79 +377,112 @@ void gpu_forward::run(const int32_t* tokens, const int64_t* seqs, const int64_t*
   cu::copy_to_device(d.table_of_row.get(), d.h_tor, row_ints, s);
   if (kv_pool_) upload_tables(seqs, n);
 
-  // A decode-sized pass whose logits rows are its rows in order (a decode step, or one token
-  // of `generate`) is the same work every time but for the contents of pos, table_of_row and
-  // x: its layers and head are replayed from a graph captured the first time (resident
-  // weights only, since streaming waits on the host between layers). The embedding depends
-  // on the tokens, so it always runs apart.
   const int64_t max_rows = std::max(max_batch_, static_cast<int64_t>(pos_.size()));
   std::byte* kv_base = kv_pool_ ? kv_pool_->data() : d.kv.as<std::byte>();
-  cuda_pass pass(c, d, stream_, rope_, kv_, kv_base, block_tokens_, tokens, n, out_rows, n_out, max_rows);
-  weight_residency* weights = residency_ ? residency_ : uploaded_.get();
+  cuda_pass& pass = f.pass.emplace(c, d, stream_, rope_, kv_, kv_base, block_tokens_, tokens, n, out_rows, n_out, max_rows);
+  f.weights = residency_ ? residency_ : uploaded_.get();
   // A model whose segments are all on the device holds them for the pass: no per-layer
   // lease, and they stay put, so its decode passes replay graphs as resident weights do.
-  const whole_pass_hold whole(residency_);
-  const bool fixed_weights = !residency_ || whole;
-  const recipe& rc = recipe_for(c);
-  run_embedding(pass, model_, weights, {tokens, static_cast<size_t>(n)});
-  bool in_order = n_out == n;
-  for (int64_t k = 0; k < n_out && in_order; ++k) in_order = out_rows[k] == k;
-  // Another model's passes may run between layers: its kernels queue on its own stream
-  // behind nothing of this pass but the layer already queued. Leased weights only, so never
-  // inside a graph capture.
-  static const std::function<void()> no_hook;
-  const std::function<void()>& hook = fixed_weights ? no_hook : between_layers_;
-  auto layers = [&] { run_layers(rc, pass, model_, weights, n_out > 0, hook); };
-  if (graphs_ && fixed_weights && in_order && n <= cu::k_matvec_max_rows) {
-    // A graph holds the weights' device addresses: one the arbiter has moved since (an
-    // eviction and a reload) is captured again.
-    if (residency_) {
-      std::vector<const std::byte*>& bases = d.graph_bases;
-      bool moved = bases.size() != model_.plan().segments.size();
-      bases.resize(model_.plan().segments.size());
-      for (size_t i = 0; i < bases.size(); ++i) {
-        const std::byte* b = residency_->acquire(static_cast<int>(i));
-        residency_->release(static_cast<int>(i));
-        moved = moved || b != bases[i];
-        bases[i] = b;
-      }
-      if (moved)
-        for (auto& g : d.graphs) g = cu::graph();
-    }
-    cu::graph& g = d.graphs[static_cast<size_t>(n)];
-    if (!g) {
-      cu::graph::begin_capture(s);
-      try {
-        layers();
-      } catch (...) {
-        cu::graph::abort_capture(s);
-        throw;
-      }
-      try {
-        g = cu::graph::end_capture(s);
-      } catch (const std::exception&) {
-        // Captured work never ran. A capture the driver refuses (or cannot instantiate) is
-        // not this pass's failure: run it launch by launch, and from now on always.
-        graphs_ = false;
-      }
-    }
-    if (g)
-      g.launch(s);
-    else
-      layers();
-  } else {
-    layers();
+  const bool fixed_weights = !residency_ || static_cast<bool>(f.whole.emplace(residency_));
+  f.seqs = seqs;
+  f.positions = positions;
+  f.n = n;
+  f.n_out = n_out;
+  try {
+    run_embedding(pass, model_, f.weights, {tokens, static_cast<size_t>(n)});
+    // A decode-sized pass whose logits rows are its rows in order (a decode step, or one
+    // token of `eval`) is the same work every time but for the contents of pos,
+    // table_of_row and x: its layers and head are replayed from a graph captured the first
+    // time (fixed weights only, since streaming waits on the host between layers). The
+    // embedding depends on the tokens, so it always runs apart.
+    bool in_order = n_out == n;
+    for (int64_t k = 0; k < n_out && in_order; ++k) in_order = out_rows[k] == k;
+    f.graph = graphs_ && fixed_weights && in_order && n <= cu::k_matvec_max_rows;
+    // Leased weights: one layer per advance(), so another model's passes may run between
+    // layers (its kernels queue on its own stream behind nothing of this pass but the layer
+    // already queued). Never inside a graph capture.
+    f.yields = !fixed_weights;
+    if (!f.graph) f.walk.emplace(recipe_for(c), pass, model_, f.weights, n_out > 0);
+  } catch (...) {
+    f.clear();
+    throw;
   }
-  if (n_out == 0) {
+}
+
+bool gpu_forward::advance() {
+  in_flight& f = *flight_;
+  if (!f.pass) return true;  // nothing begun (an empty step)
+  try {
+    if (f.graph)
+      replay_layers();
+    else if (f.yields) {
+      if (!f.walk->advance()) return false;
+    } else
+      f.walk->finish();
+    end_run();
+  } catch (...) {
+    f.clear();
+    throw;
+  }
+  f.clear();
+  return true;
+}
+
+void gpu_forward::replay_layers() {
+  in_flight& f = *flight_;
+  gpu_device_state& d = *d_;
+  const cu::stream_t s = stream_.get();
+  auto layers = [&] { layer_walk(recipe_for(model_.config()), *f.pass, model_, f.weights, f.n_out > 0).finish(); };
+  // A graph holds the weights' device addresses: one the arbiter has moved since (an
+  // eviction and a reload) is captured again.
+  if (residency_) {
+    std::vector<const std::byte*>& bases = d.graph_bases;
+    bool moved = bases.size() != model_.plan().segments.size();
+    bases.resize(model_.plan().segments.size());
+    for (size_t i = 0; i < bases.size(); ++i) {
+      const std::byte* b = residency_->acquire(static_cast<int>(i));
+      residency_->release(static_cast<int>(i));
+      moved = moved || b != bases[i];
+      bases[i] = b;
+    }
+    if (moved)
+      for (auto& g : d.graphs) g = cu::graph();
+  }
+  cu::graph& g = d.graphs[static_cast<size_t>(f.n)];
+  if (!g) {
+    cu::graph::begin_capture(s);
+    try {
+      layers();
+    } catch (...) {
+      cu::graph::abort_capture(s);
+      throw;
+    }
+    try {
+      g = cu::graph::end_capture(s);
+    } catch (const std::exception&) {
+      // Captured work never ran. A capture the driver refuses (or cannot instantiate) is
+      // not this pass's failure: run it launch by launch, and from now on always.
+      graphs_ = false;
+    }
+  }
+  if (g)
+    g.launch(s);
+  else
+    layers();
+}
+
+void gpu_forward::end_run() {
+  const in_flight& f = *flight_;
+  if (f.n_out == 0) {
     stream_.synchronize();  // a prompt chunk that is not the last: report failures now
-    for (int64_t r = 0; r < n; ++r) pos_[static_cast<size_t>(seqs[r])] = positions[r] + 1;
+    for (int64_t r = 0; r < f.n; ++r) pos_[static_cast<size_t>(f.seqs[r])] = f.positions[r] + 1;
     return;
   }
-  cu::copy_to_host(logits_.data(), d.logits.get(), static_cast<size_t>(n_out * n_vocab_) * sizeof(float), s);
+  cu::copy_to_host(logits_.data(), d_->logits.get(), static_cast<size_t>(f.n_out * n_vocab_) * sizeof(float), stream_.get());
   stream_.synchronize();
   // Positions move only once the pass has run: a failure leaves the sequences where they were.
-  for (int64_t r = 0; r < n; ++r) pos_[static_cast<size_t>(seqs[r])] = positions[r] + 1;
-  n_logit_rows_ = n_out;
+  for (int64_t r = 0; r < f.n; ++r) pos_[static_cast<size_t>(f.seqs[r])] = f.positions[r] + 1;
+  n_logit_rows_ = f.n_out;
 }
 
 }  // namespace tandem::models

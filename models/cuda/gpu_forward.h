@@ -46,7 +46,7 @@ struct gpu_context_params {
   // snapshot accounts for every byte the pass takes on the GPU); null: one cudaMalloc. The
   // arbiter must run the CUDA backend and outlive this object.
   memory::arbiter* scratch_arbiter = nullptr;
-  std::string owner;
+  std::string owner = {};
   // Replay decode-sized passes (up to kernels::cuda::k_matvec_max_rows rows, resident
   // weights) from CUDA graphs captured on first use: one launch instead of hundreds.
   // TANDEM_CUDA_GRAPHS=0 (or off) in the environment turns them off too (to measure what they save).
@@ -77,9 +77,13 @@ class gpu_forward final : public forward_pass {
   // holds one row per token in order.
   void decode(std::span<const int32_t> tokens, std::span<const int64_t> seqs);
 
-  // The engine's pass (forward_pass::step): rows of several sequences, each sequence's rows
-  // consecutive; one row of logits per sequence, for its last row. At most max_batch() rows.
-  void step(std::span<const int32_t> tokens, std::span<const int64_t> seqs) override;
+  // The engine's pass (forward_pass::step, or begin/advance): rows of several sequences,
+  // each sequence's rows consecutive; one row of logits per sequence, for its last row. At
+  // most max_batch() rows. With leased weights each advance() queues one layer (the last
+  // with the head); with fixed weights the first runs the whole pass (from a graph when it
+  // is decode-sized).
+  void begin(std::span<const int32_t> tokens, std::span<const int64_t> seqs) override;
+  bool advance() override;
   // Paged (kv_pool) contexts only: see forward_pass::assume.
   void assume(int64_t pos, int64_t seq) override;
   // The CUDA attention has one kernel (f32 throughout): nothing to choose.
@@ -111,6 +115,12 @@ class gpu_forward final : public forward_pass {
   // logits of rows out_rows[0 .. n_out) are copied to logits_.
   void run(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, const int64_t* out_rows,
            int64_t n_out);
+  // run()'s parts: the rows uploaded and the embedding queued (begin_run); the layers and
+  // head from a graph (replay_layers); the logits copied back and positions moved (end_run).
+  void begin_run(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, const int64_t* out_rows,
+                 int64_t n_out);
+  void replay_layers();
+  void end_run();
 
   const model& model_;
   weight_residency* residency_;
@@ -129,6 +139,9 @@ class gpu_forward final : public forward_pass {
   std::vector<int64_t> pos_;
   std::vector<float> logits_;
   int64_t n_logit_rows_ = 1;
+  // The pass begun and not yet over (gpu_forward.cpp); last, so it goes before what it uses.
+  struct in_flight;
+  std::unique_ptr<in_flight> flight_;
 };
 
 }  // namespace tandem::models

@@ -279,6 +279,41 @@ TEST_SUITE("forward") {
     }
   }
 
+  TEST_CASE("a pass in parts (begin, one advance per layer) equals step; begin abandons an unfinished pass") {
+    models::model m(test::data_path("stories260K.gguf").string());
+    const auto n_layer = m.config().n_layer;
+    REQUIRE(n_layer > 1);
+    models::forward_context whole(m, {.n_ctx = 64, .n_seq = 2}, nullptr);
+    models::forward_context parts(m, {.n_ctx = 64, .n_seq = 2}, nullptr);
+    const std::vector<int32_t> toks = {1, 403, 407, 1, 286};
+    const std::vector<int64_t> seqs = {0, 0, 0, 1, 1};
+    whole.step(toks, seqs);
+    parts.begin(toks, seqs);
+    int64_t advances = 1;
+    while (!parts.advance()) {
+      ++advances;
+      CHECK(parts.pos(0) == 0);  // positions move only once the pass is over
+    }
+    CHECK(advances == n_layer);
+    CHECK(parts.pos(0) == 3);
+    CHECK(parts.pos(1) == 2);
+    const auto a = whole.all_logits_rows(), b = parts.all_logits_rows();
+    REQUIRE(a.size() == b.size());
+    CHECK(std::equal(a.begin(), a.end(), b.begin()));
+    CHECK(parts.advance());  // nothing begun: done at once
+
+    // A pass left midway moves nothing; the next begin starts afresh.
+    const std::vector<int32_t> next = {300, 5};
+    const std::vector<int64_t> next_s = {0, 1};
+    parts.begin(next, next_s);
+    CHECK_FALSE(parts.advance());
+    parts.step(next, next_s);
+    whole.step(next, next_s);
+    CHECK(parts.pos(0) == 4);
+    const auto c = whole.all_logits_rows(), d = parts.all_logits_rows();
+    CHECK(std::equal(c.begin(), c.end(), d.begin()));
+  }
+
   TEST_CASE("set_prompt_end picks each row's arithmetic by its own sequence, whatever shares the pass") {
     // Three passes of the same rows: the server's arithmetic (tiled attention, SwiGLU's vector
     // e^x) for sequence 0 only, for every sequence, for none. A sequence's logits depend on

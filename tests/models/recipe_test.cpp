@@ -146,7 +146,7 @@ TEST_SUITE("recipe") {
     counting_residency res(plan.last_segment() + 1, 2);
     recording_backend b;
     const std::vector<int32_t> tokens = {1, 2, 3};
-    models::run_recipe(models::recipe_for(m.config()), b, m, &res, tokens, true, {});
+    models::run_recipe(models::recipe_for(m.config()), b, m, &res, tokens, true);
     CHECK(res.held() == 0);
     CHECK(res.most == 1);
     CHECK(b.log.front().rfind("embed 0+", 0) == 0);
@@ -160,7 +160,7 @@ TEST_SUITE("recipe") {
     SUBCASE("without logits the head is not leased") {
       counting_residency r2(plan.last_segment() + 1, 0);
       recording_backend b2;
-      models::run_recipe(models::recipe_for(m.config()), b2, m, &r2, tokens, false, {});
+      models::run_recipe(models::recipe_for(m.config()), b2, m, &r2, tokens, false);
       CHECK(r2.held() == 0);
       CHECK(std::find(r2.log.begin(), r2.log.end(), "acquire " + std::to_string(plan.output.front().segment)) == r2.log.end());
       CHECK(std::count(b2.log.begin(), b2.log.end(), "output_norm") == 0);
@@ -169,18 +169,36 @@ TEST_SUITE("recipe") {
       counting_residency r3(plan.last_segment() + 1, 2);
       recording_backend b3;
       b3.fail_at_layer = 1;
-      CHECK_THROWS_AS(models::run_recipe(models::recipe_for(m.config()), b3, m, &r3, tokens, true, {}), std::runtime_error);
+      CHECK_THROWS_AS(models::run_recipe(models::recipe_for(m.config()), b3, m, &r3, tokens, true), std::runtime_error);
       CHECK(r3.held() == 0);
     }
-    SUBCASE("between_layers runs between layers, not after the last") {
+    SUBCASE("a walk yields between layers, holding nothing there, and not after the last") {
       counting_residency r4(plan.last_segment() + 1, 1);
       recording_backend b4;
-      int calls = 0;
-      models::run_recipe(models::recipe_for(m.config()), b4, m, &r4, tokens, true, [&] {
-        ++calls;
+      models::run_embedding(b4, m, &r4, tokens);
+      models::layer_walk walk(models::recipe_for(m.config()), b4, m, &r4, true);
+      int yields = 0;
+      while (!walk.advance()) {
+        ++yields;
         CHECK(r4.held() == 0);  // the layer went back before other passes may run
-      });
-      CHECK(calls == m.config().n_layer - 1);
+      }
+      CHECK(yields == m.config().n_layer - 1);
+      CHECK(walk.done());
+      CHECK(walk.advance());  // done stays done
+      CHECK(b4.log.back().rfind("head 0+", 0) == 0);
+      CHECK(r4.held() == 0);
+    }
+    SUBCASE("a walk abandoned midway releases what it holds") {
+      counting_residency r5(plan.last_segment() + 1, 1);
+      recording_backend b5;
+      b5.async = true;
+      {
+        models::layer_walk walk(models::recipe_for(m.config()), b5, m, &r5, true);
+        CHECK_FALSE(walk.advance());
+        CHECK(r5.held() >= 1);
+      }
+      CHECK(r5.held() == 0);
+      CHECK(b5.log.back() == "drain");  // the queued layer ran before its segment went back
     }
   }
 
@@ -192,7 +210,7 @@ TEST_SUITE("recipe") {
     recording_backend b;
     b.async = true;
     const std::vector<int32_t> tokens = {0};
-    models::run_recipe(models::recipe_for(m.config()), b, m, &res, tokens, true, {});
+    models::run_recipe(models::recipe_for(m.config()), b, m, &res, tokens, true);
     CHECK(res.held() == 0);
     CHECK(res.most == 2);
     // After layer 1 ran, layer 0's mark is waited for, not the whole stream.
