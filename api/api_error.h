@@ -10,17 +10,13 @@ namespace tandem::api {
 
 struct api_error : std::runtime_error {
   int status;
-  std::string type;   // OpenAI's type string: invalid_request_error, authentication_error, ...
-  std::string param;  // the offending field ("messages[0].role"); empty when none
-  std::string code;   // OpenAI's machine code ("model_not_found"); empty when none
+  std::string type;       // OpenAI's type string: invalid_request_error, authentication_error, ...
+  std::string param;      // the offending field ("messages[0].role"); empty when none
+  std::string code;       // OpenAI's machine code ("model_not_found"); empty when none
   int retry_after_s = 0;  // > 0: sent as Retry-After (429, 503)
 
   api_error(int status_, std::string type_, std::string message, std::string param_ = {}, std::string code_ = {})
-      : std::runtime_error(std::move(message)),
-        status(status_),
-        type(std::move(type_)),
-        param(std::move(param_)),
-        code(std::move(code_)) {}
+      : std::runtime_error(std::move(message)), status(status_), type(std::move(type_)), param(std::move(param_)), code(std::move(code_)) {}
 };
 
 // 400 invalid_request_error naming the field.

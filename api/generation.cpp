@@ -18,8 +18,7 @@ std::vector<int32_t> tokenize_chat(const runtime::served_model& m, std::span<con
   return m.tokenizer->encode(text, bos, /*parse_special=*/true);
 }
 
-submission submit_generation(server_context& ctx, const runtime::served_model& m, std::vector<int32_t> prompt,
-                             runtime::generation_params params) {
+submission submit_generation(server_context& ctx, const runtime::served_model& m, std::vector<int32_t> prompt, runtime::generation_params params) {
   const int64_t context = m.entry->context;
   const auto n = static_cast<int64_t>(prompt.size());
   if (n == 0) throw bad_request("the prompt is empty", "prompt");
@@ -27,7 +26,8 @@ submission submit_generation(server_context& ctx, const runtime::served_model& m
   if (n >= context || (params.max_tokens > 0 && n + params.max_tokens > context)) {
     std::string msg = "This model's maximum context length is " + std::to_string(context) + " tokens. However, you requested " +
                       std::to_string(n + std::max<int64_t>(params.max_tokens, 0)) + " tokens (" + std::to_string(n) + " in the prompt, " +
-                      std::to_string(std::max<int64_t>(params.max_tokens, 0)) + " for the completion). Please reduce the prompt or the completion length.";
+                      std::to_string(std::max<int64_t>(params.max_tokens, 0)) +
+                      " for the completion). Please reduce the prompt or the completion length.";
     api_error e(400, "invalid_request_error", std::move(msg), params.max_tokens > 0 && n < context ? "max_tokens" : "prompt",
                 "context_length_exceeded");
     throw e;
@@ -69,11 +69,11 @@ void request_clock::token(clock::time_point at) {
 void request_clock::finish(runtime::finish_reason why, bool client_gone) {
   if (done_) return;
   done_ = true;
-  const char* outcome = client_gone                                   ? "disconnected"
-                        : why == runtime::finish_reason::error        ? "error"
-                        : why == runtime::finish_reason::cancelled    ? "cancelled"
+  const char* outcome = client_gone                                                                       ? "disconnected"
+                        : why == runtime::finish_reason::error                                            ? "error"
+                        : why == runtime::finish_reason::cancelled                                        ? "cancelled"
                         : why == runtime::finish_reason::length || why == runtime::finish_reason::context ? "length"
-                                                                      : "stop";
+                                                                                                          : "stop";
   const labels l{{"model", model_}};
   ctx_.metrics.add("tandem_requests_total", {{"model", model_}, {"route", route_}, {"outcome", outcome}});
   ctx_.metrics.add("tandem_prompt_tokens_total", l, static_cast<double>(prompt_tokens_));
@@ -86,9 +86,7 @@ double request_clock::prompt_ms() const {
   return std::chrono::duration<double, std::milli>(end - start_).count();
 }
 
-double request_clock::predict_ms() const {
-  return generated_ > 0 ? std::chrono::duration<double, std::milli>(last_ - first_).count() : 0.0;
-}
+double request_clock::predict_ms() const { return generated_ > 0 ? std::chrono::duration<double, std::milli>(last_ - first_).count() : 0.0; }
 
 double request_clock::total_ms() const { return std::chrono::duration<double, std::milli>(clock::now() - start_).count(); }
 
@@ -96,8 +94,10 @@ const char* openai_finish_reason(runtime::finish_reason r) {
   switch (r) {
     case runtime::finish_reason::length:
     case runtime::finish_reason::context:
-    case runtime::finish_reason::cancelled: return "length";
-    default: return "stop";
+    case runtime::finish_reason::cancelled:
+      return "length";
+    default:
+      return "stop";
   }
 }
 
@@ -109,9 +109,7 @@ std::string make_id(const char* prefix) {
   return id;
 }
 
-int64_t unix_seconds() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+int64_t unix_seconds() { return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 std::string rfc3339(std::chrono::system_clock::time_point t) {
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();

@@ -31,8 +31,7 @@ struct submission {
 // Fits max_tokens to the context (-1: what is left of it, capped by the server's limit),
 // submits, and throws api_error: 400 context_length_exceeded (naming both sizes), 400 for an
 // empty prompt, 429 with Retry-After when the model's queue is full.
-submission submit_generation(server_context& ctx, const runtime::served_model& m, std::vector<int32_t> prompt,
-                             runtime::generation_params params);
+submission submit_generation(server_context& ctx, const runtime::served_model& m, std::vector<int32_t> prompt, runtime::generation_params params);
 
 // Timings of one request, recorded into the metrics when it ends.
 class request_clock {

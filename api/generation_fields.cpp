@@ -62,15 +62,12 @@ std::string as_stop_string(const json& v, const std::string& path) {
   return s;
 }
 
-std::vector<std::string> read_stop_array(const json& obj, std::string_view key, std::string_view parent,
-                                         size_t max_count) {
+std::vector<std::string> read_stop_array(const json& obj, std::string_view key, std::string_view parent, size_t max_count) {
   const json* v = optional_array(obj, key, parent);
   if (!v) return {};
   const std::string path = field_path(parent, key);
   if (v->size() > max_count)
-    throw bad_request("'" + path + "' may hold at most " + std::to_string(max_count) + " stop strings, got " +
-                          std::to_string(v->size()),
-                      path);
+    throw bad_request("'" + path + "' may hold at most " + std::to_string(max_count) + " stop strings, got " + std::to_string(v->size()), path);
   std::vector<std::string> out;
   out.reserve(v->size());
   for (size_t i = 0; i < v->size(); ++i) out.push_back(as_stop_string((*v)[i], index_path(path, i)));
@@ -79,9 +76,7 @@ std::vector<std::string> read_stop_array(const json& obj, std::string_view key, 
 
 void check_token_cap(int64_t n, const std::string& path, const request_limits& limits) {
   if (n > limits.max_tokens)
-    throw bad_request("'" + path + "' is " + std::to_string(n) + ", above this server's limit of " +
-                          std::to_string(limits.max_tokens),
-                      path);
+    throw bad_request("'" + path + "' is " + std::to_string(n) + ", above this server's limit of " + std::to_string(limits.max_tokens), path);
 }
 
 }  // namespace tandem::api

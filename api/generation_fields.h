@@ -25,8 +25,7 @@ void read_seed(const nlohmann::json& obj, std::string_view parent, runtime::samp
 // presence_penalty and frequency_penalty, each in [-2, 2], when present.
 void read_penalties(const nlohmann::json& obj, std::string_view parent, runtime::sampling_params& p);
 // A repetition penalty under `key`: finite and > 0 (1 is off).
-std::optional<float> optional_repeat_penalty(const nlohmann::json& obj, std::string_view key,
-                                             std::string_view parent = {});
+std::optional<float> optional_repeat_penalty(const nlohmann::json& obj, std::string_view key, std::string_view parent = {});
 
 // llama.cpp's sampling names, as Ollama's options and /infill use them, read over p (the
 // route's defaults): temperature (finite, >= 0), top_k (<= 0: off), top_p and min_p ([0, 1]),
@@ -36,8 +35,7 @@ void read_llama_sampling(const nlohmann::json& obj, std::string_view parent, run
 // Checks one stop string (found at `path`): the engine cannot stop on an empty one.
 std::string as_stop_string(const nlohmann::json& v, const std::string& path);
 // An array of at most max_count non-empty stop strings under `key`; empty when absent or null.
-std::vector<std::string> read_stop_array(const nlohmann::json& obj, std::string_view key, std::string_view parent,
-                                         size_t max_count = SIZE_MAX);
+std::vector<std::string> read_stop_array(const nlohmann::json& obj, std::string_view key, std::string_view parent, size_t max_count = SIZE_MAX);
 
 // The request's own bound on generated tokens (already checked to be >= 0) against the server's
 // cap: throws "'KEY' is N, above this server's limit of CAP" naming `path`.

@@ -18,8 +18,8 @@ struct request_limits {
 };
 
 struct parsed_generation {
-  std::string model;                   // as named; empty when the field is absent (allowed only where noted)
-  std::optional<std::string> prompt;   // text prompt (completions, generate); infill's is in its FIM fields
+  std::string model;                  // as named; empty when the field is absent (allowed only where noted)
+  std::optional<std::string> prompt;  // text prompt (completions, generate); infill's is in its FIM fields
   // Token-array prompt (completions only): ids >= 0, not yet checked against a vocabulary.
   std::optional<std::vector<int32_t>> prompt_tokens;
   std::optional<std::string> suffix;           // FIM suffix (completions `suffix`, Ollama `suffix`)
@@ -31,7 +31,7 @@ struct parsed_generation {
   runtime::generation_params params;
   bool max_tokens_given = false;  // the request bounded max_tokens itself
   bool stream = false;
-  bool include_usage = false;     // OpenAI stream_options.include_usage
+  bool include_usage = false;  // OpenAI stream_options.include_usage
 };
 
 }  // namespace tandem::api

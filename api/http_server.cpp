@@ -206,10 +206,11 @@ class session : public std::enable_shared_from_this<session> {
   static http_response error(int status, std::string message) {
     http_response r;
     r.status = status;
-    r.body = nlohmann::json{{"error", {{"message", std::move(message)},
-                                       {"type", status >= 500 ? "server_error" : "invalid_request_error"},
-                                       {"param", nullptr},
-                                       {"code", status}}}}
+    r.body = nlohmann::json{{"error",
+                             {{"message", std::move(message)},
+                              {"type", status >= 500 ? "server_error" : "invalid_request_error"},
+                              {"param", nullptr},
+                              {"code", status}}}}
                  .dump();
     return r;
   }
@@ -437,8 +438,7 @@ void http_server::impl::accept() {
   });
 }
 
-http_server::http_server(const http_server_config& config, route_handler handler)
-    : impl_(std::make_unique<impl>(config, std::move(handler))) {
+http_server::http_server(const http_server_config& config, route_handler handler) : impl_(std::make_unique<impl>(config, std::move(handler))) {
   beast::error_code ec;
   const auto addr = net::ip::make_address(config.host, ec);
   if (ec) throw std::runtime_error("listen address '" + config.host + "': " + ec.message());

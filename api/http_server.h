@@ -27,8 +27,8 @@ struct http_server_config {
   int threads = 2;
   uint64_t max_body_bytes = 8ull << 20;
   int max_connections = 256;
-  std::chrono::milliseconds idle_timeout{60'000};     // a kept-alive connection with no request; a request's whole read
-  std::chrono::milliseconds write_timeout{30'000};    // one write to a client that does not read
+  std::chrono::milliseconds idle_timeout{60'000};      // a kept-alive connection with no request; a request's whole read
+  std::chrono::milliseconds write_timeout{30'000};     // one write to a client that does not read
   std::chrono::milliseconds request_timeout{600'000};  // a generation's whole life
   // Called with a request's headers (the body not read yet): a response refuses it then,
   // without reading or buffering its body (authentication). Empty: every request is read.

@@ -21,9 +21,9 @@ struct http_request {
   std::string body;
   std::string authorization;  // the Authorization header
   std::string content_type;
-  std::string host;    // the Host header
-  std::string origin;  // the Origin header (browsers send it on cross-site requests)
-  bool loopback = false;  // the client connected from 127.0.0.0/8 or ::1
+  std::string host;                 // the Host header
+  std::string origin;               // the Origin header (browsers send it on cross-site requests)
+  bool loopback = false;            // the client connected from 127.0.0.0/8 or ::1
   bool server_on_loopback = false;  // the server listens on a loopback address
   // The server's admission hook (http_server_config::admit) passed it on its headers already:
   // origin and keys are checked once per request.

@@ -31,16 +31,16 @@ struct infill_request {
   // (max_tokens -1: unbounded; 0: evaluate the prompt into the cache only, the plugins'
   // warm-up) and stream. gen.prompt, prompt_tokens, suffix and messages stay empty.
   parsed_generation gen;
-  std::string input_prefix;              // text before the cursor
-  std::string input_suffix;              // text after the cursor
-  std::string prompt;                    // the middle typed so far: goes after the prefix
+  std::string input_prefix;  // text before the cursor
+  std::string input_suffix;  // text after the cursor
+  std::string prompt;        // the middle typed so far: goes after the prefix
   std::vector<infill_chunk> input_extra;
-  bool cache_prompt = true;              // the prefix cache is always on; kept for the response
-  int64_t t_max_predict_ms = 0;          // generation time limit once a newline is out; 0: none
-  int64_t t_max_prompt_ms = 0;           // prompt processing time limit; 0: none
-  int64_t n_indent = 0;                  // minimum indentation of generated lines; 0: none
-  int64_t id_slot = -1;                  // the client's slot hint; -1: any
-  std::vector<std::string> samplers;     // validated, not used: the chain is fixed (sampler.h)
+  bool cache_prompt = true;                  // the prefix cache is always on; kept for the response
+  int64_t t_max_predict_ms = 0;              // generation time limit once a newline is out; 0: none
+  int64_t t_max_prompt_ms = 0;               // prompt processing time limit; 0: none
+  int64_t n_indent = 0;                      // minimum indentation of generated lines; 0: none
+  int64_t id_slot = -1;                      // the client's slot hint; -1: any
+  std::vector<std::string> samplers;         // validated, not used: the chain is fixed (sampler.h)
   std::vector<std::string> response_fields;  // "a/b" paths the response keeps; empty: all
 };
 

@@ -11,9 +11,7 @@ namespace {
 
 using json = nlohmann::json;
 
-[[noreturn]] void fail(const std::string& path, const std::string& what) {
-  throw bad_request("'" + path + "' " + what, path);
-}
+[[noreturn]] void fail(const std::string& path, const std::string& what) { throw bad_request("'" + path + "' " + what, path); }
 
 std::string format_number(double v) {
   char text[32];
@@ -54,9 +52,7 @@ std::string field_path(std::string_view parent, std::string_view key) {
   return p;
 }
 
-std::string index_path(std::string_view array_path, size_t i) {
-  return std::string(array_path) + "[" + std::to_string(i) + "]";
-}
+std::string index_path(std::string_view array_path, size_t i) { return std::string(array_path) + "[" + std::to_string(i) + "]"; }
 
 const json* find_field(const json& obj, std::string_view key) {
   const auto it = obj.find(key);
@@ -135,15 +131,13 @@ std::optional<bool> optional_bool(const json& obj, std::string_view key, std::st
   return as_bool(*v, field_path(parent, key));
 }
 
-std::optional<double> optional_number(const json& obj, std::string_view key, double min, double max,
-                                      std::string_view parent) {
+std::optional<double> optional_number(const json& obj, std::string_view key, double min, double max, std::string_view parent) {
   const json* v = find_field(obj, key);
   if (!v) return std::nullopt;
   return as_number(*v, field_path(parent, key), min, max);
 }
 
-std::optional<int64_t> optional_integer(const json& obj, std::string_view key, int64_t min, int64_t max,
-                                        std::string_view parent) {
+std::optional<int64_t> optional_integer(const json& obj, std::string_view key, int64_t min, int64_t max, std::string_view parent) {
   const json* v = find_field(obj, key);
   if (!v) return std::nullopt;
   return as_integer(*v, field_path(parent, key), min, max);
@@ -161,8 +155,7 @@ const json* optional_array(const json& obj, std::string_view key, std::string_vi
   return v;
 }
 
-std::optional<std::vector<std::string>> optional_string_array(const json& obj, std::string_view key,
-                                                              std::string_view parent) {
+std::optional<std::vector<std::string>> optional_string_array(const json& obj, std::string_view key, std::string_view parent) {
   const json* v = optional_array(obj, key, parent);
   if (!v) return std::nullopt;
   const std::string path = field_path(parent, key);
@@ -182,8 +175,7 @@ std::optional<uint64_t> optional_seed(const json& obj, std::string_view key, std
   } else if (integral_float(*v)) {
     const double d = v->get<double>();
     if (d >= k_two_63 && d < k_two_64) return static_cast<uint64_t>(d);
-    if (d < -k_two_63 || d >= k_two_63)
-      fail(field_path(parent, key), "must fit a 64-bit integer, got " + format_number(d));
+    if (d < -k_two_63 || d >= k_two_63) fail(field_path(parent, key), "must fit a 64-bit integer, got " + format_number(d));
     n = static_cast<int64_t>(d);
   } else {
     fail(field_path(parent, key), "must be an integer");

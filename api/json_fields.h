@@ -39,19 +39,15 @@ int64_t as_integer(const nlohmann::json& v, const std::string& path, int64_t min
 
 // Field readers.
 std::string require_string(const nlohmann::json& obj, std::string_view key, std::string_view parent = {});
-std::optional<std::string> optional_string(const nlohmann::json& obj, std::string_view key,
-                                           std::string_view parent = {});
+std::optional<std::string> optional_string(const nlohmann::json& obj, std::string_view key, std::string_view parent = {});
 std::optional<bool> optional_bool(const nlohmann::json& obj, std::string_view key, std::string_view parent = {});
-std::optional<double> optional_number(const nlohmann::json& obj, std::string_view key, double min, double max,
-                                      std::string_view parent = {});
-std::optional<int64_t> optional_integer(const nlohmann::json& obj, std::string_view key, int64_t min, int64_t max,
-                                        std::string_view parent = {});
+std::optional<double> optional_number(const nlohmann::json& obj, std::string_view key, double min, double max, std::string_view parent = {});
+std::optional<int64_t> optional_integer(const nlohmann::json& obj, std::string_view key, int64_t min, int64_t max, std::string_view parent = {});
 // Non-null results point into obj.
 const nlohmann::json* optional_object(const nlohmann::json& obj, std::string_view key, std::string_view parent = {});
 const nlohmann::json* optional_array(const nlohmann::json& obj, std::string_view key, std::string_view parent = {});
 // An array whose every element is a string (each element's path in errors: "stop[1]").
-std::optional<std::vector<std::string>> optional_string_array(const nlohmann::json& obj, std::string_view key,
-                                                              std::string_view parent = {});
+std::optional<std::vector<std::string>> optional_string_array(const nlohmann::json& obj, std::string_view key, std::string_view parent = {});
 
 // A seed: any integer from INT64_MIN to UINT64_MAX, negatives taken as their two's-complement
 // uint64. nullopt when absent, null or -1: every one of them means "draw a random seed"
@@ -60,7 +56,6 @@ std::optional<uint64_t> optional_seed(const nlohmann::json& obj, std::string_vie
 
 // Throws "Unrecognized request argument supplied: PATH" (OpenAI's wording) for a key of obj that
 // is not in `known` (the first in nlohmann::json's key order, which is alphabetical).
-void reject_unknown_keys(const nlohmann::json& obj, std::span<const std::string_view> known,
-                         std::string_view parent = {});
+void reject_unknown_keys(const nlohmann::json& obj, std::span<const std::string_view> known, std::string_view parent = {});
 
 }  // namespace tandem::api

@@ -25,11 +25,10 @@ constexpr int64_t k_int64_max = std::numeric_limits<int64_t>::max();
 // itself ignores it now), mirostat_tau/eta (unused with mirostat 0). The third group selects
 // samplers this server lacks: only the value that turns each off is accepted.
 constexpr std::string_view k_option_keys[] = {
-    "num_predict", "temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty", "repeat_last_n",
-    "presence_penalty", "frequency_penalty", "stop",
-    "num_ctx", "num_batch", "num_thread", "num_gpu", "main_gpu", "low_vram", "use_mmap", "use_mlock", "numa",
-    "vocab_only", "num_keep", "penalize_newline", "mirostat_tau", "mirostat_eta",
-    "typical_p", "mirostat", "tfs_z"};
+    "num_predict",      "temperature",       "top_k",     "top_p",   "min_p",      "seed",       "repeat_penalty",   "repeat_last_n",
+    "presence_penalty", "frequency_penalty", "stop",      "num_ctx", "num_batch",  "num_thread", "num_gpu",          "main_gpu",
+    "low_vram",         "use_mmap",          "use_mlock", "numa",    "vocab_only", "num_keep",   "penalize_newline", "mirostat_tau",
+    "mirostat_eta",     "typical_p",         "mirostat",  "tfs_z"};
 
 [[noreturn]] void unsupported(const std::string& what, const std::string& param) {
   throw bad_request(what + " is not supported by this server", param);
@@ -37,17 +36,14 @@ constexpr std::string_view k_option_keys[] = {
 
 std::string read_model(const json& body) {
   const json* v = find_field(body, "model");
-  if (!v || (v->is_string() && v->get_ref<const std::string&>().empty()))
-    throw bad_request("model is required", "model");  // Ollama's wording
+  if (!v || (v->is_string() && v->get_ref<const std::string&>().empty())) throw bad_request("model is required", "model");  // Ollama's wording
   return as_string(*v, "model");
 }
 
 // A sampler that is off at exactly one value: any other value would change the output.
 void only_value(const json& options, std::string_view key, double off) {
-  const auto v = optional_number(options, key, -std::numeric_limits<double>::infinity(),
-                                 std::numeric_limits<double>::infinity(), "options");
-  if (v && *v != off) unsupported("options." + std::string(key) + " other than " + std::to_string(int(off)),
-                                  field_path("options", key));
+  const auto v = optional_number(options, key, -std::numeric_limits<double>::infinity(), std::numeric_limits<double>::infinity(), "options");
+  if (v && *v != off) unsupported("options." + std::string(key) + " other than " + std::to_string(int(off)), field_path("options", key));
 }
 
 void read_options(const json& body, const request_limits& limits, parsed_generation& g) {
@@ -81,8 +77,7 @@ void read_options(const json& body, const request_limits& limits, parsed_generat
   for (std::string_view key : {"low_vram", "use_mmap", "use_mlock", "numa", "vocab_only", "penalize_newline"})
     optional_bool(*options, key, "options");
   for (std::string_view key : {"mirostat_tau", "mirostat_eta"})
-    optional_number(*options, key, -std::numeric_limits<double>::infinity(), std::numeric_limits<double>::infinity(),
-                    "options");
+    optional_number(*options, key, -std::numeric_limits<double>::infinity(), std::numeric_limits<double>::infinity(), "options");
   only_value(*options, "typical_p", 1);
   only_value(*options, "mirostat", 0);
   only_value(*options, "tfs_z", 1);
@@ -99,11 +94,9 @@ ollama_request read_common(const json& body, const request_limits& limits) {
   read_options(body, limits, r.gen);
 
   // JSON output: "" is Ollama's "no format"; anything else ("json", a schema, {}) asks for it.
-  if (const json* format = find_field(body, "format");
-      format && !(format->is_string() && format->get_ref<const std::string&>().empty()))
+  if (const json* format = find_field(body, "format"); format && !(format->is_string() && format->get_ref<const std::string&>().empty()))
     unsupported("format (structured output)", "format");
-  if (const json* think = find_field(body, "think"); think && !(think->is_boolean() && !think->get<bool>()))
-    unsupported("think", "think");
+  if (const json* think = find_field(body, "think"); think && !(think->is_boolean() && !think->get<bool>())) unsupported("think", "think");
   if (const json* tools = optional_array(body, "tools"); tools && !tools->empty()) unsupported("tools", "tools");
   return r;
 }
@@ -116,14 +109,11 @@ std::vector<models::chat_message> read_messages(const json& list) {
     const std::string path = index_path("messages", i);
     expect_object(m, path);
     std::string role = require_string(m, "role", path);
-    if (role == "tool")
-      throw bad_request("messages with role 'tool' are not supported (this server has no tool calling)", path + ".role");
+    if (role == "tool") throw bad_request("messages with role 'tool' are not supported (this server has no tool calling)", path + ".role");
     if (role != "system" && role != "user" && role != "assistant")
       throw bad_request("'" + path + ".role' must be one of system, user, assistant; got '" + role + "'", path + ".role");
-    if (const json* images = optional_array(m, "images", path); images && !images->empty())
-      unsupported("images", path + ".images");
-    if (const json* calls = optional_array(m, "tool_calls", path); calls && !calls->empty())
-      unsupported("tool_calls", path + ".tool_calls");
+    if (const json* images = optional_array(m, "images", path); images && !images->empty()) unsupported("images", path + ".images");
+    if (const json* calls = optional_array(m, "tool_calls", path); calls && !calls->empty()) unsupported("tool_calls", path + ".tool_calls");
     // Go decodes a missing content as "": an assistant turn that only called tools has none.
     out.push_back({std::move(role), optional_string(m, "content", path).value_or("")});
   }
@@ -137,9 +127,8 @@ std::optional<long double> unit_seconds(std::string_view& rest) {
     std::string_view name;
     long double seconds;
   };
-  static constexpr unit units[] = {{"ns", 1e-9L},           {"us", 1e-6L}, {"\xC2\xB5s", 1e-6L},
-                                   {"\xCE\xBCs", 1e-6L},    {"ms", 1e-3L}, {"s", 1.0L},
-                                   {"m", 60.0L},            {"h", 3600.0L}};
+  static constexpr unit units[] = {{"ns", 1e-9L}, {"us", 1e-6L}, {"\xC2\xB5s", 1e-6L}, {"\xCE\xBCs", 1e-6L},
+                                   {"ms", 1e-3L}, {"s", 1.0L},   {"m", 60.0L},         {"h", 3600.0L}};
   for (const unit& u : units) {
     if (rest.substr(0, u.name.size()) == u.name) {
       rest.remove_prefix(u.name.size());
@@ -206,8 +195,7 @@ std::optional<keep_alive> parse_keep_alive(const json& v) {
   if (v.is_string()) {
     const auto& text = v.get_ref<const std::string&>();
     if (auto s = duration_seconds(text)) return keep_alive_from_seconds(*s);
-    throw bad_request("'keep_alive' must be a duration such as \"5m\", \"1h30m\" or \"-1\", got \"" + text + "\"",
-                      "keep_alive");
+    throw bad_request("'keep_alive' must be a duration such as \"5m\", \"1h30m\" or \"-1\", got \"" + text + "\"", "keep_alive");
   }
   throw bad_request("'keep_alive' must be a duration string or a number of seconds", "keep_alive");
 }
@@ -225,8 +213,7 @@ ollama_request parse_ollama_generate(const json& body, const request_limits& lim
   if (auto t = optional_string(body, "template"); t && !t->empty()) unsupported("template", "template");
   if (const json* images = optional_array(body, "images"); images && !images->empty()) unsupported("images", "images");
   // The token context of an earlier response, to continue it: this server keeps no such state.
-  if (const json* context = optional_array(body, "context"); context && !context->empty())
-    unsupported("context", "context");
+  if (const json* context = optional_array(body, "context"); context && !context->empty()) unsupported("context", "context");
   return r;
 }
 
@@ -237,8 +224,7 @@ ollama_request parse_ollama_chat(const json& body, const request_limits& limits)
   if (auto system = optional_string(body, "system")) r.gen.messages.push_back({"system", std::move(*system)});
   if (list) {
     auto messages = read_messages(*list);
-    r.gen.messages.insert(r.gen.messages.end(), std::make_move_iterator(messages.begin()),
-                          std::make_move_iterator(messages.end()));
+    r.gen.messages.insert(r.gen.messages.end(), std::make_move_iterator(messages.begin()), std::make_move_iterator(messages.end()));
   }
   return r;
 }

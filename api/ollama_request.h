@@ -20,8 +20,8 @@ namespace tandem::api {
 
 // How long the model stays loaded after the request (Ollama's keep_alive).
 struct keep_alive {
-  bool forever = false;                  // a negative duration: never unload for idleness
-  std::chrono::milliseconds after{0};    // when !forever; 0: unload as soon as the request is done
+  bool forever = false;                // a negative duration: never unload for idleness
+  std::chrono::milliseconds after{0};  // when !forever; 0: unload as soon as the request is done
 };
 
 struct ollama_request {
@@ -30,7 +30,7 @@ struct ollama_request {
   // gen.messages instead).
   std::optional<std::string> system;
   std::optional<api::keep_alive> keep_alive;  // absent: the server's default
-  bool raw = false;  // generate: the prompt goes to the model as is, without the template
+  bool raw = false;                           // generate: the prompt goes to the model as is, without the template
   // Nothing to generate (generate: no prompt and no suffix; chat: no messages): load the model,
   // or unload it when keep_alive is 0. gen.params is still filled in.
   bool load_only = false;

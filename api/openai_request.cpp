@@ -17,15 +17,38 @@ using json = nlohmann::json;
 // Keys both routes accept. The second group is accepted and ignored: bookkeeping that changes
 // nothing about the output (user, store, ...), or llama.cpp extras clients send by habit; each
 // is still type-checked, and rejected where a value would ask for something not done.
-constexpr std::string_view k_common_keys[] = {
-    "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
-    "frequency_penalty", "repetition_penalty", "repeat_penalty", "ignore_eos", "stop", "stream", "stream_options", "n",
-    "logprobs", "logit_bias", "response_format",
-    "user", "store", "metadata", "service_tier", "parallel_tool_calls", "cache_prompt", "id_slot", "n_probs",
-    "reasoning_effort", "modalities"};
+constexpr std::string_view k_common_keys[] = {"model",
+                                              "max_tokens",
+                                              "temperature",
+                                              "top_p",
+                                              "top_k",
+                                              "min_p",
+                                              "seed",
+                                              "presence_penalty",
+                                              "frequency_penalty",
+                                              "repetition_penalty",
+                                              "repeat_penalty",
+                                              "ignore_eos",
+                                              "stop",
+                                              "stream",
+                                              "stream_options",
+                                              "n",
+                                              "logprobs",
+                                              "logit_bias",
+                                              "response_format",
+                                              "user",
+                                              "store",
+                                              "metadata",
+                                              "service_tier",
+                                              "parallel_tool_calls",
+                                              "cache_prompt",
+                                              "id_slot",
+                                              "n_probs",
+                                              "reasoning_effort",
+                                              "modalities"};
 constexpr std::string_view k_completion_keys[] = {"prompt", "suffix", "echo", "best_of"};
-constexpr std::string_view k_chat_keys[] = {"messages",    "max_completion_tokens", "top_logprobs", "tools",
-                                            "functions",   "tool_choice",           "function_call"};
+constexpr std::string_view k_chat_keys[] = {"messages",  "max_completion_tokens", "top_logprobs", "tools",
+                                            "functions", "tool_choice",           "function_call"};
 constexpr std::string_view k_stream_option_keys[] = {"include_usage", "continuous_usage_stats"};
 
 template <size_t A, size_t B>
@@ -49,8 +72,7 @@ constexpr int64_t k_int64_max = std::numeric_limits<int64_t>::max();
 std::string read_model(const json& body) {
   const json* v = find_field(body, "model");
   // An empty name is no name: OpenAI answers both the same way.
-  if (!v || (v->is_string() && v->get_ref<const std::string&>().empty()))
-    throw bad_request("you must provide a model parameter", "model");
+  if (!v || (v->is_string() && v->get_ref<const std::string&>().empty())) throw bad_request("you must provide a model parameter", "model");
   return as_string(*v, "model");
 }
 
@@ -104,10 +126,8 @@ void reject_unsupported_common(const json& body) {
   if (const json* bias = optional_object(body, "logit_bias"); bias && !bias->empty()) unsupported("logit_bias", "logit_bias");
   if (const json* format = optional_object(body, "response_format")) {
     const std::string type = require_string(*format, "type", "response_format");
-    if (type == "json_object" || type == "json_schema")
-      unsupported("response_format type '" + type + "'", "response_format.type");
-    if (type != "text")
-      throw bad_request("'response_format.type' must be \"text\", got '" + type + "'", "response_format.type");
+    if (type == "json_object" || type == "json_schema") unsupported("response_format type '" + type + "'", "response_format.type");
+    if (type != "text") throw bad_request("'response_format.type' must be \"text\", got '" + type + "'", "response_format.type");
   }
 
   // Accepted and ignored; type-checked so that a malformed body still fails loudly.
@@ -140,8 +160,7 @@ std::vector<int32_t> as_tokens(const json& v, const std::string& path) {
   if (v.empty()) throw bad_request("'" + path + "' must not be empty", path);
   std::vector<int32_t> tokens;
   tokens.reserve(v.size());
-  for (size_t i = 0; i < v.size(); ++i)
-    tokens.push_back(static_cast<int32_t>(as_integer(v[i], index_path(path, i), 0, k_int32_max)));
+  for (size_t i = 0; i < v.size(); ++i) tokens.push_back(static_cast<int32_t>(as_integer(v[i], index_path(path, i), 0, k_int32_max)));
   return tokens;
 }
 
@@ -200,14 +219,11 @@ std::vector<models::chat_message> read_messages(const json& body) {
     expect_object(m, path);
     std::string role = require_string(m, "role", path);
     if (role == "tool" || role == "function")
-      throw bad_request("messages with role '" + role + "' are not supported (this server has no tool calling)",
-                        path + ".role");
+      throw bad_request("messages with role '" + role + "' are not supported (this server has no tool calling)", path + ".role");
     if (role == "developer") role = "system";  // OpenAI's newer name for the system prompt
     if (role != "system" && role != "user" && role != "assistant")
-      throw bad_request("'" + path + ".role' must be one of system, developer, user, assistant; got '" + role + "'",
-                        path + ".role");
-    if (const json* calls = optional_array(m, "tool_calls", path); calls && !calls->empty())
-      unsupported("tool_calls", path + ".tool_calls");
+      throw bad_request("'" + path + ".role' must be one of system, developer, user, assistant; got '" + role + "'", path + ".role");
+    if (const json* calls = optional_array(m, "tool_calls", path); calls && !calls->empty()) unsupported("tool_calls", path + ".tool_calls");
     if (find_field(m, "function_call")) unsupported("function_call", path + ".function_call");
 
     std::string content;
@@ -285,8 +301,7 @@ parsed_generation parse_chat_request(const json& body, const request_limits& lim
   if (optional_bool(body, "logprobs").value_or(false)) unsupported("logprobs", "logprobs");
   if (optional_integer(body, "top_logprobs", 0, k_int64_max).value_or(0) != 0) unsupported("top_logprobs", "top_logprobs");
   for (std::string_view key : {"tools", "functions"})
-    if (const json* v = optional_array(body, key); v && !v->empty())
-      unsupported(std::string(key) + " (tool calling)", std::string(key));
+    if (const json* v = optional_array(body, key); v && !v->empty()) unsupported(std::string(key) + " (tool calling)", std::string(key));
   read_tool_choice(body, "tool_choice");
   read_tool_choice(body, "function_call");
   return g;

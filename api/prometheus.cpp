@@ -11,9 +11,12 @@ namespace {
 
 const char* type_name(metric_type t) {
   switch (t) {
-    case metric_type::counter: return "counter";
-    case metric_type::gauge: return "gauge";
-    case metric_type::histogram: return "histogram";
+    case metric_type::counter:
+      return "counter";
+    case metric_type::gauge:
+      return "gauge";
+    case metric_type::histogram:
+      return "histogram";
   }
   return "untyped";
 }
@@ -39,10 +42,14 @@ std::invalid_argument metric_error(std::string_view name, std::string_view what)
 // HELP text escapes only backslash and newline; label values also escape the double quote.
 void append_escaped(std::string& out, std::string_view s, bool quote) {
   for (char c : s) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else if (quote && c == '"') out += "\\\"";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '\n')
+      out += "\\n";
+    else if (quote && c == '"')
+      out += "\\\"";
+    else
+      out += c;
   }
 }
 
@@ -59,8 +66,8 @@ std::string label_text(const labels& l) {
 }
 
 // One sample line: name{labels,extra} value. `extra` is the histogram's le="..." pair.
-void append_sample(std::string& out, std::string_view name, std::string_view suffix, std::string_view labels_,
-                   std::string_view extra, std::string_view value) {
+void append_sample(std::string& out, std::string_view name, std::string_view suffix, std::string_view labels_, std::string_view extra,
+                   std::string_view value) {
   out += name;
   out += suffix;
   if (!labels_.empty() || !extra.empty()) {
@@ -88,9 +95,7 @@ std::string format_metric_value(double v) {
   return std::string(buf, r.ptr);
 }
 
-std::vector<double> latency_buckets() {
-  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80};
-}
+std::vector<double> latency_buckets() { return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}; }
 
 void metrics_registry::declare(std::string name, std::string help, metric_type type, std::vector<double> buckets) {
   if (!valid_name(name, true)) throw metric_error(name, "name must match [a-zA-Z_:][a-zA-Z0-9_:]*");
@@ -125,8 +130,7 @@ metrics_registry::series& metrics_registry::series_of(family& f, const labels& l
   for (size_t i = 0; i < l.size(); ++i) {
     const std::string& k = l[i].first;
     if (!valid_name(k, false)) throw metric_error(f.name, "label name '" + k + "' must match [a-zA-Z_][a-zA-Z0-9_]*");
-    if (f.type == metric_type::histogram && k == "le")
-      throw metric_error(f.name, "a histogram may not have a label 'le'");
+    if (f.type == metric_type::histogram && k == "le") throw metric_error(f.name, "a histogram may not have a label 'le'");
     for (size_t j = 0; j < i; ++j)
       if (l[j].first == k) throw metric_error(f.name, "label '" + k + "' given twice");
   }

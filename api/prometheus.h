@@ -42,9 +42,9 @@ class metrics_registry {
 
  private:
   struct series {
-    std::string label_text;  // rendered `k="v",...` (escaped), also the lookup key
-    double value = 0;        // counter or gauge; a histogram's sum
-    uint64_t count = 0;      // histogram: observations
+    std::string label_text;             // rendered `k="v",...` (escaped), also the lookup key
+    double value = 0;                   // counter or gauge; a histogram's sum
+    uint64_t count = 0;                 // histogram: observations
     std::vector<uint64_t> bucket_hits;  // histogram: per bucket, not cumulative; last is +Inf
   };
   struct family {
@@ -58,7 +58,7 @@ class metrics_registry {
 
   // Both are called with mutex_ held and throw std::invalid_argument naming the metric.
   family& family_of(std::string_view name, metric_type want);  // declared, and of type `want`
-  series& series_of(family& f, const labels& l);                // created at the end if new
+  series& series_of(family& f, const labels& l);               // created at the end if new
 
   mutable std::mutex mutex_;
   std::vector<family> families_;  // declaration order

@@ -179,8 +179,8 @@ route_result dispatch(server_context& ctx, const http_request& r) {
 
 }  // namespace
 
-http_response error_response(const std::string& path, int status, const std::string& type, const std::string& message,
-                             const std::string& param, const std::string& code, int retry_after_s) {
+http_response error_response(const std::string& path, int status, const std::string& type, const std::string& message, const std::string& param,
+                             const std::string& code, int retry_after_s) {
   http_response res;
   res.status = status;
   if (is_ollama(path)) {

@@ -17,7 +17,7 @@ route_handler make_router(server_context& ctx);
 std::function<std::optional<http_response>(const http_request&)> make_admission(server_context& ctx);
 
 // The error response for a thrown api_error, in the family of `path`.
-http_response error_response(const std::string& path, int status, const std::string& type, const std::string& message,
-                             const std::string& param = {}, const std::string& code = {}, int retry_after_s = 0);
+http_response error_response(const std::string& path, int status, const std::string& type, const std::string& message, const std::string& param = {},
+                             const std::string& code = {}, int retry_after_s = 0);
 
 }  // namespace tandem::api

@@ -26,31 +26,34 @@ json admin_model(server_context& ctx, const runtime::served_model& m, const memo
   const auto res = residency_of(snap, m.name());
   json expiry = nullptr;
   if (!st.pinned && !st.keep_alive.forever && res.device_bytes > 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::system_clock::duration>(st.keep_alive.after - (std::chrono::steady_clock::now() - st.last_used));
+    const auto left =
+        std::chrono::duration_cast<std::chrono::system_clock::duration>(st.keep_alive.after - (std::chrono::steady_clock::now() - st.last_used));
     expiry = rfc3339(std::chrono::system_clock::now() + left);
   }
-  return json{{"name", m.name()},
-              {"aliases", m.entry->aliases},
-              {"file", m.entry->file},
-              {"role", configs::role_name(m.entry->role)},
-              {"state", res.state},
-              {"ready", res.runnable},
-              {"bytes", {{"weights", res.weight_bytes}, {"device", res.device_bytes}, {"host", res.host_bytes}}},
-              {"segments", {{"total", res.segments}, {"on_device", res.on_device}, {"landing", res.landing}}},
-              {"stream_slots", res.stream_slots},
-              {"leases", res.leases},
-              {"queue_depth", st.queued},
-              {"running", st.running},
-              {"preempted", st.preempted},
-              {"kv_blocks", {{"used", st.kv_blocks_used}, {"cached", st.kv_blocks_cached}, {"cached_on_host", st.kv_blocks_cached_host}, {"total", st.kv_blocks_total}}},
-              {"priority", st.priority},
-              {"pinned", st.pinned},
-              {"keep_alive", keep_alive_json(st.keep_alive)},
-              {"keep_alive_expires_at", expiry},
-              {"swap_ins", st.swap_ins},
-              {"swap_outs", st.swap_outs},
-              {"last_swap_in_seconds", st.last_swap_in_seconds},
-              {"preemptions", st.preemptions}};
+  return json{
+      {"name", m.name()},
+      {"aliases", m.entry->aliases},
+      {"file", m.entry->file},
+      {"role", configs::role_name(m.entry->role)},
+      {"state", res.state},
+      {"ready", res.runnable},
+      {"bytes", {{"weights", res.weight_bytes}, {"device", res.device_bytes}, {"host", res.host_bytes}}},
+      {"segments", {{"total", res.segments}, {"on_device", res.on_device}, {"landing", res.landing}}},
+      {"stream_slots", res.stream_slots},
+      {"leases", res.leases},
+      {"queue_depth", st.queued},
+      {"running", st.running},
+      {"preempted", st.preempted},
+      {"kv_blocks",
+       {{"used", st.kv_blocks_used}, {"cached", st.kv_blocks_cached}, {"cached_on_host", st.kv_blocks_cached_host}, {"total", st.kv_blocks_total}}},
+      {"priority", st.priority},
+      {"pinned", st.pinned},
+      {"keep_alive", keep_alive_json(st.keep_alive)},
+      {"keep_alive_expires_at", expiry},
+      {"swap_ins", st.swap_ins},
+      {"swap_outs", st.swap_outs},
+      {"last_swap_in_seconds", st.last_swap_in_seconds},
+      {"preemptions", st.preemptions}};
 }
 
 http_response ok_json(const json& j) {
@@ -65,10 +68,7 @@ route_result handle_admin_models(server_context& ctx, const http_request&) {
   const auto snap = ctx.served.arbiter().snapshot();
   json models = json::array();
   for (const auto& m : ctx.served.models()) models.push_back(admin_model(ctx, *m, snap));
-  return ok_json({{"device",
-                   {{"backend", ctx.served.backend().info().name},
-                    {"capacity", snap.device.capacity},
-                    {"used", snap.device.used}}},
+  return ok_json({{"device", {{"backend", ctx.served.backend().info().name}, {"capacity", snap.device.capacity}, {"used", snap.device.used}}},
                   {"host", {{"capacity", snap.host.capacity}, {"used", snap.host.used}}},
                   {"models", models}});
 }
@@ -80,8 +80,7 @@ route_result handle_admin_action(server_context& ctx, const http_request&, const
   if (action == "load") {
     c.load = true;
   } else if (action == "evict") {
-    if (e.stats(m.name()).pinned)
-      throw api_error(409, "invalid_request_error", "model '" + m.name() + "' is pinned; unpin it before evicting it");
+    if (e.stats(m.name()).pinned) throw api_error(409, "invalid_request_error", "model '" + m.name() + "' is pinned; unpin it before evicting it");
     c.evict = true;
   } else if (action == "pin") {
     c.pinned = true;

@@ -48,9 +48,12 @@ json openai_model(server_context& ctx, const runtime::served_model& m, const mem
 }
 
 json ollama_details(const model_details& d) {
-  return json{{"parent_model", ""},       {"format", "gguf"},
-              {"family", d.family},       {"families", json::array({d.family})},
-              {"parameter_size", d.parameter_size}, {"quantization_level", d.quantization}};
+  return json{{"parent_model", ""},
+              {"format", "gguf"},
+              {"family", d.family},
+              {"families", json::array({d.family})},
+              {"parameter_size", d.parameter_size},
+              {"quantization_level", d.quantization}};
 }
 
 // When an idle model's keep-alive runs out; far in the future for one kept for ever, as

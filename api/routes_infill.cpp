@@ -45,11 +45,11 @@ struct infill_state {
       : model(std::move(m)), clock(ctx, model, "infill", prompt_tokens, arrived) {}
 
   json final_object(runtime::finish_reason why, const std::string& all_content) const {
-    const char* stop_type = timed_out ? "limit"
-                            : why == runtime::finish_reason::eog ? "eos"
-                            : why == runtime::finish_reason::stop ? "word"
+    const char* stop_type = timed_out                                                                         ? "limit"
+                            : why == runtime::finish_reason::eog                                              ? "eos"
+                            : why == runtime::finish_reason::stop                                             ? "word"
                             : why == runtime::finish_reason::length || why == runtime::finish_reason::context ? "limit"
-                                                                                                               : "none";
+                                                                                                              : "none";
     const double pms = clock.prompt_ms(), gms = clock.predict_ms();
     const auto pn = clock.prompt_tokens(), gn = clock.generated();
     json j{{"content", all_content},
@@ -100,8 +100,9 @@ route_result handle_infill(server_context& ctx, const http_request& r) {
   }
   const auto fim = models::find_fim_tokens(*m->tokenizer);
   if (!fim.usable())
-    throw bad_request("model `" + m->name() + "` has no fill-in-the-middle tokens (prefix, suffix and middle markers); /infill needs a code model with them",
-                      "model");
+    throw bad_request(
+        "model `" + m->name() + "` has no fill-in-the-middle tokens (prefix, suffix and middle markers); /infill needs a code model with them",
+        "model");
   models::infill_input in;
   in.prefix = req.input_prefix;
   in.suffix = req.input_suffix;
@@ -156,9 +157,7 @@ route_result handle_infill(server_context& ctx, const http_request& r) {
     res.body = st->stream ? "data: " + st->final_object(why, "").dump() + "\n\n" : st->final_object(why, st->content).dump();
     return res;
   };
-  g.on_close = [st, h = sub.handle](bool gone) {
-    st->clock.finish(st->timed_out ? runtime::finish_reason::length : h->finished(), gone);
-  };
+  g.on_close = [st, h = sub.handle](bool gone) { st->clock.finish(st->timed_out ? runtime::finish_reason::length : h->finished(), gone); };
   return g;
 }
 

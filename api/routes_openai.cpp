@@ -106,9 +106,10 @@ generation_stream make_stream(server_context& ctx, submission sub, std::shared_p
       r.body += "data: [DONE]\n\n";
       return r;
     }
-    json choice = st->kind == dialect::chat
-                      ? json{{"index", 0}, {"message", {{"role", "assistant"}, {"content", st->text}}}, {"logprobs", nullptr}, {"finish_reason", finish}}
-                      : json{{"index", 0}, {"text", st->text}, {"logprobs", nullptr}, {"finish_reason", finish}};
+    json choice =
+        st->kind == dialect::chat
+            ? json{{"index", 0}, {"message", {{"role", "assistant"}, {"content", st->text}}}, {"logprobs", nullptr}, {"finish_reason", finish}}
+            : json{{"index", 0}, {"text", st->text}, {"logprobs", nullptr}, {"finish_reason", finish}};
     r.body = json{{"id", st->id},
                   {"object", st->kind == dialect::chat ? "chat.completion" : "text_completion"},
                   {"created", st->created},
@@ -134,8 +135,7 @@ route_result handle_completions(server_context& ctx, const http_request& r) {
   if (req.suffix) {
     // OpenAI's `suffix`: the prompt is the text before the cursor, the suffix the text after.
     const auto fim = models::find_fim_tokens(*m.tokenizer);
-    if (!fim.usable())
-      throw bad_request("model `" + m.name() + "` has no fill-in-the-middle tokens, so it cannot take a suffix", "suffix");
+    if (!fim.usable()) throw bad_request("model `" + m.name() + "` has no fill-in-the-middle tokens, so it cannot take a suffix", "suffix");
     if (!req.prompt) throw bad_request("a suffix needs a text prompt, not token ids", "prompt");
     models::infill_input in;
     in.prefix = *req.prompt;

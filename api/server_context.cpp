@@ -12,8 +12,7 @@ server_context::server_context(runtime::served_roster& s, const configs::server_
   m.declare("tandem_generation_tokens_total", "Tokens generated for finished requests.", metric_type::counter);
   m.declare("tandem_time_to_first_token_seconds", "From the request's arrival to its first generated token.", metric_type::histogram,
             latency_buckets());
-  m.declare("tandem_inter_token_latency_seconds", "Between consecutive generated tokens of a request.", metric_type::histogram,
-            latency_buckets());
+  m.declare("tandem_inter_token_latency_seconds", "Between consecutive generated tokens of a request.", metric_type::histogram, latency_buckets());
   m.declare("tandem_e2e_request_latency_seconds", "From the request's arrival to its end.", metric_type::histogram, latency_buckets());
   m.declare("tandem_queue_depth", "Requests waiting for a sequence slot.", metric_type::gauge);
   m.declare("tandem_running_sequences", "Sequences generating (preempted ones not counted).", metric_type::gauge);
@@ -22,8 +21,7 @@ server_context::server_context(runtime::served_roster& s, const configs::server_
   m.declare("tandem_kv_blocks_cached", "KV cache blocks kept by the prefix cache (device tier).", metric_type::gauge);
   m.declare("tandem_kv_blocks_total", "KV cache blocks of the model's pool.", metric_type::gauge);
   m.declare("tandem_model_bytes", "Weight bytes of the model per memory tier (device, host).", metric_type::gauge);
-  m.declare("tandem_model_on_device", "1 when the model can run now (its weights on the device, or streamed), else 0.",
-            metric_type::gauge);
+  m.declare("tandem_model_on_device", "1 when the model can run now (its weights on the device, or streamed), else 0.", metric_type::gauge);
   m.declare("tandem_tier_bytes", "Bytes in use and capacity per memory tier.", metric_type::gauge);
   m.declare("tandem_prefix_cache_queries_total", "Admissions that looked up the prefix cache.", metric_type::counter);
   m.declare("tandem_prefix_cache_hits_total", "Admissions that reused cached prefix blocks.", metric_type::counter);

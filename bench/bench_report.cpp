@@ -30,8 +30,8 @@ void put(nlohmann::json& j, const std::string& name, const summary& s, const std
 
 std::string line(const char* label, const std::string& what, const summary& s, const char* unit, const std::string& note = {}) {
   char buf[256];
-  std::snprintf(buf, sizeof buf, "%-9s %-22s %10.2f %-5s [%.2f .. %.2f]  %5.1f%%%s%s\n", label, what.c_str(), s.median, unit,
-                s.min, s.max, 100.0 * s.spread(), note.empty() ? "" : "  ", note.c_str());
+  std::snprintf(buf, sizeof buf, "%-9s %-22s %10.2f %-5s [%.2f .. %.2f]  %5.1f%%%s%s\n", label, what.c_str(), s.median, unit, s.min, s.max,
+                100.0 * s.spread(), note.empty() ? "" : "  ", note.c_str());
   return buf;
 }
 
@@ -47,13 +47,9 @@ std::vector<double> bench_report::layer_teams_vs_step_jobs_samples() const {
   return pair_ratios(result.decode_layer_teams_tok_s, result.decode_tok_s);
 }
 double bench_report::layer_teams_vs_step_jobs() const { return median_or_zero(layer_teams_vs_step_jobs_samples()); }
-std::vector<double> bench_report::prefill_server_vs_exact_samples() const {
-  return pair_ratios(result.prefill_tok_s, result.prefill_exact_tok_s);
-}
+std::vector<double> bench_report::prefill_server_vs_exact_samples() const { return pair_ratios(result.prefill_tok_s, result.prefill_exact_tok_s); }
 double bench_report::prefill_server_vs_exact() const { return median_or_zero(prefill_server_vs_exact_samples()); }
-double bench_report::compute_ceiling_tok_s() const {
-  return rows_per_second(dots.gmac_s_summary.median, result.int8_macs_per_token);
-}
+double bench_report::compute_ceiling_tok_s() const { return rows_per_second(dots.gmac_s_summary.median, result.int8_macs_per_token); }
 double bench_report::batched_vs_compute_ceiling() const { return ratio(result.batched_decode.median, compute_ceiling_tok_s()); }
 
 namespace {
@@ -178,10 +174,8 @@ nlohmann::json to_json(const bench_report& r) {
 std::string format_table(const bench_report& r) {
   const auto& p = r.params;
   char head[512];
-  std::snprintf(head, sizeof head,
-                "model: %s (%s, %s, %.1f MiB)\nthreads %d, isa %s, %d reps: median [min .. max] spread\n", r.model_path.c_str(),
-                r.arch.c_str(), r.type.c_str(), static_cast<double>(r.weight_bytes) / (1 << 20), r.threads, r.isa.c_str(),
-                p.reps);
+  std::snprintf(head, sizeof head, "model: %s (%s, %s, %.1f MiB)\nthreads %d, isa %s, %d reps: median [min .. max] spread\n", r.model_path.c_str(),
+                r.arch.c_str(), r.type.c_str(), static_cast<double>(r.weight_bytes) / (1 << 20), r.threads, r.isa.c_str(), p.reps);
   std::string out = head;
   char note[128];
   const std::string at = p.depth > 0 ? " @ " + std::to_string(p.depth) : "";
@@ -199,12 +193,10 @@ std::string format_table(const bench_report& r) {
     out += line("decode", std::to_string(p.gen) + " tok, layer teams", r.result.decode_layer_teams, "tok/s", note);
   }
   std::snprintf(note, sizeof note, "%.2fx one sequence alike, %.2fx decode above", r.batched_vs_single(), r.batched_vs_decode());
-  out += line("batched", std::to_string(p.batch) + " seqs x " + std::to_string(p.gen) + " tok" + at, r.result.batched_decode,
-              "tok/s", note);
+  out += line("batched", std::to_string(p.batch) + " seqs x " + std::to_string(p.gen) + " tok" + at, r.result.batched_decode, "tok/s", note);
   out += line("alone", "1 seq, as batched" + at, r.result.decode_as_batched, "tok/s",
               p.fast_batched_attention ? "the batched context" : "the batched context, llama.cpp's arithmetic");
-  std::snprintf(note, sizeof note, "%.2f of the read ceiling%s", r.decode_vs_ceiling(),
-                r.decode_vs_ceiling_samples.empty() ? "" : ", pass by pass");
+  std::snprintf(note, sizeof note, "%.2f of the read ceiling%s", r.decode_vs_ceiling(), r.decode_vs_ceiling_samples.empty() ? "" : ", pass by pass");
   char what[64];
   std::snprintf(what, sizeof what, "%.1f MB/token", static_cast<double>(r.result.decode_bytes_per_token) / 1e6);
   out += line("decode", what, r.result.decode_gb, "GB/s", note);

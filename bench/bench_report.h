@@ -34,11 +34,11 @@ struct bench_options {
 
 struct bench_report {
   std::string model_path;
-  std::string arch;             // "llama", "qwen2", ...
-  std::string type;             // main_weight_type, e.g. "Q4_K"
-  uint64_t weight_bytes = 0;    // all tensor data in the file
+  std::string arch;           // "llama", "qwen2", ...
+  std::string type;           // main_weight_type, e.g. "Q4_K"
+  uint64_t weight_bytes = 0;  // all tensor data in the file
   int threads = 0;
-  std::string isa;              // kernel path taken: scalar, avx2, avxvnni, avx512, amx
+  std::string isa;  // kernel path taken: scalar, avx2, avxvnni, avx512, amx
   model_bench_params params;
   model_bench_result result;
   // Measured with the same pool: per decode repetition the mean of its passes (one every
@@ -48,7 +48,7 @@ struct bench_report {
   // decode_gb_s[i] / repetition i's ceiling: on a shared machine the bandwidth available
   // moves within a second, so only figures taken across the same time compare.
   std::vector<double> decode_vs_ceiling_samples;
-  dot_ceiling_result dots;      // likewise, after the read ceiling
+  dot_ceiling_result dots;  // likewise, after the read ceiling
 
   // Medians divided (0 when the divisor is 0): batched aggregate over one sequence decoded in
   // the same context and arithmetic (like for like), batched aggregate over decode_tok_s

@@ -21,8 +21,7 @@ int64_t dot_chain_scalar(int64_t iterations, uint32_t a, uint32_t b) {
     for (int c = 0; c < C; ++c) {
       // Each chain's pattern looks changed every time: no product is hoisted or shared.
       asm("" : "+r"(ac[c]));
-      for (int k = 0; k < 4; ++k)
-        acc[c] += static_cast<int32_t>((ac[c] >> (8 * k)) & 0xFF) * static_cast<int8_t>(static_cast<uint8_t>(b >> (8 * k)));
+      for (int k = 0; k < 4; ++k) acc[c] += static_cast<int32_t>((ac[c] >> (8 * k)) & 0xFF) * static_cast<int8_t>(static_cast<uint8_t>(b >> (8 * k)));
     }
   int64_t sum = 0;
   for (int32_t x : acc) sum += x;
@@ -52,9 +51,12 @@ double seconds_since(clock_type::time_point t0) { return std::chrono::duration<d
 
 int64_t dot_chain_macs_per_iteration(isa path) {
   switch (resolve(path)) {
-    case isa::avx512: return detail::k_dot_macs_avx512;
-    case isa::avx2: return kernels::cpu::avx_vnni_active() ? detail::k_dot_macs_avxvnni : detail::k_dot_macs_avx2;
-    default: return detail::k_dot_macs_scalar;
+    case isa::avx512:
+      return detail::k_dot_macs_avx512;
+    case isa::avx2:
+      return kernels::cpu::avx_vnni_active() ? detail::k_dot_macs_avxvnni : detail::k_dot_macs_avx2;
+    default:
+      return detail::k_dot_macs_scalar;
   }
 }
 
@@ -63,11 +65,13 @@ int64_t dot_chain(int64_t iterations, isa path) {
   if (iterations < 0 || iterations > (int64_t{1} << 28))
     throw std::invalid_argument("dot_chain: iterations must be in [0, 2^28], got " + std::to_string(iterations));
   switch (path) {
-    case isa::avx512: return detail::dot_chain_avx512(iterations, k_pattern_a, k_pattern_b);
+    case isa::avx512:
+      return detail::dot_chain_avx512(iterations, k_pattern_a, k_pattern_b);
     case isa::avx2:
       if (kernels::cpu::avx_vnni_active()) return detail::dot_chain_avxvnni(iterations, k_pattern_a, k_pattern_b);
       return detail::dot_chain_avx2(iterations, k_pattern_a, k_pattern_b);
-    default: return detail::dot_chain_scalar(iterations, k_pattern_a, k_pattern_b);
+    default:
+      return detail::dot_chain_scalar(iterations, k_pattern_a, k_pattern_b);
   }
 }
 

@@ -45,9 +45,7 @@ uint64_t in_blocks(const models::weight_plan& p, size_t block) {
   return n;
 }
 
-int32_t greedy(std::span<const float> logits) {
-  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-}
+int32_t greedy(std::span<const float> logits) { return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()); }
 
 void must(memory::status s, const char* what) {
   if (s != memory::status::ok) throw std::logic_error(std::string("bench gpu: ") + what + ": " + std::string(memory::status_name(s)));
@@ -65,7 +63,8 @@ void measure_h2d(memory::backend& b, const models::weight_plan& plan, int reps, 
   kernels::cuda::time_copy_s(copy_path::host_to_device, dev->data(), host->data(), bytes, s.get());  // warm-up
   std::vector<double> ceiling;
   for (int i = 0; i < std::max(reps, 3); ++i)
-    ceiling.push_back(static_cast<double>(bytes) / kernels::cuda::time_copy_s(copy_path::host_to_device, dev->data(), host->data(), bytes, s.get()) / 1e9);
+    ceiling.push_back(static_cast<double>(bytes) / kernels::cuda::time_copy_s(copy_path::host_to_device, dev->data(), host->data(), bytes, s.get()) /
+                      1e9);
   f.memcpy_ceiling_gb_s = best_of(ceiling);
   // As the arbiter's loader thread: one backend copy per segment, each waited for before the
   // next is issued, so the per-copy latency counts as it does in a swap-in.
@@ -93,14 +92,14 @@ void measure_d2d(uint64_t model_bytes, int reps, gpu_bench_figures& f) {
   kernels::cuda::time_copy_s(copy_path::device_to_device, dst.get(), src.get(), bytes, s.get());  // warm-up
   std::vector<double> gb;
   for (int i = 0; i < std::max(reps, 3); ++i)
-    gb.push_back(2.0 * static_cast<double>(bytes) / kernels::cuda::time_copy_s(copy_path::device_to_device, dst.get(), src.get(), bytes, s.get()) / 1e9);
+    gb.push_back(2.0 * static_cast<double>(bytes) / kernels::cuda::time_copy_s(copy_path::device_to_device, dst.get(), src.get(), bytes, s.get()) /
+                 1e9);
   f.d2d_gb_s = best_of(gb);
 }
 
 // The arbiter on the CUDA backend, both tiers sized for the whole model: the swap-in from the
 // host tier, then the first token after a swap-in with the load waited for or not.
-void measure_swap(memory::backend& b, const models::model& m, const gpu_bench_options& o, const std::vector<int32_t>& ids,
-                  gpu_bench_figures& f) {
+void measure_swap(memory::backend& b, const models::model& m, const gpu_bench_options& o, const std::vector<int32_t>& ids, gpu_bench_figures& f) {
   const uint64_t weights = in_blocks(m.plan(), memory::k_default_block_bytes);
   memory::arbiter a(b, {weights, weights});
   models::arbiter_residency res(a, m, "bench", 2);
@@ -150,8 +149,7 @@ void measure_swap(memory::backend& b, const models::model& m, const gpu_bench_op
 }
 
 // Prefill and greedy decode with the weights uploaded by gpu_forward itself (resident).
-void measure_resident(const models::model& m, const gpu_bench_options& o, const std::vector<int32_t>& ids,
-                      gpu_bench_figures& f) {
+void measure_resident(const models::model& m, const gpu_bench_options& o, const std::vector<int32_t>& ids, gpu_bench_figures& f) {
   models::gpu_context_params cp;
   cp.n_ctx = std::max(o.prompt, o.gen) + 1;
   cp.max_batch = std::min<int64_t>(o.prompt, 512);
@@ -231,9 +229,7 @@ void read(const nlohmann::json& j, const char* key, T& out) {
     if (!v.is_string()) throw std::invalid_argument(std::string("bench gpu: '") + key + "' must be a string");
   } else if constexpr (std::is_integral_v<T>) {
     const bool ok = v.is_number_integer() && (!std::is_unsigned_v<T> || v.is_number_unsigned() || v.get<int64_t>() >= 0);
-    if (!ok)
-      throw std::invalid_argument(std::string("bench gpu: '") + key + "' must be a whole number" +
-                                  (std::is_unsigned_v<T> ? " >= 0" : ""));
+    if (!ok) throw std::invalid_argument(std::string("bench gpu: '") + key + "' must be a whole number" + (std::is_unsigned_v<T> ? " >= 0" : ""));
   } else {
     if (!v.is_number()) throw std::invalid_argument(std::string("bench gpu: '") + key + "' must be a number");
   }
@@ -258,9 +254,7 @@ std::string run_name(const std::string& path) {
 
 double gpu_bench_figures::swap_in_vs_ceiling() const { return ratio(swap_in_gb_s, memcpy_ceiling_gb_s); }
 double gpu_bench_figures::decode_vs_roofline() const { return ratio(decode_gb_s, d2d_gb_s); }
-double gpu_bench_figures::pipelined_vs_sequential() const {
-  return ratio(first_token_ms_pipelined, first_token_ms_sequential);
-}
+double gpu_bench_figures::pipelined_vs_sequential() const { return ratio(first_token_ms_pipelined, first_token_ms_sequential); }
 
 std::vector<std::string> gpu_targets_missed(const gpu_bench_figures& f) {
   std::vector<std::string> missed;

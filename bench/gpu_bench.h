@@ -32,31 +32,31 @@ struct gpu_bench_options {
 // (memcpy_ceiling_gb_s, d2d_gb_s), which are the best of them: a ceiling is what the hardware
 // can do, not what it usually does. GB/s are 1e9 bytes per second.
 struct gpu_bench_figures {
-  std::string device;       // the CUDA device's name, e.g. "NVIDIA H200"
-  std::string model;        // the GGUF path
-  std::string type;         // the weight type holding most bytes, e.g. "Q4_K"
+  std::string device;                   // the CUDA device's name, e.g. "NVIDIA H200"
+  std::string model;                    // the GGUF path
+  std::string type;                     // the weight type holding most bytes, e.g. "Q4_K"
   uint64_t model_bytes = 0;             // the segments' bytes: what a swap-in moves
   uint64_t decode_bytes_per_token = 0;  // weight bytes one decode step reads (decode_weight_bytes)
   int segments = 0;
   int64_t prompt = 0;
   int64_t gen = 0;
   int reps = 0;
-  double pinned_h2d_gb_s = 0;      // backend copies, one per segment, each waited for (as the arbiter's loader)
-  double memcpy_ceiling_gb_s = 0;  // one copy of model_bytes from pinned memory, timed by the device
-  double swap_in_s = 0;            // arbiter load of every segment from the host tier, to the last landing
-  double swap_in_gb_s = 0;         // model_bytes / swap_in_s
+  double pinned_h2d_gb_s = 0;            // backend copies, one per segment, each waited for (as the arbiter's loader)
+  double memcpy_ceiling_gb_s = 0;        // one copy of model_bytes from pinned memory, timed by the device
+  double swap_in_s = 0;                  // arbiter load of every segment from the host tier, to the last landing
+  double swap_in_gb_s = 0;               // model_bytes / swap_in_s
   double first_token_ms_pipelined = 0;   // device copies evicted; load started and prompt run at once
   double first_token_ms_sequential = 0;  // the same, the load waited for before the prompt
-  double prefill_tok_s = 0;        // resident: prompt / seconds of one eval of the whole prompt
-  double decode_tok_s = 0;         // resident: gen / seconds of gen one-token evals, greedy on the CPU
-  double decode_gb_s = 0;          // decode_bytes_per_token * decode_tok_s
-  double d2d_gb_s = 0;             // device -> device copy: 2 * bytes / seconds (read and write)
-  bool decode_cuda_graphs = false;  // decode replayed CUDA graphs (not turned off, no capture refused)
+  double prefill_tok_s = 0;              // resident: prompt / seconds of one eval of the whole prompt
+  double decode_tok_s = 0;               // resident: gen / seconds of gen one-token evals, greedy on the CPU
+  double decode_gb_s = 0;                // decode_bytes_per_token * decode_tok_s
+  double d2d_gb_s = 0;                   // device -> device copy: 2 * bytes / seconds (read and write)
+  bool decode_cuda_graphs = false;       // decode replayed CUDA graphs (not turned off, no capture refused)
 
   // Medians divided (0 when the divisor is 0).
-  double swap_in_vs_ceiling() const;        // swap_in_gb_s / memcpy_ceiling_gb_s
-  double decode_vs_roofline() const;        // decode_gb_s / d2d_gb_s
-  double pipelined_vs_sequential() const;   // first_token_ms_pipelined / first_token_ms_sequential
+  double swap_in_vs_ceiling() const;       // swap_in_gb_s / memcpy_ceiling_gb_s
+  double decode_vs_roofline() const;       // decode_gb_s / d2d_gb_s
+  double pipelined_vs_sequential() const;  // first_token_ms_pipelined / first_token_ms_sequential
 
   bool operator==(const gpu_bench_figures&) const = default;
 };

@@ -27,8 +27,11 @@ struct tally {
 };
 
 const char* const k_prompts[] = {
-    "Once upon a time", "The little dog ran to the park and", "Lily wanted to play with her friends, but",
-    "One day, a big red ball rolled down the hill. Tom saw it and", "The sun was shining. Sam and his mom went to",
+    "Once upon a time",
+    "The little dog ran to the park and",
+    "Lily wanted to play with her friends, but",
+    "One day, a big red ball rolled down the hill. Tom saw it and",
+    "The sun was shining. Sam and his mom went to",
 };
 
 // One request: streamed chat or completion; hangs up after `hang_up_after` events when > 0.

@@ -18,8 +18,8 @@ struct http_load_options {
   int clients = 32;
   std::chrono::milliseconds duration{120'000};
   std::chrono::milliseconds baseline{5'000};  // the single-client run before; 0: none
-  double disconnect_fraction = 0.25;  // clients that hang up mid-stream on every request
-  std::vector<std::string> models;   // requests go round-robin over these
+  double disconnect_fraction = 0.25;          // clients that hang up mid-stream on every request
+  std::vector<std::string> models;            // requests go round-robin over these
   int64_t max_tokens = 64;
   uint64_t seed = 1;
 };

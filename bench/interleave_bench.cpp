@@ -34,11 +34,20 @@ std::string roster_yaml(const interleave_bench_options& o, bool interleave) {
   // Both models on the device for good: only interleaving differs between the two runs.
   return "devices:\n  - backend: cpu\n    vram: 8GiB\n    host: 8GiB\n"
          "models:\n"
-         "  - name: low\n    path: \"" + o.low_path + "\"\n    priority: 0\n    preload: device\n    keep_alive: -1\n"
-         "    context: " + std::to_string(ctx) + "\n    max_sequences: 1\n"
-         "  - name: high\n    path: \"" + high + "\"\n    priority: 100\n    preload: device\n    keep_alive: -1\n"
-         "    context: " + std::to_string(std::max<int64_t>(o.high_prompt + 64, 128)) + "\n    max_sequences: 1\n"
-         "policy:\n  prefetch: false\n  idle_grace: 1h\n  itl_target: 0\n  itl_budget: 0\n  interleave: " + (interleave ? "true" : "false") + "\n";
+         "  - name: low\n    path: \"" +
+         o.low_path +
+         "\"\n    priority: 0\n    preload: device\n    keep_alive: -1\n"
+         "    context: " +
+         std::to_string(ctx) +
+         "\n    max_sequences: 1\n"
+         "  - name: high\n    path: \"" +
+         high +
+         "\"\n    priority: 100\n    preload: device\n    keep_alive: -1\n"
+         "    context: " +
+         std::to_string(std::max<int64_t>(o.high_prompt + 64, 128)) +
+         "\n    max_sequences: 1\n"
+         "policy:\n  prefetch: false\n  idle_grace: 1h\n  itl_target: 0\n  itl_budget: 0\n  interleave: " +
+         (interleave ? "true" : "false") + "\n";
 }
 
 }  // namespace

@@ -12,15 +12,15 @@ namespace tandem::bench {
 struct interleave_bench_options {
   std::string low_path, high_path;  // high empty: the low model again, as a second entry
   int threads = 0;
-  int64_t low_prompt = 1024;        // rows of the low pass (one pass: chunk and batch that large)
+  int64_t low_prompt = 1024;  // rows of the low pass (one pass: chunk and batch that large)
   int64_t high_prompt = 16;
   int reps = 3;
 };
 
 struct interleave_bench_result {
   double high_ttft_ms_interleaved = 0, high_ttft_ms_waiting = 0;  // medians over reps
-  double low_pass_ms = 0;             // the low prompt's time to first token, interleave off (median)
-  int64_t interleaved_passes = 0;     // the high model's passes run inside low passes (interleave on)
+  double low_pass_ms = 0;                                         // the low prompt's time to first token, interleave off (median)
+  int64_t interleaved_passes = 0;                                 // the high model's passes run inside low passes (interleave on)
 };
 
 // Throws what served_roster throws for models that cannot be opened or placed.

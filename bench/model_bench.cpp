@@ -17,9 +17,7 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-double seconds_since(clock_type::time_point t0) {
-  return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
+double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
 
 // SplitMix64: a fixed, portable sequence (std::uniform_int_distribution differs between
 // standard libraries).
@@ -32,14 +30,11 @@ uint64_t splitmix64(uint64_t& state) {
 
 void check_params(const model_bench_params& p) {
   if (p.prompt < 1 || p.prompt > models::k_max_context)
-    throw std::invalid_argument("bench: prompt must be in [1, " + std::to_string(models::k_max_context) + "], got " +
-                                std::to_string(p.prompt));
+    throw std::invalid_argument("bench: prompt must be in [1, " + std::to_string(models::k_max_context) + "], got " + std::to_string(p.prompt));
   if (p.gen < 1 || p.gen > models::k_max_context)
-    throw std::invalid_argument("bench: gen must be in [1, " + std::to_string(models::k_max_context) + "], got " +
-                                std::to_string(p.gen));
+    throw std::invalid_argument("bench: gen must be in [1, " + std::to_string(models::k_max_context) + "], got " + std::to_string(p.gen));
   if (p.batch < 1 || p.batch > models::k_max_sequences)
-    throw std::invalid_argument("bench: batch must be in [1, " + std::to_string(models::k_max_sequences) + "], got " +
-                                std::to_string(p.batch));
+    throw std::invalid_argument("bench: batch must be in [1, " + std::to_string(models::k_max_sequences) + "], got " + std::to_string(p.batch));
   if (p.reps < 1) throw std::invalid_argument("bench: reps must be at least 1, got " + std::to_string(p.reps));
   if (p.decode_pause_every < 0)
     throw std::invalid_argument("bench: decode_pause_every must be at least 0, got " + std::to_string(p.decode_pause_every));
@@ -47,8 +42,9 @@ void check_params(const model_bench_params& p) {
     throw std::invalid_argument("bench: depth must be in [0, " + std::to_string(models::k_max_context - std::max(p.prompt, p.gen)) +
                                 "] (the context holds depth + max(prompt, gen) tokens), got " + std::to_string(p.depth));
   if (p.compare_prompt && !p.fast_prompt_attention)
-    throw std::invalid_argument("bench: compare_prompt measures llama.cpp's prefill beside the server's; "
-                                "without fast_prompt_attention both would be llama.cpp's");
+    throw std::invalid_argument(
+        "bench: compare_prompt measures llama.cpp's prefill beside the server's; "
+        "without fast_prompt_attention both would be llama.cpp's");
 }
 
 // The matrices a decode step multiplies by: the output head and every layer's projections.
@@ -103,14 +99,11 @@ uint64_t decode_int8_macs(const models::model& m) {
 kernels::weight_type main_weight_type(const models::model& m) {
   std::map<kernels::weight_type, uint64_t> by_type;
   for (const auto& t : m.file().tensors()) by_type[t.type] += t.bytes;
-  return std::max_element(by_type.begin(), by_type.end(),
-                          [](const auto& a, const auto& b) { return a.second < b.second; })
-      ->first;
+  return std::max_element(by_type.begin(), by_type.end(), [](const auto& a, const auto& b) { return a.second < b.second; })->first;
 }
 
 model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_pool& pool, const model_bench_params& p,
-                                   const std::function<void()>& after_decode_rep,
-                                   const std::function<void()>& during_decode) {
+                                   const std::function<void()>& after_decode_rep, const std::function<void()>& during_decode) {
   check_params(p);
   const auto& cfg = m.config();
   // One id stream: prompt, then the decode tokens, then one token per sequence per batched

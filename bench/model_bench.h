@@ -23,8 +23,8 @@ struct model_bench_params {
   // (llama-bench's -d): an untimed prompt of this many tokens first (into every sequence of
   // the batch), by the server's arithmetic.
   int64_t depth = 0;
-  int reps = 3;          // timed repetitions of each phase (after one untimed warm-up)
-  uint64_t seed = 1;     // token ids
+  int reps = 3;       // timed repetitions of each phase (after one untimed warm-up)
+  uint64_t seed = 1;  // token ids
   // Prefill by the server's arithmetic (forward_context::set_prompt_end: the tiled attention
   // kernel, SwiGLU's vector e^x, packed Q4_1/Q5_1 in the tile's order), as `tandem serve`
   // computes prompts; off: llama.cpp's arithmetic (its f16 flash attention, `expf`, ggml's
@@ -54,21 +54,21 @@ struct model_bench_params {
 
 struct model_bench_result {
   // Per repetition, in measurement order.
-  std::vector<double> prefill_tok_s;          // prompt / seconds of one eval of the whole prompt
-  std::vector<double> decode_tok_s;           // gen / seconds of gen one-token evals
-  std::vector<double> batched_decode_tok_s;   // batch * gen / seconds of gen decode passes
+  std::vector<double> prefill_tok_s;         // prompt / seconds of one eval of the whole prompt
+  std::vector<double> decode_tok_s;          // gen / seconds of gen one-token evals
+  std::vector<double> batched_decode_tok_s;  // batch * gen / seconds of gen decode passes
   // gen / seconds of gen one-token passes of one sequence in the batched decode's context and
   // arithmetic: the baseline batched decode is compared with (decode_tok_s runs on a
   // one-sequence context, and in llama.cpp's arithmetic where fast_decode_attention is off).
   std::vector<double> decode_as_batched_tok_s;
-  std::vector<double> decode_gb_s;            // decode_bytes_per_token * decode_tok_s / 1e9
+  std::vector<double> decode_gb_s;  // decode_bytes_per_token * decode_tok_s / 1e9
   // compare_layer_teams: decode_tok_s's measure with a team job per layer (empty otherwise).
   std::vector<double> decode_layer_teams_tok_s;
   // compare_prompt: prefill_tok_s's measure by llama.cpp's arithmetic (empty otherwise).
   std::vector<double> prefill_exact_tok_s;
   summary prefill, decode, batched_decode, decode_as_batched, decode_gb, decode_layer_teams, prefill_exact;
-  uint64_t decode_bytes_per_token = 0;        // decode_weight_bytes(model)
-  uint64_t int8_macs_per_token = 0;           // decode_int8_macs(model)
+  uint64_t decode_bytes_per_token = 0;  // decode_weight_bytes(model)
+  uint64_t int8_macs_per_token = 0;     // decode_int8_macs(model)
   // The position the first timed token of prefill, of decode and of batched decode (every
   // sequence's) took (the context's, read after the untimed fill): depth.
   int64_t prefill_start_position = 0, decode_start_position = 0, batched_start_position = 0;
@@ -106,7 +106,6 @@ kernels::weight_type main_weight_type(const models::model& m);
 // after it), both outside the decode's timing: run_bench times passes of the read ceiling
 // there, so each decode figure has a ceiling taken across it.
 model_bench_result run_model_bench(const models::model& m, kernels::cpu::thread_pool& pool, const model_bench_params& p,
-                                   const std::function<void()>& after_decode_rep = {},
-                                   const std::function<void()>& during_decode = {});
+                                   const std::function<void()>& after_decode_rep = {}, const std::function<void()>& during_decode = {});
 
 }  // namespace tandem::bench

@@ -53,16 +53,18 @@ uint64_t read_sum(const std::byte* data, size_t bytes, kernels::cpu::isa path) {
   if (path == isa::best) path = kernels::cpu::active_isa();
   if (!kernels::cpu::isa_supported(path)) throw std::invalid_argument("read_sum: this CPU cannot run the requested ISA path");
   switch (path) {
-    case isa::avx512: return detail::read_sum_avx512(data, bytes);
-    case isa::avx2: return detail::read_sum_avx2(data, bytes);
-    default: return detail::read_sum_scalar(data, bytes);
+    case isa::avx512:
+      return detail::read_sum_avx512(data, bytes);
+    case isa::avx2:
+      return detail::read_sum_avx2(data, bytes);
+    default:
+      return detail::read_sum_scalar(data, bytes);
   }
 }
 
 uint64_t default_read_buffer_bytes() {
   uint64_t b = std::clamp(4 * last_level_cache_bytes(), uint64_t{256} << 20, uint64_t{4} << 30);
-  if (const uint64_t usable = memory::usable_memory_bytes(memory::read_memory_limits()); usable > 0)
-    b = std::min(b, usable / 4);
+  if (const uint64_t usable = memory::usable_memory_bytes(memory::read_memory_limits()); usable > 0) b = std::min(b, usable / 4);
   return std::max(k_huge_page, b / k_huge_page * k_huge_page);
 }
 

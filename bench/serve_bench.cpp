@@ -156,7 +156,8 @@ serve_bench_result run_serve_bench(const serve_bench_options& o) {
       if (gaps.empty()) k_first = k_last = 1;
     } else {
       for (const auto& x : rs)
-        for (size_t k = static_cast<size_t>(k_first); k <= static_cast<size_t>(k_last) && k < x.at_ms.size(); ++k) gaps.push_back(x.at_ms[k] - x.at_ms[k - 1]);
+        for (size_t k = static_cast<size_t>(k_first); k <= static_cast<size_t>(k_last) && k < x.at_ms.size(); ++k)
+          gaps.push_back(x.at_ms[k] - x.at_ms[k - 1]);
     }
     return gaps;
   };

@@ -21,29 +21,29 @@ namespace tandem::bench {
 
 struct serve_bench_options {
   std::string model_path;
-  std::string high_path;        // the high-priority model of the burst test; empty: a second entry of the model
+  std::string high_path;  // the high-priority model of the burst test; empty: a second entry of the model
   int threads = 0;
-  int64_t gen = 64;             // tokens per stream in the decode runs
-  int reps = 5;                 // rounds of the decode runs; each round runs 1, 4 and 16 streams
-  int64_t long_prompt = 3000;   // the prompt prefilled during the ITL test
-  int64_t prefill_chunk = 16;   // prompt tokens of one sequence per pass
+  int64_t gen = 64;            // tokens per stream in the decode runs
+  int reps = 5;                // rounds of the decode runs; each round runs 1, 4 and 16 streams
+  int64_t long_prompt = 3000;  // the prompt prefilled during the ITL test
+  int64_t prefill_chunk = 16;  // prompt tokens of one sequence per pass
   int64_t max_batch_tokens = 64;
-  double itl_budget = 2.0;      // engine_config::itl_budget (with itl_target 0 too: fixed prompt chunks)
-  double itl_target_ms = 50;    // engine_config::itl_target
+  double itl_budget = 2.0;    // engine_config::itl_budget (with itl_target 0 too: fixed prompt chunks)
+  double itl_target_ms = 50;  // engine_config::itl_target
 };
 
 struct serve_bench_result {
-  std::map<int, double> decode_tok_s;             // aggregate, by concurrency: median over the rounds
+  std::map<int, double> decode_tok_s;  // aggregate, by concurrency: median over the rounds
   std::map<int, double> per_stream_tok_s;
-  std::map<int, summary> decode_rounds;           // aggregate, by concurrency: every round
+  std::map<int, summary> decode_rounds;  // aggregate, by concurrency: every round
   // 16 streams over 1, median of the rounds' own ratios: each round runs both within seconds,
   // so a shared machine's slow minute moves both sides of a ratio alike.
   summary decode_16_vs_1;
   double itl_p50_ms_idle = 0, itl_p99_ms_idle = 0;
   double itl_p50_ms_during_prefill = 0, itl_p99_ms_during_prefill = 0;
-  double long_prompt_ttft_ms = 0;        // beside the 4 streams
-  double long_prompt_ttft_ms_alone = 0;  // the same length on an idle engine (no prefix-cache hit)
-  int64_t itl_tokens_from = 0, itl_tokens_to = 0;  // the streams' token positions both ITL figures cover
+  double long_prompt_ttft_ms = 0;                              // beside the 4 streams
+  double long_prompt_ttft_ms_alone = 0;                        // the same length on an idle engine (no prefix-cache hit)
+  int64_t itl_tokens_from = 0, itl_tokens_to = 0;              // the streams' token positions both ITL figures cover
   double burst_ttft_ms_idle = 0, burst_ttft_ms_contended = 0;  // median over the burst
   double prefix_miss_ttft_ms = 0, prefix_hit_ttft_ms = 0;
   interleave_bench_result interleave;

@@ -33,9 +33,7 @@ double ratio(double a, double b) { return b != 0 ? a / b : 0; }
 }  // namespace
 
 double swap_bench_result::swap_in_vs_ceiling() const { return ratio(swap_in_gb_s.median, copy_ceiling_gb_s.median); }
-double swap_bench_result::pipelined_vs_sequential() const {
-  return ratio(first_token_ms_pipelined.median, first_token_ms_sequential.median);
-}
+double swap_bench_result::pipelined_vs_sequential() const { return ratio(first_token_ms_pipelined.median, first_token_ms_sequential.median); }
 
 swap_bench_result run_swap_bench(const swap_bench_options& o) {
   if (o.prompt < 1 || o.reps < 1) throw std::invalid_argument("bench swap: prompt and reps must be >= 1");
@@ -183,8 +181,10 @@ std::string format_table(const swap_bench_result& r) {
     out += line;
   };
   add("model: %s, %.1f MiB in %d segments\n", r.model_path.c_str(), static_cast<double>(r.bytes) / 1048576.0, r.segments);
-  if (r.link_gbps > 0) add("backend: %s, link %.2f GB/s (simulated)\n", r.backend.c_str(), r.link_gbps);
-  else add("backend: %s, link not throttled\n", r.backend.c_str());
+  if (r.link_gbps > 0)
+    add("backend: %s, link %.2f GB/s (simulated)\n", r.backend.c_str(), r.link_gbps);
+  else
+    add("backend: %s, link not throttled\n", r.backend.c_str());
   add("threads %d, %d reps: median [min .. max]\n", r.threads, r.reps);
   auto row = [&](const char* name, const summary& s, const char* unit, double scale) {
     add("%-30s %10.2f %-5s [%.2f .. %.2f]\n", name, s.median * scale, unit, s.min * scale, s.max * scale);

@@ -17,10 +17,10 @@ namespace tandem::bench {
 
 struct swap_bench_options {
   std::string model_path;
-  int threads = 0;          // 0: all cores
-  int64_t prompt = 512;     // tokens of the first-token prompt
+  int threads = 0;       // 0: all cores
+  int64_t prompt = 512;  // tokens of the first-token prompt
   int reps = 3;
-  double link_gbps = 0;     // > 0: throttle host <-> device copies (simulated)
+  double link_gbps = 0;  // > 0: throttle host <-> device copies (simulated)
   uint64_t seed = 1;
 };
 
@@ -33,10 +33,10 @@ struct swap_bench_result {
   int threads = 0;
   int64_t prompt = 0;
   int reps = 0;
-  summary stage_s;             // disk -> host (reading the file, packing)
-  summary swap_in_s;           // host -> device
+  summary stage_s;    // disk -> host (reading the file, packing)
+  summary swap_in_s;  // host -> device
   summary swap_in_gb_s;
-  summary copy_ceiling_gb_s;   // memcpy of `bytes` between two warm buffers, one thread
+  summary copy_ceiling_gb_s;  // memcpy of `bytes` between two warm buffers, one thread
   summary first_token_ms_resident;
   summary first_token_ms_pipelined;
   summary first_token_ms_sequential;

@@ -107,7 +107,9 @@ void add_serve_command(CLI::App& bench_cmd) {
   cmd->add_option("--high", a->opt.high_path, "the high-priority model of the burst test (default: a second entry of --model)")
       ->check(CLI::ExistingFile);
   cmd->add_option("-t,--threads", a->opt.threads, "threads (0: all cores)")->check(CLI::Range(0, 1024))->capture_default_str();
-  cmd->add_option("-n,--gen", a->opt.gen, "tokens per stream in the decode runs")->check(CLI::Range(int64_t{2}, int64_t{4096}))->capture_default_str();
+  cmd->add_option("-n,--gen", a->opt.gen, "tokens per stream in the decode runs")
+      ->check(CLI::Range(int64_t{2}, int64_t{4096}))
+      ->capture_default_str();
   cmd->add_option("-r,--reps", a->opt.reps, "rounds of the decode runs (1, 4 and 16 streams each round; medians reported)")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
@@ -149,7 +151,9 @@ void add_http_command(CLI::App& bench_cmd) {
   cmd->add_option("--baseline-seconds", a->baseline_seconds, "one client alone first, for the ratio (0: skip)")
       ->check(CLI::Range(0.0, 3600.0))
       ->capture_default_str();
-  cmd->add_option("--disconnect", a->opt.disconnect_fraction, "fraction of clients that hang up mid-stream")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  cmd->add_option("--disconnect", a->opt.disconnect_fraction, "fraction of clients that hang up mid-stream")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   cmd->add_option("--max-tokens", a->opt.max_tokens, "tokens per request")->check(CLI::Range(int64_t{1}, int64_t{4096}))->capture_default_str();
   cmd->add_option("--models", a->opt.models, "models to ask, round-robin (default: every model of the roster)");
   cmd->add_option("-t,--threads", a->threads, "compute threads of the engine (0: all cores)")->capture_default_str();
@@ -184,8 +188,9 @@ void add_http_command(CLI::App& bench_cmd) {
     auto j = bench::to_json(r);
     j["kv_blocks_in_use_after"] = kv_left;
     j["arbiter_integrity"] = integrity;
-    std::string out = a->json ? j.dump() + "\n"
-                              : bench::format_table(r) + "after the load: " + std::to_string(kv_left) + " KV blocks in use, arbiter integrity " + integrity + "\n";
+    std::string out =
+        a->json ? j.dump() + "\n"
+                : bench::format_table(r) + "after the load: " + std::to_string(kv_left) + " KV blocks in use, arbiter integrity " + integrity + "\n";
     std::fwrite(out.data(), 1, out.size(), stdout);
     std::fflush(stdout);
     if (r.failed > 0 || kv_left > 0 || integrity != "ok") throw exit_request{1};
@@ -265,38 +270,40 @@ void add_bench_command(CLI::App& root) {
   add_gpu_command(*cmd);
   cmd->add_option("-m,--model", a->opt.model_path, "GGUF model file")->check(CLI::ExistingFile);
   cmd->add_option("-t,--threads", a->opt.threads, "threads (0: all cores)")->check(CLI::Range(0, 1024))->capture_default_str();
-  cmd->add_option("-p,--prompt", p.prompt, "prefill: prompt tokens")
-      ->check(CLI::Range(int64_t{1}, models::k_max_context))
-      ->capture_default_str();
+  cmd->add_option("-p,--prompt", p.prompt, "prefill: prompt tokens")->check(CLI::Range(int64_t{1}, models::k_max_context))->capture_default_str();
   cmd->add_option("-n,--gen", p.gen, "decode: tokens generated one at a time (and per sequence in batched decode)")
       ->check(CLI::Range(int64_t{1}, models::k_max_context))
       ->capture_default_str();
   cmd->add_option("-b,--batch", p.batch, "batched decode: sequences decoded together")
       ->check(CLI::Range(int64_t{1}, models::k_max_sequences))
       ->capture_default_str();
-  cmd->add_option("-d,--depth", p.depth, "prefill, decode and batched decode: tokens already in each sequence's cache (llama-bench's -d; untimed fill)")
+  cmd->add_option("-d,--depth", p.depth,
+                  "prefill, decode and batched decode: tokens already in each sequence's cache (llama-bench's -d; untimed fill)")
       ->check(CLI::Range(int64_t{0}, models::k_max_context))
       ->capture_default_str();
   cmd->add_option("-r,--reps", p.reps, "timed repetitions of each measurement")->check(CLI::Range(1, 1000))->capture_default_str();
   cmd->add_option("--read-mib", a->read_mib, "buffer of the memory-read ceiling in MiB (0: four times the last-level cache, at least 256)")
       ->check(CLI::Range(0, 1 << 16))
       ->capture_default_str();
-  cmd->add_option("--isa", a->isa, "kernel path for the whole run, model load included: best, amx, avx512, avxvnni, avx2 or scalar (amx: AVX-512 with AMX tiles for prefill, Sapphire Rapids and later; avx512: without them; avxvnni: AVX2 with AVX-VNNI, as Intel Alder Lake and later without AVX-512; avx2: without it)")
+  cmd->add_option("--isa", a->isa,
+                  "kernel path for the whole run, model load included: best, amx, avx512, avxvnni, avx2 or scalar (amx: AVX-512 with AMX tiles for "
+                  "prefill, Sapphire Rapids and later; avx512: without them; avxvnni: AVX2 with AVX-VNNI, as Intel Alder Lake and later without "
+                  "AVX-512; avx2: without it)")
       ->check(CLI::IsMember({"best", "amx", "avx512", "avxvnni", "avx2", "scalar"}))
       ->capture_default_str();
   // Every phase computes as the engine does (`tandem serve`) unless asked for llama.cpp's
   // arithmetic, which `tandem run` keeps.
   auto* exact_prompt = cmd->add_flag("!--exact-prompt", p.fast_prompt_attention,
-                                     "prefill by llama.cpp's arithmetic (f16 flash attention, expf, ggml's Q4_1/Q5_1 order), as `tandem run` (default: the server's: tiled attention, SwiGLU's vector e^x, Q4_1/Q5_1 tile order)");
-  cmd->add_flag("!--exact-decode", p.fast_decode_attention, "single-sequence decode by llama.cpp's arithmetic, as `tandem run` (default: the server's)");
+                                     "prefill by llama.cpp's arithmetic (f16 flash attention, expf, ggml's Q4_1/Q5_1 order), as `tandem run` "
+                                     "(default: the server's: tiled attention, SwiGLU's vector e^x, Q4_1/Q5_1 tile order)");
+  cmd->add_flag("!--exact-decode", p.fast_decode_attention,
+                "single-sequence decode by llama.cpp's arithmetic, as `tandem run` (default: the server's)");
   cmd->add_flag("!--exact-batched", p.fast_batched_attention, "batched decode by llama.cpp's arithmetic (default: the server's)");
   cmd->add_flag("--compare-prompt", p.compare_prompt,
                 "also prefill by llama.cpp's arithmetic beside the server's, alternating repetitions, and report the ratio")
       ->excludes(exact_prompt);
   // The default now; still accepted so that commands written for the old default run.
-  cmd->add_flag("--fast-prompt", p.fast_prompt_attention, "prefill by the server's arithmetic (the default)")
-      ->excludes(exact_prompt)
-      ->group("");
+  cmd->add_flag("--fast-prompt", p.fast_prompt_attention, "prefill by the server's arithmetic (the default)")->excludes(exact_prompt)->group("");
   cmd->add_flag("--compare-layer-teams", p.compare_layer_teams,
                 "decode with a pool job per step and also with one team job per layer (the default), alternating repetitions, and report the ratio");
   cmd->add_flag("--json", a->json, "print one JSON object instead of the table");

@@ -18,7 +18,7 @@ namespace {
 using models::gguf_type;
 using models::gguf_value;
 
-constexpr size_t k_max_string = 64;        // longer strings (chat templates) are cut here
+constexpr size_t k_max_string = 64;  // longer strings (chat templates) are cut here
 constexpr size_t k_max_element_string = 24;
 constexpr uint64_t k_string_elements = 3;  // array elements shown
 constexpr uint64_t k_number_elements = 6;
@@ -35,11 +35,21 @@ std::string quote(const std::string& s, size_t limit) {
   for (size_t k = 0; k < cut; ++k) {
     const auto c = static_cast<unsigned char>(s[k]);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
       default:
         if (c < 0x20 || c == 0x7f) {
           char buf[8];
@@ -68,17 +78,23 @@ std::string array_header(const gguf_value& v) {
 
 std::string array_element(const gguf_value& v, uint64_t k) {
   switch (v.elem_type) {
-    case gguf_type::string: return quote(v.strings[k], k_max_element_string);
-    case gguf_type::array: return array_header(v.arrays[k]);
-    case gguf_type::boolean: return v.array_integer(k) ? "true" : "false";
-    case gguf_type::f32: return shortest(static_cast<float>(v.array_number(k)));
-    case gguf_type::f64: return shortest(v.array_number(k));
+    case gguf_type::string:
+      return quote(v.strings[k], k_max_element_string);
+    case gguf_type::array:
+      return array_header(v.arrays[k]);
+    case gguf_type::boolean:
+      return v.array_integer(k) ? "true" : "false";
+    case gguf_type::f32:
+      return shortest(static_cast<float>(v.array_number(k)));
+    case gguf_type::f64:
+      return shortest(v.array_number(k));
     case gguf_type::u64: {
       uint64_t x;
       std::memcpy(&x, v.raw.data() + 8 * k, 8);
       return std::to_string(x);
     }
-    default: return std::to_string(v.array_integer(k));
+    default:
+      return std::to_string(v.array_integer(k));
   }
 }
 
@@ -90,18 +106,30 @@ std::string describe(const gguf_value& v) {
     return t + " " + text;
   };
   switch (v.type) {
-    case gguf_type::u8: case gguf_type::u16: case gguf_type::u32: case gguf_type::u64: return typed(std::to_string(v.u));
-    case gguf_type::i8: case gguf_type::i16: case gguf_type::i32: case gguf_type::i64: return typed(std::to_string(v.i));
-    case gguf_type::f32: return typed(shortest(static_cast<float>(v.f)));
-    case gguf_type::f64: return typed(shortest(v.f));
-    case gguf_type::boolean: return typed(v.b ? "true" : "false");
-    case gguf_type::string: return typed(quote(v.str, k_max_string));
-    case gguf_type::array: break;
+    case gguf_type::u8:
+    case gguf_type::u16:
+    case gguf_type::u32:
+    case gguf_type::u64:
+      return typed(std::to_string(v.u));
+    case gguf_type::i8:
+    case gguf_type::i16:
+    case gguf_type::i32:
+    case gguf_type::i64:
+      return typed(std::to_string(v.i));
+    case gguf_type::f32:
+      return typed(shortest(static_cast<float>(v.f)));
+    case gguf_type::f64:
+      return typed(shortest(v.f));
+    case gguf_type::boolean:
+      return typed(v.b ? "true" : "false");
+    case gguf_type::string:
+      return typed(quote(v.str, k_max_string));
+    case gguf_type::array:
+      break;
   }
   std::string out = array_header(v);
-  const uint64_t shown = std::min(v.count, v.elem_type == gguf_type::string || v.elem_type == gguf_type::array
-                                               ? k_string_elements
-                                               : k_number_elements);
+  const uint64_t shown =
+      std::min(v.count, v.elem_type == gguf_type::string || v.elem_type == gguf_type::array ? k_string_elements : k_number_elements);
   for (uint64_t k = 0; k < shown; ++k) out += (k == 0 ? " " : ", ") + array_element(v, k);
   if (shown < v.count) out += ", ...";
   return out;
@@ -130,8 +158,8 @@ void inspect(const std::string& path) {
   const models::gguf_file f(path);
   std::string out;
   out += "file: " + path + "\n";
-  out += "GGUF version " + std::to_string(f.version()) + ", " + std::to_string(f.file_size()) + " bytes, alignment " +
-         std::to_string(f.alignment()) + ", data section at offset " + std::to_string(f.data_offset()) + "\n";
+  out += "GGUF version " + std::to_string(f.version()) + ", " + std::to_string(f.file_size()) + " bytes, alignment " + std::to_string(f.alignment()) +
+         ", data section at offset " + std::to_string(f.data_offset()) + "\n";
 
   out += "\nmetadata: " + std::to_string(f.metadata().size()) + " keys\n";
   size_t key_width = 0;
@@ -154,8 +182,8 @@ void inspect(const std::string& path) {
   uint64_t bytes = 0;
   for (const auto& t : f.tensors()) {
     const auto type = kernels::display_name(t.type);
-    out += "  " + pad(t.name, name_width) + "  " + pad(type, 7) + "  " + pad(dims(t.ne), 22) + "  " +
-           pad_left(std::to_string(t.bytes), 12) + "  " + pad_left(std::to_string(f.data_offset() + t.offset), 12) + "\n";
+    out += "  " + pad(t.name, name_width) + "  " + pad(type, 7) + "  " + pad(dims(t.ne), 22) + "  " + pad_left(std::to_string(t.bytes), 12) + "  " +
+           pad_left(std::to_string(f.data_offset() + t.offset), 12) + "\n";
     auto& tt = by_type[type];
     ++tt.tensors;
     tt.params += t.elements();
@@ -164,8 +192,8 @@ void inspect(const std::string& path) {
     bytes += t.bytes;
   }
 
-  out += "\ntotals: " + std::to_string(f.tensors().size()) + " tensors, " + std::to_string(params) + " parameters, " +
-         std::to_string(bytes) + " bytes (" + mib(bytes) + ")\n";
+  out += "\ntotals: " + std::to_string(f.tensors().size()) + " tensors, " + std::to_string(params) + " parameters, " + std::to_string(bytes) +
+         " bytes (" + mib(bytes) + ")\n";
   for (const auto& [type, tt] : by_type)
     out += "  " + pad(type, 7) + "  " + pad_left(std::to_string(tt.tensors), 5) + " tensors  " + pad_left(std::to_string(tt.params), 12) +
            " parameters  " + pad_left(std::to_string(tt.bytes), 12) + " bytes (" + mib(tt.bytes) + ")\n";

@@ -25,7 +25,6 @@
 #include "runtime/engine.h"
 #include "runtime/placement.h"
 
-
 namespace tandem::cli {
 namespace {
 
@@ -76,7 +75,7 @@ std::vector<int32_t> build_prompt(const run_args& a, const models::model& m, con
   }
   if (!a.default_system) tmpl.default_system.clear();
   cli::logger().info("chat template: {}{}", models::chat_template_name(tmpl.kind),
-               tmpl.default_system.empty() ? "" : " (with the template's default system prompt)");
+                     tmpl.default_system.empty() ? "" : " (with the template's default system prompt)");
   std::vector<models::chat_message> msgs;
   if (!a.system.empty()) msgs.push_back({"system", a.system});
   msgs.push_back({"user", a.chat});
@@ -93,7 +92,8 @@ void run(const run_args& a) {
   // device tier directly); say once whether a GPU was there to be asked for.
   const auto cuda = kernels::probe_cuda();
   if (a.gpu && cuda.devices.empty())
-    throw std::runtime_error(cuda.built ? "--gpu: " + cuda.reason : std::string("--gpu: this build has no CUDA backend (nvcc was not found when it was configured)"));
+    throw std::runtime_error(cuda.built ? "--gpu: " + cuda.reason
+                                        : std::string("--gpu: this build has no CUDA backend (nvcc was not found when it was configured)"));
   if (!a.gpu) {
     if (cuda.devices.empty())
       cli::logger().info("{}; using the CPU backend", cuda.reason);
@@ -103,13 +103,12 @@ void run(const run_args& a) {
   const auto t_load = std::chrono::steady_clock::now();
   models::load_options lo;
   lo.own_weights = !a.vram && !a.gpu;  // with --vram or --gpu the arbiter holds the weights (packed as segments are filled on the CPU)
-  lo.pack_weights = !a.gpu;  // the CUDA kernels read the file layout
+  lo.pack_weights = !a.gpu;            // the CUDA kernels read the file layout
   models::model m(a.model, lo);
   const auto tok = models::tokenizer::from_gguf(m.file());
   models::check_tokenizer_matches(tok, m.config(), a.model);
-  cli::logger().info("loaded {} ({}, {} layers, {:.1f} MiB) in {:.2f} s", a.model, models::architecture_name(m.config().arch),
-               m.config().n_layer, m.weight_bytes() / 1048576.0,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count());
+  cli::logger().info("loaded {} ({}, {} layers, {:.1f} MiB) in {:.2f} s", a.model, models::architecture_name(m.config().arch), m.config().n_layer,
+                     m.weight_bytes() / 1048576.0, std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count());
 
   const auto prompt = build_prompt(a, m, tok);
   // Without --ctx-size the cache holds exactly what this run needs (prompt + tokens to
@@ -146,12 +145,12 @@ void run(const run_args& a) {
     placed = runtime::place_model(m, name, po);
     const auto info = placed->backend->info();
     cli::logger().info("backend: {}{}", info.name,
-                 info.link_gbps > 0 ? fmt::format(", host<->device link {:.1f} GB/s (simulated)", info.link_gbps) : std::string());
+                       info.link_gbps > 0 ? fmt::format(", host<->device link {:.1f} GB/s (simulated)", info.link_gbps) : std::string());
     cli::logger().info("device {} / host {}: {} of {} segments on the device, {} staged on the host{}", configs::format_byte_size(po.device_bytes),
-                 configs::format_byte_size(po.host_bytes), placed->on_device, placed->segments, placed->staged,
-                 placed->stream_slots > 0 ? fmt::format(", the rest streamed through {} stream slot{}", placed->stream_slots,
-                                                               placed->stream_slots == 1 ? "" : "s")
-                                           : std::string());
+                       configs::format_byte_size(po.host_bytes), placed->on_device, placed->segments, placed->staged,
+                       placed->stream_slots > 0
+                           ? fmt::format(", the rest streamed through {} stream slot{}", placed->stream_slots, placed->stream_slots == 1 ? "" : "s")
+                           : std::string());
     em.residency = placed->residency.get();
     em.kv_pool = placed->kv.get();
     if (a.gpu) em.placement = placed->residency.get();  // its arbiter's backend picks the CUDA forward pass
@@ -214,7 +213,8 @@ void add_run_command(CLI::App& root) {
                   "template family instead of the detected one: chatml, llama2, llama3, mistral, gemma, phi3, deepseek, zephyr, plain");
   cmd->add_option("-n,--n-predict", a->n_predict, "tokens to generate (-1: until end of generation or context full)")
       ->check(CLI::Range(int64_t{-1}, models::k_max_context));
-  cmd->add_option("-c,--ctx-size", a->n_ctx, "context size (default: prompt + tokens to generate, at most the training context)")->check(CLI::Range(int64_t{0}, models::k_max_context));
+  cmd->add_option("-c,--ctx-size", a->n_ctx, "context size (default: prompt + tokens to generate, at most the training context)")
+      ->check(CLI::Range(int64_t{0}, models::k_max_context));
   cmd->add_option("-t,--threads", a->threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
   cmd->add_option("--kv-type", a->kv_type, "KV cache type: f16 (default, as llama.cpp) or f32")->check(CLI::IsMember({"f16", "f32"}));
   cmd->add_option("--temp", a->sampling.temperature, "temperature (0: greedy)")->check(CLI::Range(0.0f, 100.0f));

@@ -50,8 +50,7 @@ void add_synth_command(CLI::App& root) {
   cmd->add_option("--head-dim", o.head_dim, "per-head size (llama, qwen3; default dim / heads)");
   cmd->add_flag("--tied", o.tied, "no output.weight: the output reuses token_embd");
   cmd->add_option("--vocab-from", o.vocab_path, "GGUF whose tokenizer is copied")->required()->check(CLI::ExistingFile);
-  cmd->add_option("--type", a->type, "type of the 2-D tensors (f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k)")
-      ->required();
+  cmd->add_option("--type", a->type, "type of the 2-D tensors (f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k)")->required();
   cmd->add_option("--seed", o.seed, "random seed")->required();
   cmd->add_option("--name", o.name, "general.name (default synth-<arch>)");
   cmd->add_option("-t,--threads", o.threads, "generator threads (default: one per core for large tensors)");

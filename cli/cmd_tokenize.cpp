@@ -33,9 +33,7 @@ void tokenize(const tokenize_args& a) {
 void add_tokenize_command(CLI::App& root) {
   auto a = std::make_shared<tokenize_args>();
   auto* cmd = root.add_subcommand("tokenize", "Print the token ids of a text as a JSON array");
-  cmd->add_option("-m,--model", a->model, "GGUF file (only its tokenizer metadata is read)")
-      ->required()
-      ->check(CLI::ExistingFile);
+  cmd->add_option("-m,--model", a->model, "GGUF file (only its tokenizer metadata is read)")->required()->check(CLI::ExistingFile);
   cmd->add_flag("--no-bos", a->no_bos, "do not add the BOS token even if the model asks for one");
   cmd->add_flag("--special", a->special, "parse special tokens written in the text, e.g. <|im_start|>");
   cmd->add_option("text", a->text, "text to tokenize")->required();

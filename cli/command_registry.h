@@ -21,9 +21,7 @@ std::vector<command_entry>& command_registry();
 // Used at namespace scope in each cmd_<name>.cpp:
 //   static const tandem::cli::command_registrar reg{"run", &add_run_command};
 struct command_registrar {
-  command_registrar(std::string name, std::function<void(CLI::App&)> add) {
-    command_registry().push_back({std::move(name), std::move(add)});
-  }
+  command_registrar(std::string name, std::function<void(CLI::App&)> add) { command_registry().push_back({std::move(name), std::move(add)}); }
 };
 
 // Exit status a command callback may request through this exception (e.g. 2 for usage).

@@ -26,9 +26,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "tandem 0.1.0");
   bool verbose = false;
-  app.add_flag("-v,--verbose", verbose, "log at info level")->each([](const std::string&) {
-    spdlog::set_level(spdlog::level::info);
-  });
+  app.add_flag("-v,--verbose", verbose, "log at info level")->each([](const std::string&) { spdlog::set_level(spdlog::level::info); });
   auto& reg = command_registry();
   std::sort(reg.begin(), reg.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   for (const auto& c : reg) c.add(app);

@@ -14,9 +14,21 @@ std::optional<uint64_t> parse_byte_size(std::string_view text) {
   if (!parts) return std::nullopt;
   const auto [number, unit] = *parts;
   static constexpr std::array<std::pair<std::string_view, double>, 15> k_units{{
-      {"", 1.0},          {"B", 1.0},           {"K", 1024.0},       {"KiB", 1024.0},         {"kB", 1e3},
-      {"KB", 1e3},        {"M", 1048576.0},     {"MiB", 1048576.0},  {"MB", 1e6},             {"G", 1073741824.0},
-      {"GiB", 1073741824.0}, {"GB", 1e9},       {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12},
+      {"", 1.0},
+      {"B", 1.0},
+      {"K", 1024.0},
+      {"KiB", 1024.0},
+      {"kB", 1e3},
+      {"KB", 1e3},
+      {"M", 1048576.0},
+      {"MiB", 1048576.0},
+      {"MB", 1e6},
+      {"G", 1073741824.0},
+      {"GiB", 1073741824.0},
+      {"GB", 1e9},
+      {"T", 1099511627776.0},
+      {"TiB", 1099511627776.0},
+      {"TB", 1e12},
   }};
   double scale = 0;
   for (const auto& [name, s] : k_units)
@@ -36,8 +48,10 @@ std::string format_byte_size(uint64_t bytes) {
     ++u;
   }
   char buf[48];
-  if (u == 0) std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
-  else std::snprintf(buf, sizeof buf, "%.1f %s", v, k_names[u]);
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f %s", v, k_names[u]);
   return buf;
 }
 

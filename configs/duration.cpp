@@ -13,7 +13,13 @@ std::optional<duration> parse_duration(std::string_view text) {
   if (!parts) return std::nullopt;
   const auto [number, unit] = *parts;
   static constexpr std::array<std::pair<std::string_view, double>, 7> k_units{{
-      {"", 1000.0}, {"ms", 1.0}, {"s", 1000.0}, {"m", 60e3}, {"h", 3600e3}, {"d", 86400e3}, {"min", 60e3},
+      {"", 1000.0},
+      {"ms", 1.0},
+      {"s", 1000.0},
+      {"m", 60e3},
+      {"h", 3600e3},
+      {"d", 86400e3},
+      {"min", 60e3},
   }};
   double scale = 0;
   for (const auto& [name, s] : k_units)

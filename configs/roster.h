@@ -16,7 +16,7 @@ struct server_limits {
   uint64_t max_body_bytes = 8ull << 20;  // request body
   int max_queue = 256;                   // waiting requests per model; more get 429
   int max_connections = 256;
-  int64_t max_tokens = 4096;             // cap on max_tokens of one request
+  int64_t max_tokens = 4096;  // cap on max_tokens of one request
   duration request_timeout{std::chrono::minutes(10)};
   duration idle_timeout{std::chrono::seconds(60)};  // a keep-alive connection with no request
 };
@@ -33,9 +33,9 @@ enum class backend_choice { automatic, cuda, cpu };
 struct device_config {
   std::string name = "device0";
   backend_choice backend = backend_choice::automatic;
-  uint64_t vram = 0;       // device budget
-  uint64_t host = 0;       // pinned host budget
-  double link_gbps = 0;    // CPU backend: simulated host<->device link (0: not throttled)
+  uint64_t vram = 0;     // device budget
+  uint64_t host = 0;     // pinned host budget
+  double link_gbps = 0;  // CPU backend: simulated host<->device link (0: not throttled)
   int line = 0;
 };
 
@@ -53,15 +53,15 @@ struct keep_alive_setting {
 struct model_entry {
   std::string name;
   std::vector<std::string> aliases;
-  std::string path;           // as written; resolved against the roster's folder in `file`
-  std::string file;           // the GGUF path to open
+  std::string path;  // as written; resolved against the roster's folder in `file`
+  std::string file;  // the GGUF path to open
   model_role role = model_role::chat;
-  int priority = 0;           // higher wins; 0..1000
-  bool pinned = false;        // never leaves the device
+  int priority = 0;     // higher wins; 0..1000
+  bool pinned = false;  // never leaves the device
   keep_alive_setting keep_alive;
   preload_tier preload = preload_tier::none;
-  int64_t context = 4096;     // KV positions per sequence
-  int max_sequences = 4;      // concurrent sequences
+  int64_t context = 4096;  // KV positions per sequence
+  int max_sequences = 4;   // concurrent sequences
   kv_cache_type kv_type = kv_cache_type::f16;
   std::string draft;          // a draft model entry speculating for this one
   std::string medusa;         // a medusa entry attached to this one
@@ -74,17 +74,17 @@ struct model_entry {
   // roster runs whether or not an optional download happened.
   bool optional = false;
   bool missing = false;  // set by the loader for an optional model without its file
-  int line = 0;  // where the entry starts, for later messages
+  int line = 0;          // where the entry starts, for later messages
 };
 
 struct policy_config {
-  std::string name = "tandem";  // tandem | exclusive | lru-keepalive | static
-  std::string home;             // a model that returns to the device after another's burst
-  duration hysteresis{std::chrono::seconds(2)};  // minimum residency before a model may be evicted for another
-  duration max_wait{std::chrono::seconds(10)};   // aging: a waiting request's priority rises until it is served within this
-  bool prefetch = true;         // when idle, stage the likeliest next model
+  std::string name = "tandem";                    // tandem | exclusive | lru-keepalive | static
+  std::string home;                               // a model that returns to the device after another's burst
+  duration hysteresis{std::chrono::seconds(2)};   // minimum residency before a model may be evicted for another
+  duration max_wait{std::chrono::seconds(10)};    // aging: a waiting request's priority rises until it is served within this
+  bool prefetch = true;                           // when idle, stage the likeliest next model
   duration idle_grace{std::chrono::seconds(30)};  // an idle model gives way to a lower-priority demand after this
-  bool stream = true;  // run a model that cannot get the whole device in part, streaming the rest
+  bool stream = true;                             // run a model that cannot get the whole device in part, streaming the rest
   // Work of a higher-priority model whose weights are all on the device runs between the
   // layers of a lower-priority model's pass, instead of after it (tandem policy only).
   bool interleave = true;

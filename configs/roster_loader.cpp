@@ -66,8 +66,8 @@ device_config read_device(const reader& r, const YAML::Node& n, const std::strin
 
 model_entry read_model(const reader& r, const YAML::Node& n, const std::string& path) {
   r.only_keys(n, path,
-              {"name", "aliases", "path", "role", "priority", "pinned", "keep_alive", "preload", "context", "max_sequences", "kv_type",
-               "draft", "medusa", "chat_template", "size", "kv_bytes_per_token", "optional"});
+              {"name", "aliases", "path", "role", "priority", "pinned", "keep_alive", "preload", "context", "max_sequences", "kv_type", "draft",
+               "medusa", "chat_template", "size", "kv_bytes_per_token", "optional"});
   model_entry m;
   m.line = n.Mark().line + 1;
   if (!n["name"]) r.fail(n, path, "missing key 'name'");
@@ -78,13 +78,16 @@ model_entry read_model(const reader& r, const YAML::Node& n, const std::string& 
   m.file = fs::path(m.path).is_absolute() || r.base().empty() ? m.path : (fs::path(r.base()) / m.path).lexically_normal().string();
   if (n["aliases"]) m.aliases = r.strings(n["aliases"], path + ".aliases");
   if (n["role"])
-    m.role = r.choice<model_role>(n["role"], path + ".role",
-                                  {{"chat", model_role::chat}, {"code", model_role::code}, {"draft", model_role::draft}, {"medusa", model_role::medusa}});
+    m.role =
+        r.choice<model_role>(n["role"], path + ".role",
+                             {{"chat", model_role::chat}, {"code", model_role::code}, {"draft", model_role::draft}, {"medusa", model_role::medusa}});
   if (n["priority"]) m.priority = static_cast<int>(r.integer(n["priority"], path + ".priority", 0, 1000));
   if (n["pinned"]) m.pinned = r.boolean(n["pinned"], path + ".pinned");
   if (const auto k = n["keep_alive"]) {
-    if (k.IsScalar() && (k.Scalar() == "-1" || k.Scalar() == "never")) m.keep_alive = {true, {}};
-    else m.keep_alive = {false, r.time(k, path + ".keep_alive")};
+    if (k.IsScalar() && (k.Scalar() == "-1" || k.Scalar() == "never"))
+      m.keep_alive = {true, {}};
+    else
+      m.keep_alive = {false, r.time(k, path + ".keep_alive")};
   }
   if (n["preload"])
     m.preload = r.choice<preload_tier>(n["preload"], path + ".preload",
@@ -111,8 +114,7 @@ model_entry read_model(const reader& r, const YAML::Node& n, const std::string& 
   if (r.options().require_files && !present)
     r.fail(n["path"], path + ".path", "model file '" + m.path + "' not found" + (m.file != m.path ? " (looked for " + m.file + ")" : ""));
   if (!present && (!m.size_bytes || !m.kv_bytes_per_token))
-    r.fail(n["path"], path + ".path",
-           "model file '" + m.path + "' is not there, so the entry must state 'size' and 'kv_bytes_per_token'");
+    r.fail(n["path"], path + ".path", "model file '" + m.path + "' is not there, so the entry must state 'size' and 'kv_bytes_per_token'");
   if (present && !m.size_bytes) m.size_bytes = static_cast<uint64_t>(fs::file_size(m.file, ec));
   return m;
 }
@@ -183,15 +185,16 @@ void check_roster(const reader& r, const YAML::Node& doc, roster& out) {
     const uint64_t kv = kv_budget_bytes(m).value_or(0);
     if (kv_budget_bytes(m) && m.kv_bytes_per_token && *m.kv_bytes_per_token * static_cast<uint64_t>(m.context) > d.vram)
       r.fail(models[i]["context"] ? models[i]["context"] : models[i], path + ".context",
-             "one sequence of " + std::to_string(m.context) + " positions needs " + format_byte_size(*m.kv_bytes_per_token * static_cast<uint64_t>(m.context)) +
-                 " of KV cache, more than the device budget of " + format_byte_size(d.vram) + " (devices[0].vram)");
+             "one sequence of " + std::to_string(m.context) + " positions needs " +
+                 format_byte_size(*m.kv_bytes_per_token * static_cast<uint64_t>(m.context)) + " of KV cache, more than the device budget of " +
+                 format_byte_size(d.vram) + " (devices[0].vram)");
     if (m.pinned) {
       pinned += weights + kv;
       pinned_names += (pinned_names.empty() ? "" : ", ") + m.name;
       if (pinned > d.vram)
         r.fail(models[i]["pinned"], path + ".pinned",
-               "the pinned models (" + pinned_names + ") need " + format_byte_size(pinned) + " of weights and KV on the device, more than the device budget of " +
-                   format_byte_size(d.vram) + " (devices[0].vram)");
+               "the pinned models (" + pinned_names + ") need " + format_byte_size(pinned) +
+                   " of weights and KV on the device, more than the device budget of " + format_byte_size(d.vram) + " (devices[0].vram)");
     }
     if (m.pinned || m.preload == preload_tier::device) {
       on_device += weights + kv;
@@ -228,26 +231,36 @@ std::optional<uint64_t> kv_budget_bytes(const model_entry& m) {
 
 const char* role_name(model_role r) {
   switch (r) {
-    case model_role::chat: return "chat";
-    case model_role::code: return "code";
-    case model_role::draft: return "draft";
-    case model_role::medusa: return "medusa";
+    case model_role::chat:
+      return "chat";
+    case model_role::code:
+      return "code";
+    case model_role::draft:
+      return "draft";
+    case model_role::medusa:
+      return "medusa";
   }
   return "?";
 }
 const char* preload_name(preload_tier p) {
   switch (p) {
-    case preload_tier::none: return "none";
-    case preload_tier::host: return "host";
-    case preload_tier::device: return "device";
+    case preload_tier::none:
+      return "none";
+    case preload_tier::host:
+      return "host";
+    case preload_tier::device:
+      return "device";
   }
   return "?";
 }
 const char* backend_name(backend_choice b) {
   switch (b) {
-    case backend_choice::automatic: return "auto";
-    case backend_choice::cuda: return "cuda";
-    case backend_choice::cpu: return "cpu";
+    case backend_choice::automatic:
+      return "auto";
+    case backend_choice::cuda:
+      return "cuda";
+    case backend_choice::cpu:
+      return "cpu";
   }
   return "?";
 }

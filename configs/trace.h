@@ -19,11 +19,11 @@ struct length_range {
 
 struct stream_spec {
   std::string model;
-  bool bursts = false;        // false: Poisson at `rate`; true: on/off
-  double rate_per_s = 0;      // Poisson rate, or the rate while on
-  duration on{}, off{};       // bursts: lengths of the on and off periods (exponential means)
+  bool bursts = false;    // false: Poisson at `rate`; true: on/off
+  double rate_per_s = 0;  // Poisson rate, or the rate while on
+  duration on{}, off{};   // bursts: lengths of the on and off periods (exponential means)
   length_range prompt, output;
-  uint64_t seed = 0;          // offset from the trace seed, so streams differ
+  uint64_t seed = 0;  // offset from the trace seed, so streams differ
 };
 
 struct explicit_request {
@@ -40,8 +40,8 @@ struct model_costs {
 };
 
 struct trace_costs {
-  double link_gb_s = 25;          // host -> device
-  double disk_gb_s = 3;           // disk (page cache) -> host / device
+  double link_gb_s = 25;  // host -> device
+  double disk_gb_s = 3;   // disk (page cache) -> host / device
   duration step_overhead{std::chrono::milliseconds(2)};
   duration process_start{std::chrono::milliseconds(200)};  // what a process-per-model server adds per load
   std::map<std::string, model_costs> models;

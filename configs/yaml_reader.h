@@ -20,16 +20,13 @@ namespace tandem::configs::detail {
 // Builds messages that name the file, the line and column, and the key's path.
 class reader {
  public:
-  reader(std::string source, std::string base_dir, roster_options o = {})
-      : source_(std::move(source)), base_(std::move(base_dir)), o_(o) {}
+  reader(std::string source, std::string base_dir, roster_options o = {}) : source_(std::move(source)), base_(std::move(base_dir)), o_(o) {}
 
   [[noreturn]] void fail(const YAML::Node& at, const std::string& path, const std::string& what) const {
     const auto m = at.Mark();
     throw config_error(where(m.line, m.column) + (path.empty() ? "" : path + ": ") + what);
   }
-  std::string where(int line, int column) const {
-    return source_ + ":" + std::to_string(line + 1) + ":" + std::to_string(column + 1) + ": ";
-  }
+  std::string where(int line, int column) const { return source_ + ":" + std::to_string(line + 1) + ":" + std::to_string(column + 1) + ": "; }
 
   void expect_map(const YAML::Node& n, const std::string& path) const {
     if (!n.IsMap()) fail(n, path, "expected a mapping of keys, got " + kind(n));

@@ -17,9 +17,9 @@ struct cuda_device_info {
 };
 
 struct cuda_probe_result {
-  bool built = false;                 // compiled with the CUDA backend
+  bool built = false;  // compiled with the CUDA backend
   std::vector<cuda_device_info> devices;
-  std::string reason;                 // why no device is usable (empty when devices exist)
+  std::string reason;  // why no device is usable (empty when devices exist)
 };
 
 // Never throws and never aborts: a missing driver or device is reported in `reason`.

@@ -9,29 +9,38 @@ namespace {
 using wt = weight_type;
 
 // The CPU computes every type the foundation loads (weight_type_info::computable).
-constexpr std::array k_cpu_types{wt::f32, wt::f16, wt::bf16, wt::q8_0, wt::q4_0, wt::q4_1, wt::q5_0,
-                                 wt::q5_1, wt::q4_k, wt::q5_k, wt::q6_k};
+constexpr std::array k_cpu_types{wt::f32, wt::f16, wt::bf16, wt::q8_0, wt::q4_0, wt::q4_1, wt::q5_0, wt::q5_1, wt::q4_k, wt::q5_k, wt::q6_k};
 // CUDA: the same types (kernels/cuda/quant_blocks.cuh decodes each); a type new to the CPU
 // joins here once it has its CUDA kernels and GPU tests.
-constexpr std::array k_cuda_types{wt::f32, wt::f16, wt::bf16, wt::q8_0, wt::q4_0, wt::q4_1, wt::q5_0,
-                                  wt::q5_1, wt::q4_k, wt::q5_k, wt::q6_k};
-
+constexpr std::array k_cuda_types{wt::f32, wt::f16, wt::bf16, wt::q8_0, wt::q4_0, wt::q4_1, wt::q5_0, wt::q5_1, wt::q4_k, wt::q5_k, wt::q6_k};
 
 constexpr std::array k_table{
-    op_entry{device_kind::cpu, op::matvec, k_cpu_types.data(), k_cpu_types.size()},     op_entry{device_kind::cpu, op::matmul, k_cpu_types.data(), k_cpu_types.size()},
-    op_entry{device_kind::cpu, op::dequantize, k_cpu_types.data(), k_cpu_types.size()}, op_entry{device_kind::cpu, op::get_rows, k_cpu_types.data(), k_cpu_types.size()},
-    op_entry{device_kind::cpu, op::rms_norm, nullptr, 0},    op_entry{device_kind::cpu, op::rope, nullptr, 0},
-    op_entry{device_kind::cpu, op::swiglu, nullptr, 0},      op_entry{device_kind::cpu, op::add, nullptr, 0},
-    op_entry{device_kind::cpu, op::softmax, nullptr, 0},     op_entry{device_kind::cpu, op::kv_store, nullptr, 0},
-    op_entry{device_kind::cpu, op::attention, nullptr, 0},   op_entry{device_kind::cpu, op::argmax, nullptr, 0},
+    op_entry{device_kind::cpu, op::matvec, k_cpu_types.data(), k_cpu_types.size()},
+    op_entry{device_kind::cpu, op::matmul, k_cpu_types.data(), k_cpu_types.size()},
+    op_entry{device_kind::cpu, op::dequantize, k_cpu_types.data(), k_cpu_types.size()},
+    op_entry{device_kind::cpu, op::get_rows, k_cpu_types.data(), k_cpu_types.size()},
+    op_entry{device_kind::cpu, op::rms_norm, nullptr, 0},
+    op_entry{device_kind::cpu, op::rope, nullptr, 0},
+    op_entry{device_kind::cpu, op::swiglu, nullptr, 0},
+    op_entry{device_kind::cpu, op::add, nullptr, 0},
+    op_entry{device_kind::cpu, op::softmax, nullptr, 0},
+    op_entry{device_kind::cpu, op::kv_store, nullptr, 0},
+    op_entry{device_kind::cpu, op::attention, nullptr, 0},
+    op_entry{device_kind::cpu, op::argmax, nullptr, 0},
     op_entry{device_kind::cpu, op::top_k, nullptr, 0},
 
-    op_entry{device_kind::cuda, op::matvec, k_cuda_types.data(), k_cuda_types.size()},     op_entry{device_kind::cuda, op::matmul, k_cuda_types.data(), k_cuda_types.size()},
-    op_entry{device_kind::cuda, op::dequantize, k_cuda_types.data(), k_cuda_types.size()}, op_entry{device_kind::cuda, op::get_rows, k_cuda_types.data(), k_cuda_types.size()},
-    op_entry{device_kind::cuda, op::rms_norm, nullptr, 0},     op_entry{device_kind::cuda, op::rope, nullptr, 0},
-    op_entry{device_kind::cuda, op::swiglu, nullptr, 0},       op_entry{device_kind::cuda, op::add, nullptr, 0},
-    op_entry{device_kind::cuda, op::softmax, nullptr, 0},      op_entry{device_kind::cuda, op::kv_store, nullptr, 0},
-    op_entry{device_kind::cuda, op::attention, nullptr, 0},    op_entry{device_kind::cuda, op::argmax, nullptr, 0},
+    op_entry{device_kind::cuda, op::matvec, k_cuda_types.data(), k_cuda_types.size()},
+    op_entry{device_kind::cuda, op::matmul, k_cuda_types.data(), k_cuda_types.size()},
+    op_entry{device_kind::cuda, op::dequantize, k_cuda_types.data(), k_cuda_types.size()},
+    op_entry{device_kind::cuda, op::get_rows, k_cuda_types.data(), k_cuda_types.size()},
+    op_entry{device_kind::cuda, op::rms_norm, nullptr, 0},
+    op_entry{device_kind::cuda, op::rope, nullptr, 0},
+    op_entry{device_kind::cuda, op::swiglu, nullptr, 0},
+    op_entry{device_kind::cuda, op::add, nullptr, 0},
+    op_entry{device_kind::cuda, op::softmax, nullptr, 0},
+    op_entry{device_kind::cuda, op::kv_store, nullptr, 0},
+    op_entry{device_kind::cuda, op::attention, nullptr, 0},
+    op_entry{device_kind::cuda, op::argmax, nullptr, 0},
     op_entry{device_kind::cuda, op::top_k, nullptr, 0},
 };
 
@@ -54,19 +63,32 @@ std::string_view name(device_kind d) { return d == device_kind::cpu ? "cpu" : "c
 
 std::string_view name(op o) {
   switch (o) {
-    case op::matvec: return "matvec";
-    case op::matmul: return "matmul";
-    case op::dequantize: return "dequantize";
-    case op::get_rows: return "get_rows";
-    case op::rms_norm: return "rms_norm";
-    case op::rope: return "rope";
-    case op::swiglu: return "swiglu";
-    case op::add: return "add";
-    case op::softmax: return "softmax";
-    case op::kv_store: return "kv_store";
-    case op::attention: return "attention";
-    case op::argmax: return "argmax";
-    case op::top_k: return "top_k";
+    case op::matvec:
+      return "matvec";
+    case op::matmul:
+      return "matmul";
+    case op::dequantize:
+      return "dequantize";
+    case op::get_rows:
+      return "get_rows";
+    case op::rms_norm:
+      return "rms_norm";
+    case op::rope:
+      return "rope";
+    case op::swiglu:
+      return "swiglu";
+    case op::add:
+      return "add";
+    case op::softmax:
+      return "softmax";
+    case op::kv_store:
+      return "kv_store";
+    case op::attention:
+      return "attention";
+    case op::argmax:
+      return "argmax";
+    case op::top_k:
+      return "top_k";
   }
   return "?";
 }

@@ -15,17 +15,17 @@ namespace tandem::kernels {
 enum class device_kind : uint8_t { cpu, cuda };
 
 enum class op : uint8_t {
-  matvec,       // decode: quantized weights × a few activation rows
-  matmul,       // prefill / batches: weights × many activation rows
-  dequantize,   // weights to a float type (CUDA: f16 for cuBLAS; CPU: f32 rows)
-  get_rows,     // embedding gather
+  matvec,      // decode: quantized weights × a few activation rows
+  matmul,      // prefill / batches: weights × many activation rows
+  dequantize,  // weights to a float type (CUDA: f16 for cuBLAS; CPU: f32 rows)
+  get_rows,    // embedding gather
   rms_norm,
   rope,
   swiglu,
   add,
   softmax,
-  kv_store,     // activations into the (paged) KV cache
-  attention,    // causal GQA over the (paged) KV cache, decode and prefill
+  kv_store,   // activations into the (paged) KV cache
+  attention,  // causal GQA over the (paged) KV cache, decode and prefill
   argmax,
   top_k,
 };

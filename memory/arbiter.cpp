@@ -8,29 +8,40 @@ namespace tandem::memory {
 
 std::string_view status_name(status s) {
   switch (s) {
-    case status::ok: return "ok";
-    case status::no_space: return "no space";
-    case status::busy: return "busy";
-    case status::not_resident: return "not resident";
+    case status::ok:
+      return "ok";
+    case status::no_space:
+      return "no space";
+    case status::busy:
+      return "busy";
+    case status::not_resident:
+      return "not resident";
   }
   return "?";
 }
 
 std::string_view owner_kind_name(owner_kind k) {
   switch (k) {
-    case owner_kind::segment: return "segment";
-    case owner_kind::stream: return "stream";
-    case owner_kind::kv: return "kv";
-    case owner_kind::scratch: return "scratch";
+    case owner_kind::segment:
+      return "segment";
+    case owner_kind::stream:
+      return "stream";
+    case owner_kind::kv:
+      return "kv";
+    case owner_kind::scratch:
+      return "scratch";
   }
   return "?";
 }
 
 std::string_view residency_name(residency r) {
   switch (r) {
-    case residency::absent: return "absent";
-    case residency::in_flight: return "in flight";
-    case residency::resident: return "resident";
+    case residency::absent:
+      return "absent";
+    case residency::in_flight:
+      return "in flight";
+    case residency::resident:
+      return "resident";
   }
   return "?";
 }
@@ -383,9 +394,7 @@ status arbiter::retarget_slot(model_entry& e, int seg, int* slot_out) {
   std::byte* dst = at(tier::device, sl.offset);
   sl.seg = seg;
   sl.last_use = ++tick_;
-  sl.ready = s.host.allocated                         ? start_device_copy(s, dst)
-             : backend_.device_host_addressable() ? start_fill(s, dst)
-                                                   : start_bounced_fill(s, dst);
+  sl.ready = s.host.allocated ? start_device_copy(s, dst) : backend_.device_host_addressable() ? start_fill(s, dst) : start_bounced_fill(s, dst);
   *slot_out = best;
   return status::ok;
 }
@@ -469,8 +478,10 @@ residency_lease arbiter::acquire(model_id m, int seg, status* why, void* device_
 void arbiter::end_lease(model_id m, int seg, int slot) {
   std::lock_guard lock(m_);
   auto& e = entry(m);
-  if (slot >= 0) --e.slots[static_cast<size_t>(slot)].leases;
-  else --e.segs[static_cast<size_t>(seg)].leases;
+  if (slot >= 0)
+    --e.slots[static_cast<size_t>(slot)].leases;
+  else
+    --e.segs[static_cast<size_t>(seg)].leases;
 }
 
 residency arbiter::residency_of(model_id m, int seg, tier t) const {
@@ -522,9 +533,7 @@ arbiter_snapshot arbiter::snapshot() const {
     o.host += host_.blocks.size_at(off);
   }
   for (auto& [who, o] : by) s.owners.push_back(std::move(o));
-  auto res = [](const copy_state& c) {
-    return !c.allocated ? residency::absent : c.ready.ready() ? residency::resident : residency::in_flight;
-  };
+  auto res = [](const copy_state& c) { return !c.allocated ? residency::absent : c.ready.ready() ? residency::resident : residency::in_flight; };
   for (const auto& [id, e] : models_) {
     model_snapshot ms{e.name, {}, static_cast<int>(e.slots.size())};
     for (const auto& seg : e.segs) {
@@ -553,7 +562,8 @@ void arbiter::check_integrity() const {
     uint64_t sum = 0;
     for (const auto& [off, who] : p.owners) {
       const size_t n = p.blocks.size_at(off);
-      if (n == 0) throw std::logic_error("arbiter: " + std::string(tier_name(t)) + " owner entry at offset " + std::to_string(off) + " has no allocation");
+      if (n == 0)
+        throw std::logic_error("arbiter: " + std::string(tier_name(t)) + " owner entry at offset " + std::to_string(off) + " has no allocation");
       sum += n;
     }
     if (sum != p.blocks.used() || p.owners.size() != p.blocks.allocations())

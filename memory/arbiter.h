@@ -37,8 +37,8 @@ namespace tandem::memory {
 inline constexpr size_t k_default_block_bytes = size_t{64} << 10;
 
 struct arbiter_config {
-  uint64_t device_bytes = 0;  // budget of the device tier (VRAM, or the CPU backend's arena)
-  uint64_t host_bytes = 0;    // budget of the pinned host tier
+  uint64_t device_bytes = 0;                   // budget of the device tier (VRAM, or the CPU backend's arena)
+  uint64_t host_bytes = 0;                     // budget of the pinned host tier
   size_t block_bytes = k_default_block_bytes;  // allocation granularity of both tiers
 };
 

@@ -38,8 +38,7 @@ class mapped_region final : public region {
   ~mapped_region() override { ::munmap(mapping_, mapped_); }
 
  private:
-  mapped_region(std::byte* p, size_t bytes, std::byte* mapping, size_t mapped, tier t)
-      : region(p, bytes, t), mapping_(mapping), mapped_(mapped) {}
+  mapped_region(std::byte* p, size_t bytes, std::byte* mapping, size_t mapped, tier t) : region(p, bytes, t), mapping_(mapping), mapped_(mapped) {}
   std::byte* mapping_;
   size_t mapped_;
 };
@@ -51,12 +50,9 @@ uint64_t installed_ram() {
 
 class cpu_backend final : public backend {
  public:
-  explicit cpu_backend(double link_gbps)
-      : link_gbps_(link_gbps), to_device_(link_gbps * 1e9), to_host_(link_gbps * 1e9) {}
+  explicit cpu_backend(double link_gbps) : link_gbps_(link_gbps), to_device_(link_gbps * 1e9), to_host_(link_gbps * 1e9) {}
 
-  backend_info info() const override {
-    return {"cpu (device tier simulated in RAM)", true, installed_ram(), link_gbps_};
-  }
+  backend_info info() const override { return {"cpu (device tier simulated in RAM)", true, installed_ram(), link_gbps_}; }
   std::unique_ptr<region> allocate(tier t, size_t bytes) override {
     if (t == tier::disk) throw std::invalid_argument("cpu backend: the disk tier is not allocated");
     return mapped_region::make(t, bytes);

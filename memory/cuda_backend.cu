@@ -82,9 +82,7 @@ class cuda_event final : public event::state {
 class cuda_backend final : public backend {
  public:
   cuda_backend(const cudaDeviceProp& prop, cudaStream_t to_device, cudaStream_t to_host)
-      : info_{"cuda:0 " + std::string(prop.name), false, static_cast<uint64_t>(prop.totalGlobalMem), 0},
-        to_device_(to_device),
-        to_host_(to_host) {}
+      : info_{"cuda:0 " + std::string(prop.name), false, static_cast<uint64_t>(prop.totalGlobalMem), 0}, to_device_(to_device), to_host_(to_host) {}
   ~cuda_backend() override {
     // No throw from a destructor: a failed copy has already been reported through its event.
     cudaStreamSynchronize(to_device_.stream);

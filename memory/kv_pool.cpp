@@ -33,8 +33,8 @@ kv_pool::kv_pool(arbiter* a, allocation device, int32_t n_blocks, int64_t block_
   model_ = std::move(model);
 }
 
-std::unique_ptr<kv_pool> kv_pool::make(arbiter& a, const std::string& model, int32_t n_blocks, int64_t block_tokens,
-                                       size_t block_bytes, status* why) {
+std::unique_ptr<kv_pool> kv_pool::make(arbiter& a, const std::string& model, int32_t n_blocks, int64_t block_tokens, size_t block_bytes,
+                                       status* why) {
   check_shape(n_blocks, block_tokens, block_bytes);
   const auto mem = a.allocate(tier::device, static_cast<size_t>(n_blocks) * block_bytes, {owner_kind::kv, model, ""});
   if (!mem) {
@@ -98,7 +98,8 @@ void kv_pool::drop(int64_t seq) {
 void kv_pool::share_prefix(int64_t from, int64_t to, int32_t blocks) {
   const auto& src = table(from);
   if (blocks < 0 || static_cast<size_t>(blocks) > src.size())
-    throw std::invalid_argument("kv_pool: sequence " + std::to_string(from) + " has " + std::to_string(src.size()) + " blocks, not " + std::to_string(blocks));
+    throw std::invalid_argument("kv_pool: sequence " + std::to_string(from) + " has " + std::to_string(src.size()) + " blocks, not " +
+                                std::to_string(blocks));
   if (!table(to).empty() || swapped_.count(to)) throw std::invalid_argument("kv_pool: sequence " + std::to_string(to) + " is not empty");
   std::vector<int32_t> t(src.begin(), src.begin() + blocks);
   for (const int32_t b : t) ++refs_[static_cast<size_t>(b)];
@@ -185,9 +186,7 @@ std::optional<allocation> kv_pool::stash(int32_t block) {
   if (!arbiter_ || block < 0 || block >= n_blocks_) return std::nullopt;
   const auto host = arbiter_->allocate(tier::host, block_bytes_, {owner_kind::kv, model_, "prefix"});
   if (!host) return std::nullopt;
-  arbiter_->device_backend()
-      .copy(copy_kind::device_to_host, host->data, memory_ + static_cast<size_t>(block) * block_bytes_, block_bytes_)
-      .wait();
+  arbiter_->device_backend().copy(copy_kind::device_to_host, host->data, memory_ + static_cast<size_t>(block) * block_bytes_, block_bytes_).wait();
   return host;
 }
 
@@ -197,9 +196,7 @@ std::optional<int32_t> kv_pool::unstash(const allocation& stashed) {
   free_.pop_front();
   refs_[static_cast<size_t>(blk)] = 1;
   retained_[static_cast<size_t>(blk)] = 1;
-  arbiter_->device_backend()
-      .copy(copy_kind::host_to_device, memory_ + static_cast<size_t>(blk) * block_bytes_, stashed.data, block_bytes_)
-      .wait();
+  arbiter_->device_backend().copy(copy_kind::host_to_device, memory_ + static_cast<size_t>(blk) * block_bytes_, stashed.data, block_bytes_).wait();
   return blk;
 }
 
@@ -211,7 +208,8 @@ void kv_pool::check() const {
   std::vector<int32_t> held(static_cast<size_t>(n_blocks_), 0);
   for (const auto& [seq, t] : tables_)
     for (const int32_t b : t) {
-      if (b < 0 || b >= n_blocks_) throw std::logic_error("kv_pool: sequence " + std::to_string(seq) + " holds block " + std::to_string(b) + " outside the pool");
+      if (b < 0 || b >= n_blocks_)
+        throw std::logic_error("kv_pool: sequence " + std::to_string(seq) + " holds block " + std::to_string(b) + " outside the pool");
       ++held[static_cast<size_t>(b)];
     }
   std::vector<int32_t> in_free(static_cast<size_t>(n_blocks_), 0);
@@ -219,9 +217,12 @@ void kv_pool::check() const {
   for (int32_t b = 0; b < n_blocks_; ++b) held[static_cast<size_t>(b)] += retained_[static_cast<size_t>(b)];
   for (int32_t b = 0; b < n_blocks_; ++b) {
     const auto i = static_cast<size_t>(b);
-    if (held[i] != refs_[i]) throw std::logic_error("kv_pool: block " + std::to_string(b) + " has count " + std::to_string(refs_[i]) + " but " + std::to_string(held[i]) + " holders");
+    if (held[i] != refs_[i])
+      throw std::logic_error("kv_pool: block " + std::to_string(b) + " has count " + std::to_string(refs_[i]) + " but " + std::to_string(held[i]) +
+                             " holders");
     if ((held[i] == 0) != (in_free[i] == 1) || in_free[i] > 1)
-      throw std::logic_error("kv_pool: block " + std::to_string(b) + " is " + (in_free[i] ? "free" : "not free") + " with " + std::to_string(held[i]) + " holders");
+      throw std::logic_error("kv_pool: block " + std::to_string(b) + " is " + (in_free[i] ? "free" : "not free") + " with " +
+                             std::to_string(held[i]) + " holders");
   }
 }
 

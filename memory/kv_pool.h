@@ -30,8 +30,8 @@ class kv_pool {
   kv_pool(std::byte* memory, int32_t n_blocks, int64_t block_tokens, size_t block_bytes);
   // n_blocks blocks in one device allocation of `a`, owned {kv, model}. Null, with *why =
   // no_space, when the device tier cannot hold them.
-  static std::unique_ptr<kv_pool> make(arbiter& a, const std::string& model, int32_t n_blocks, int64_t block_tokens,
-                                       size_t block_bytes, status* why = nullptr);
+  static std::unique_ptr<kv_pool> make(arbiter& a, const std::string& model, int32_t n_blocks, int64_t block_tokens, size_t block_bytes,
+                                       status* why = nullptr);
   ~kv_pool();  // returns the device allocation and any swapped-out host copies
   kv_pool(const kv_pool&) = delete;
   kv_pool& operator=(const kv_pool&) = delete;

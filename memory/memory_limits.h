@@ -11,12 +11,12 @@ namespace tandem::memory {
 
 // Each bound in bytes; nullopt where that bound is absent or could not be read.
 struct memory_limits {
-  std::optional<uint64_t> mem_available;  // MemAvailable in /proc/meminfo
-  std::optional<uint64_t> cgroup_free;    // least over the process's cgroups (v2, and v1's memory
-                                          // controller) and their ancestors of the limit minus
-                                          // the working set (usage - inactive page cache)
+  std::optional<uint64_t> mem_available;       // MemAvailable in /proc/meminfo
+  std::optional<uint64_t> cgroup_free;         // least over the process's cgroups (v2, and v1's memory
+                                               // controller) and their ancestors of the limit minus
+                                               // the working set (usage - inactive page cache)
   std::optional<uint64_t> address_space_free;  // RLIMIT_AS minus the address space in use
-  uint64_t physical = 0;                  // installed RAM; 0 when unknown
+  uint64_t physical = 0;                       // installed RAM; 0 when unknown
 };
 // Reads the limits of the running process (Linux /proc and /sys/fs/cgroup, getrlimit).
 memory_limits read_memory_limits();

@@ -12,9 +12,12 @@ enum class tier : uint8_t { device = 0, host = 1, disk = 2 };
 
 constexpr std::string_view tier_name(tier t) {
   switch (t) {
-    case tier::device: return "device";
-    case tier::host: return "host";
-    case tier::disk: return "disk";
+    case tier::device:
+      return "device";
+    case tier::host:
+      return "host";
+    case tier::disk:
+      return "disk";
   }
   return "?";
 }

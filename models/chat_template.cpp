@@ -33,9 +33,7 @@ constexpr std::string_view k_deepseek_default_system =
     "politically sensitive questions, security and privacy issues, and other non-computer "
     "science questions, you will refuse to answer\n";
 
-bool contains(std::string_view haystack, std::string_view needle) {
-  return haystack.find(needle) != std::string_view::npos;
-}
+bool contains(std::string_view haystack, std::string_view needle) { return haystack.find(needle) != std::string_view::npos; }
 
 // Jinja's `trim` / Python's str.strip() for the ASCII whitespace that matters in prompts.
 std::string_view trim(std::string_view s) {
@@ -50,8 +48,7 @@ bool is_system(const chat_message& m) { return m.role == "system"; }
 
 // Splits off a leading system message, the way templates that fold the system prompt into
 // the first turn do (llama2, mistral, gemma). Later system messages are not special there.
-std::pair<const chat_message*, std::span<const chat_message>> split_system(
-    std::span<const chat_message> msgs) {
+std::pair<const chat_message*, std::span<const chat_message>> split_system(std::span<const chat_message> msgs) {
   if (!msgs.empty() && is_system(msgs.front())) return {&msgs.front(), msgs.subspan(1)};
   return {nullptr, msgs};
 }
@@ -208,9 +205,15 @@ std::string unescape_jinja_literal(std::string_view s) {
     if (s[i] == '\\' && i + 1 < s.size()) {
       const char c = s[++i];
       switch (c) {
-        case 'n': out += '\n'; break;
-        case 't': out += '\t'; break;
-        default: out += c; break;  // \\ \' \"
+        case 'n':
+          out += '\n';
+          break;
+        case 't':
+          out += '\t';
+          break;
+        default:
+          out += c;
+          break;  // \\ \' \"
       }
     } else {
       out += s[i];
@@ -225,8 +228,7 @@ std::string unescape_jinja_literal(std::string_view s) {
 std::string chatml_default_system(std::string_view jinja) {
   constexpr std::string_view head = "<|im_start|>system";
   constexpr std::string_view tail = "<|im_end|>";
-  for (size_t at = jinja.find(head); at != std::string_view::npos;
-       at = jinja.find(head, at + 1)) {
+  for (size_t at = jinja.find(head); at != std::string_view::npos; at = jinja.find(head, at + 1)) {
     size_t p = at + head.size();
     if (jinja.substr(p, 2) == "\\n") {
       p += 2;
@@ -274,8 +276,7 @@ chat_template_kind detect_chat_template(std::string_view t) {
   if (contains(t, "[INST]")) {
     return contains(t, "<<SYS>>") ? chat_template_kind::llama2 : chat_template_kind::mistral;
   }
-  if (contains(t, "### Instruction") ||
-      (contains(t, "User: ") && contains(t, "Assistant:"))) {
+  if (contains(t, "### Instruction") || (contains(t, "User: ") && contains(t, "Assistant:"))) {
     return chat_template_kind::deepseek;
   }
   return chat_template_kind::plain;
@@ -284,11 +285,16 @@ chat_template_kind detect_chat_template(std::string_view t) {
 std::string_view chat_template_bos_text(chat_template_kind k) {
   switch (k) {
     case chat_template_kind::llama2:
-    case chat_template_kind::mistral: return "<s>";
-    case chat_template_kind::llama3: return "<|begin_of_text|>";
-    case chat_template_kind::gemma: return "<bos>";
-    case chat_template_kind::deepseek: return "<｜begin▁of▁sentence｜>";
-    default: return {};
+    case chat_template_kind::mistral:
+      return "<s>";
+    case chat_template_kind::llama3:
+      return "<|begin_of_text|>";
+    case chat_template_kind::gemma:
+      return "<bos>";
+    case chat_template_kind::deepseek:
+      return "<｜begin▁of▁sentence｜>";
+    default:
+      return {};
   }
 }
 
@@ -301,20 +307,15 @@ std::string_view family_default_system_prompt(chat_template_kind k) {
 chat_template chat_template_from_jinja(std::string_view jinja) {
   chat_template t;
   t.kind = detect_chat_template(jinja);
-  t.default_system = t.kind == chat_template_kind::chatml
-                         ? chatml_default_system(jinja)
-                         : std::string(family_default_system_prompt(t.kind));
+  t.default_system = t.kind == chat_template_kind::chatml ? chatml_default_system(jinja) : std::string(family_default_system_prompt(t.kind));
   return t;
 }
 
-std::string apply_chat_template(chat_template_kind k, std::span<const chat_message> msgs,
-                                bool add_generation_prompt) {
-  return apply_chat_template(chat_template{k, std::string(family_default_system_prompt(k))},
-                             msgs, add_generation_prompt);
+std::string apply_chat_template(chat_template_kind k, std::span<const chat_message> msgs, bool add_generation_prompt) {
+  return apply_chat_template(chat_template{k, std::string(family_default_system_prompt(k))}, msgs, add_generation_prompt);
 }
 
-std::string apply_chat_template(const chat_template& t, std::span<const chat_message> msgs,
-                                bool add_generation_prompt) {
+std::string apply_chat_template(const chat_template& t, std::span<const chat_message> msgs, bool add_generation_prompt) {
   // Templates with a default system prompt check only the first message (SmolLM2, Qwen2).
   std::vector<chat_message> with_default;
   if (!t.default_system.empty() && !msgs.empty() && !is_system(msgs.front())) {
@@ -325,15 +326,24 @@ std::string apply_chat_template(const chat_template& t, std::span<const chat_mes
   }
   const bool gen = add_generation_prompt;
   switch (t.kind) {
-    case chat_template_kind::chatml: return render_chatml(msgs, gen);
-    case chat_template_kind::llama2: return render_llama2(msgs);
-    case chat_template_kind::llama3: return render_llama3(msgs, gen);
-    case chat_template_kind::mistral: return render_mistral(msgs);
-    case chat_template_kind::gemma: return render_gemma(msgs, gen);
-    case chat_template_kind::phi3: return render_phi3(msgs, gen);
-    case chat_template_kind::deepseek: return render_deepseek(msgs, gen);
-    case chat_template_kind::zephyr: return render_zephyr(msgs, gen);
-    case chat_template_kind::plain: return render_plain(msgs, gen);
+    case chat_template_kind::chatml:
+      return render_chatml(msgs, gen);
+    case chat_template_kind::llama2:
+      return render_llama2(msgs);
+    case chat_template_kind::llama3:
+      return render_llama3(msgs, gen);
+    case chat_template_kind::mistral:
+      return render_mistral(msgs);
+    case chat_template_kind::gemma:
+      return render_gemma(msgs, gen);
+    case chat_template_kind::phi3:
+      return render_phi3(msgs, gen);
+    case chat_template_kind::deepseek:
+      return render_deepseek(msgs, gen);
+    case chat_template_kind::zephyr:
+      return render_zephyr(msgs, gen);
+    case chat_template_kind::plain:
+      return render_plain(msgs, gen);
   }
   return render_plain(msgs, gen);
 }

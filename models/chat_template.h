@@ -11,7 +11,7 @@
 namespace tandem::models {
 
 struct chat_message {
-  std::string role;     // "system" | "user" | "assistant"; other roles are skipped
+  std::string role;  // "system" | "user" | "assistant"; other roles are skipped
   std::string content;
 };
 
@@ -55,10 +55,8 @@ chat_template chat_template_from_jinja(std::string_view jinja);
 // Uses family_default_system_prompt(k) when msgs has no system message.
 // plain: one "System: ...", "User: ...", "Assistant: ..." line per message, then
 // "Assistant:" (no trailing space or newline) as the generation prompt.
-std::string apply_chat_template(chat_template_kind k, std::span<const chat_message> msgs,
-                                bool add_generation_prompt);
+std::string apply_chat_template(chat_template_kind k, std::span<const chat_message> msgs, bool add_generation_prompt);
 // As above, injecting t.default_system when msgs has no system message.
-std::string apply_chat_template(const chat_template& t, std::span<const chat_message> msgs,
-                                bool add_generation_prompt);
+std::string apply_chat_template(const chat_template& t, std::span<const chat_message> msgs, bool add_generation_prompt);
 
 }  // namespace tandem::models

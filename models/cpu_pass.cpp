@@ -35,8 +35,7 @@ void by_arithmetic(int64_t n, Fast&& fast, Fn&& fn) {
 
 void rope_rows(const cpu_pass& p, float* a, int64_t width, int64_t n_heads, int64_t r0, int64_t r1) {
   const int64_t hd = p.c.head_dim;
-  for (int64_t r = r0; r < r1; ++r)
-    kc::rope_apply(a + r * width, static_cast<int>(n_heads), static_cast<int>(hd), p.rope_cs + r * hd, p.rope);
+  for (int64_t r = r0; r < r1; ++r) kc::rope_apply(a + r * width, static_cast<int>(n_heads), static_cast<int>(hd), p.rope_cs + r * hd, p.rope);
 }
 
 void head_norm_rows(const cpu_pass& p, float* a, int64_t width, const float* w, int64_t n_heads, int64_t r0, int64_t r1) {
@@ -67,8 +66,8 @@ class step_ops final : public layer_ops {
     by_arithmetic(p_.n, fast(), [&](int64_t r0, int64_t r1, bool f) {
       if (products.size() == 1) {
         const weight_view& w = *products.begin()->w;
-        kc::matmul(w.type, w.data, w.rows, w.cols, x + r0 * cols, r1 - r0, p_.buf(products.begin()->out) + r0 * w.rows, p_.pool,
-                   w.layout, order_for(f));
+        kc::matmul(w.type, w.data, w.rows, w.cols, x + r0 * cols, r1 - r0, p_.buf(products.begin()->out) + r0 * w.rows, p_.pool, w.layout,
+                   order_for(f));
         return;
       }
       std::array<kc::matmul_job, kc::k_max_matmul_jobs> jobs{};
@@ -80,8 +79,8 @@ class step_ops final : public layer_ops {
   void matmul_swiglu(act in, const weight_view& wg, const weight_view& wu, act gate, act up) override {
     const float* x = p_.buf(in);
     by_arithmetic(p_.n, fast(), [&](int64_t r0, int64_t r1, bool f) {
-      kc::matmul_swiglu(job(wg, p_.buf(gate) + r0 * wg.rows, f), job(wu, p_.buf(up) + r0 * wu.rows, f), wg.cols, x + r0 * wg.cols,
-                        r1 - r0, p_.pool, exp_for(f));
+      kc::matmul_swiglu(job(wg, p_.buf(gate) + r0 * wg.rows, f), job(wu, p_.buf(up) + r0 * wu.rows, f), wg.cols, x + r0 * wg.cols, r1 - r0, p_.pool,
+                        exp_for(f));
     });
   }
   void add_bias(act a, const float* b) override { bias_rows(p_.buf(a), p_.width(a), b, 0, p_.n); }
@@ -91,8 +90,8 @@ class step_ops final : public layer_ops {
   void attention(int64_t layer, act q, act out) override {
     const auto& c = p_.c;
     p_.set_runs(layer, 0, runs(), p_.buf(q), p_.buf(out));
-    kc::attention_many(p_.runs.data(), runs(), p_.kv, static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv),
-                       static_cast<int>(c.head_dim), 1.0f / std::sqrt(static_cast<float>(c.head_dim)), p_.pool);
+    kc::attention_many(p_.runs.data(), runs(), p_.kv, static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
+                       1.0f / std::sqrt(static_cast<float>(c.head_dim)), p_.pool);
   }
   void add(act dst, act src) override {
     float* y = p_.buf(dst);
@@ -118,13 +117,10 @@ class step_ops final : public layer_ops {
 // may still be reading in this barrier interval syncs first too.
 class team_ops final : public layer_ops {
  public:
-  team_ops(cpu_pass& p, int member, kc::team& t, float* own)
-      : p_(p), member_(member), t_(t), part_{member, t.members()}, own_(own) {
+  team_ops(cpu_pass& p, int member, kc::team& t, float* own) : p_(p), member_(member), t_(t), part_{member, t.members()}, own_(own) {
     // This member's runs: those whose first row falls in its share of the rows.
     const auto& starts = p.run_start;
-    auto first_run_from = [&](int64_t row) {
-      return static_cast<int64_t>(std::lower_bound(starts.begin(), starts.end() - 1, row) - starts.begin());
-    };
+    auto first_run_from = [&](int64_t row) { return static_cast<int64_t>(std::lower_bound(starts.begin(), starts.end() - 1, row) - starts.begin()); };
     const int64_t m = member, count = t.members(), n = p.n;
     run0_ = first_run_from((m * n + count - 1) / count);
     run1_ = first_run_from(((m + 1) * n + count - 1) / count);
@@ -181,9 +177,8 @@ class team_ops final : public layer_ops {
     t_.sync(member_);
     ++epoch_;
     settle();
-    kc::attention_many_part(p_.runs.data(), static_cast<int64_t>(p_.runs.size()), p_.kv, static_cast<int>(c.n_head),
-                            static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
-                            1.0f / std::sqrt(static_cast<float>(c.head_dim)), part_);
+    kc::attention_many_part(p_.runs.data(), static_cast<int64_t>(p_.runs.size()), p_.kv, static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv),
+                            static_cast<int>(c.head_dim), 1.0f / std::sqrt(static_cast<float>(c.head_dim)), part_);
     state_[idx(out)] = {kind::parts};
   }
   void add(act dst, act src) override {
@@ -279,8 +274,8 @@ class team_ops final : public layer_ops {
 
 }  // namespace
 
-cpu_pass::cpu_pass(forward_context& f, const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n,
-                   float* logits, const int64_t* out_rows, int64_t n_out, bool team)
+cpu_pass::cpu_pass(forward_context& f, const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, float* logits,
+                   const int64_t* out_rows, int64_t n_out, bool team)
     : f(f),
       c(f.model_.config()),
       pool(f.pool_),
@@ -292,18 +287,33 @@ cpu_pass::cpu_pass(forward_context& f, const int32_t* tokens, const int64_t* seq
       prompt_end(f.prompt_end_),
       team_scratch(f.team_scratch_.empty() ? nullptr : f.team_scratch_.data()),
       team_scratch_floats(f.team_scratch_floats_),
-      tokens(tokens), seqs(seqs), positions(positions), n(n), logits(logits), out_rows(out_rows), n_out(n_out), team(team) {}
+      tokens(tokens),
+      seqs(seqs),
+      positions(positions),
+      n(n),
+      logits(logits),
+      out_rows(out_rows),
+      n_out(n_out),
+      team(team) {}
 
 float* cpu_pass::buf(act a) const {
   switch (a) {
-    case act::x: return f.x_;
-    case act::xb: return f.xb_;
-    case act::q: return f.q_;
-    case act::k: return f.k_;
-    case act::v: return f.v_;
-    case act::attn: return f.attn_;
-    case act::gate: return f.ff_gate_;
-    case act::up: return f.ff_up_;
+    case act::x:
+      return f.x_;
+    case act::xb:
+      return f.xb_;
+    case act::q:
+      return f.q_;
+    case act::k:
+      return f.k_;
+    case act::v:
+      return f.v_;
+    case act::attn:
+      return f.attn_;
+    case act::gate:
+      return f.ff_gate_;
+    case act::up:
+      return f.ff_up_;
   }
   return nullptr;
 }
@@ -311,13 +321,17 @@ float* cpu_pass::buf(act a) const {
 int64_t cpu_pass::width(act a) const {
   switch (a) {
     case act::x:
-    case act::xb: return c.n_embd;
+    case act::xb:
+      return c.n_embd;
     case act::q:
-    case act::attn: return c.q_dim();
+    case act::attn:
+      return c.q_dim();
     case act::k:
-    case act::v: return c.kv_dim();
+    case act::v:
+      return c.kv_dim();
     case act::gate:
-    case act::up: return c.n_ff;
+    case act::up:
+      return c.n_ff;
   }
   return 0;
 }

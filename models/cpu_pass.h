@@ -27,8 +27,8 @@ class cpu_pass final : public pass_backend {
   // run_start_ describe the runs of consecutive rows of one sequence, rope_cs_ holds each
   // row's cos/sin. logits: where the head writes row k's logits (stride n_vocab), for rows
   // out_rows[k] (k < n_out), or every row when out_rows is null; null: no head.
-  cpu_pass(forward_context& f, const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n,
-           float* logits, const int64_t* out_rows, int64_t n_out, bool team);
+  cpu_pass(forward_context& f, const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, float* logits,
+           const int64_t* out_rows, int64_t n_out, bool team);
 
   void embed(const weight_view& table, int64_t row0) override;
   void run_layer(int64_t layer, layer_body body) override;
@@ -45,12 +45,12 @@ class cpu_pass final : public pass_backend {
   kernels::cpu::thread_pool* pool;
   kernels::cpu::kv_type kv;
   const kernels::cpu::rope_params& rope;
-  const float* rope_cs;                          // per row: RoPE's cos/sin (head_dim floats)
+  const float* rope_cs;                            // per row: RoPE's cos/sin (head_dim floats)
   std::vector<kernels::cpu::attention_run>& runs;  // one per run of consecutive rows of a sequence
-  const std::vector<int64_t>& run_start;         // each run's first row, then n
-  const std::vector<int64_t>& prompt_end;        // per sequence (forward_context::set_prompt_end)
-  float* team_scratch;                           // team members' private activations, or null
-  size_t team_scratch_floats;                    // per member
+  const std::vector<int64_t>& run_start;           // each run's first row, then n
+  const std::vector<int64_t>& prompt_end;          // per sequence (forward_context::set_prompt_end)
+  float* team_scratch;                             // team members' private activations, or null
+  size_t team_scratch_floats;                      // per member
   const int32_t* tokens;
   const int64_t* seqs;
   const int64_t* positions;

@@ -13,31 +13,27 @@ constexpr int64_t k_count_bound = int64_t{1} << 40;
 int64_t bounded(int64_t v, int64_t lowest) { return std::clamp(v, lowest, k_count_bound); }
 
 // User text never becomes special tokens: code may well contain "<|fim_middle|>".
-std::vector<int32_t> text_tokens(const tokenizer& t, const std::string& text) {
-  return t.encode(text, /*add_bos=*/false, /*parse_special=*/false);
-}
+std::vector<int32_t> text_tokens(const tokenizer& t, const std::string& text) { return t.encode(text, /*add_bos=*/false, /*parse_special=*/false); }
 
 void append(std::vector<int32_t>& out, const std::vector<int32_t>& ids) { out.insert(out.end(), ids.begin(), ids.end()); }
 
 // How many of `n` tokens fit in `budget` (a negative budget takes none).
-size_t take(size_t n, int64_t budget) {
-  return static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(n), std::max<int64_t>(0, budget)));
-}
+size_t take(size_t n, int64_t budget) { return static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(n), std::max<int64_t>(0, budget))); }
 
 }  // namespace
 
 fim_tokens find_fim_tokens(const tokenizer& t) {
   const vocab& v = t.vocabulary();
-  return {v.fim(fim_role::pre), v.fim(fim_role::suf), v.fim(fim_role::mid),
-          v.fim(fim_role::pad), v.fim(fim_role::rep), v.fim(fim_role::sep)};
+  return {v.fim(fim_role::pre), v.fim(fim_role::suf), v.fim(fim_role::mid), v.fim(fim_role::pad), v.fim(fim_role::rep), v.fim(fim_role::sep)};
 }
 
-std::vector<int32_t> build_infill_prompt(const tokenizer& t, const fim_tokens& f, const infill_input& in,
-                                         int64_t n_ctx, int64_t n_batch, int64_t n_predict, bool spm_order) {
+std::vector<int32_t> build_infill_prompt(const tokenizer& t, const fim_tokens& f, const infill_input& in, int64_t n_ctx, int64_t n_batch,
+                                         int64_t n_predict, bool spm_order) {
   if (!f.usable())
-    throw std::invalid_argument("model has no fill-in-the-middle tokens (needs prefix, suffix and middle markers; "
-                                "found pre=" + std::to_string(f.pre) + " suf=" + std::to_string(f.suf) +
-                                " mid=" + std::to_string(f.mid) + ")");
+    throw std::invalid_argument(
+        "model has no fill-in-the-middle tokens (needs prefix, suffix and middle markers; "
+        "found pre=" +
+        std::to_string(f.pre) + " suf=" + std::to_string(f.suf) + " mid=" + std::to_string(f.mid) + ")");
   // A negative batch would turn into room for extra context; any negative n_predict means
   // "no limit", which llama.cpp budgets as -1.
   n_ctx = bounded(n_ctx, 0);

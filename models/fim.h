@@ -53,8 +53,7 @@ struct infill_input {
 // does, so with an SPM vocabulary that adds a space prefix every non-empty piece starts
 // with a space (the middle too, though it continues the prefix).
 // Throws std::invalid_argument when !f.usable().
-std::vector<int32_t> build_infill_prompt(const tokenizer& t, const fim_tokens& f, const infill_input& in,
-                                         int64_t n_ctx, int64_t n_batch, int64_t n_predict,
-                                         bool spm_order = false);
+std::vector<int32_t> build_infill_prompt(const tokenizer& t, const fim_tokens& f, const infill_input& in, int64_t n_ctx, int64_t n_batch,
+                                         int64_t n_predict, bool spm_order = false);
 
 }  // namespace tandem::models

@@ -58,8 +58,7 @@ context_sizes size_context(const model_config& c, const context_params& p) {
   // n_seq <= 2^8 and one sequence's cache < 2^56 bytes (kv_cache_bytes): products below are
   // checked against that before multiplying.
   const uint64_t one = kv_cache_bytes(c, s.n_ctx, p.kv);
-  if (one > (UINT64_MAX >> 9))
-    throw std::invalid_argument("a KV cache of " + std::to_string(s.n_ctx) + " positions is too large");
+  if (one > (UINT64_MAX >> 9)) throw std::invalid_argument("a KV cache of " + std::to_string(s.n_ctx) + " positions is too large");
   s.kv = p.kv_pool ? 0 : one * static_cast<uint64_t>(s.n_seq);
   // Per row: x and xb [n_embd], q and attn [q_dim], k and v [kv_dim], ff_gate and ff_up [n_ff],
   // RoPE's cos/sin [head_dim at most]. The config caps (q_dim <= 2^17, n_ff <= 2^18) and
@@ -100,8 +99,7 @@ kernels::cpu::rope_params rope_params_of(const model_config& c, const model_weig
 uint64_t kv_cache_bytes(const model_config& c, int64_t n_ctx, kernels::cpu::kv_type kv) {
   // K and V, every layer; n_ctx <= 2^24, kv_dim <= q_dim <= 2^17 and n_layer <= 1024 keep this
   // below 2^56.
-  return 2ull * static_cast<uint64_t>(c.n_layer) * static_cast<uint64_t>(n_ctx) * static_cast<uint64_t>(c.kv_dim()) *
-         kv_elem_bytes(kv);
+  return 2ull * static_cast<uint64_t>(c.n_layer) * static_cast<uint64_t>(n_ctx) * static_cast<uint64_t>(c.kv_dim()) * kv_elem_bytes(kv);
 }
 
 uint64_t kv_bytes_per_token(const model_config& c, kernels::cpu::kv_type kv) { return kv_cache_bytes(c, 1, kv); }
@@ -109,8 +107,7 @@ uint64_t kv_bytes_per_token(const model_config& c, kernels::cpu::kv_type kv) { r
 uint64_t forward_context::memory_bytes(const model_config& c, const context_params& p) { return size_context(c, p).total(); }
 uint64_t forward_context::scratch_bytes(const model_config& c, const context_params& p) { return size_context(c, p).scratch; }
 
-forward_context::forward_context(const model& m, const context_params& p, kernels::cpu::thread_pool* pool,
-                                 weight_residency* residency)
+forward_context::forward_context(const model& m, const context_params& p, kernels::cpu::thread_pool* pool, weight_residency* residency)
     : model_(m),
       pool_(pool),
       residency_(residency),
@@ -126,9 +123,10 @@ forward_context::forward_context(const model& m, const context_params& p, kernel
   // far more than the process can get: refuse that with a message instead of bad_alloc or the
   // OOM killer.
   if (const uint64_t usable = memory::usable_memory_bytes(memory::read_memory_limits()); usable > 0 && sizes.total() > usable)
-    throw std::runtime_error("a context of " + std::to_string(sizes.n_seq) + " x " + std::to_string(n_ctx_) + " tokens needs " + mib(sizes.total()) + " (KV cache " + mib(sizes.kv) +
-                             ", scratch for " + std::to_string(sizes.rows) + " rows " + mib(sizes.scratch) + ", logits " + mib(sizes.logits) +
-                             "), more than the " + mib(usable) + " of memory this process can get; use a smaller context size");
+    throw std::runtime_error("a context of " + std::to_string(sizes.n_seq) + " x " + std::to_string(n_ctx_) + " tokens needs " + mib(sizes.total()) +
+                             " (KV cache " + mib(sizes.kv) + ", scratch for " + std::to_string(sizes.rows) + " rows " + mib(sizes.scratch) +
+                             ", logits " + mib(sizes.logits) + "), more than the " + mib(usable) +
+                             " of memory this process can get; use a smaller context size");
   kv_layer_bytes_ = static_cast<size_t>(n_ctx_ * c.kv_dim()) * kv_elem_bytes(kv_type_);
   n_layer_ = c.n_layer;
   pos_.assign(static_cast<size_t>(sizes.n_seq), 0);
@@ -148,8 +146,8 @@ forward_context::forward_context(const model& m, const context_params& p, kernel
     kv_pool_ = p.kv_pool;
     const uint64_t want = kv_bytes_per_token(c, kv_type_) * static_cast<uint64_t>(kv_pool_->block_tokens());
     if (kv_pool_->block_bytes() != want)
-      throw std::invalid_argument("KV pool blocks are " + std::to_string(kv_pool_->block_bytes()) + " bytes; this model needs " + std::to_string(want) +
-                                  " for " + std::to_string(kv_pool_->block_tokens()) + " positions");
+      throw std::invalid_argument("KV pool blocks are " + std::to_string(kv_pool_->block_bytes()) + " bytes; this model needs " +
+                                  std::to_string(want) + " for " + std::to_string(kv_pool_->block_tokens()) + " positions");
     paged_part_bytes_ = static_cast<size_t>(kv_pool_->block_tokens() * c.kv_dim()) * kv_elem_bytes(kv_type_);
     paged_block_stride_ = static_cast<int64_t>(kv_pool_->block_bytes() / kv_elem_bytes(kv_type_));
   } else {
@@ -191,8 +189,7 @@ forward_context::forward_context(const model& m, const context_params& p, kernel
 forward_context::~forward_context() = default;
 
 void forward_context::check_seq(int64_t seq) const {
-  if (seq < 0 || seq >= n_seq())
-    throw std::invalid_argument("sequence " + std::to_string(seq) + " is outside [0, " + std::to_string(n_seq()) + ")");
+  if (seq < 0 || seq >= n_seq()) throw std::invalid_argument("sequence " + std::to_string(seq) + " is outside [0, " + std::to_string(n_seq()) + ")");
 }
 
 void forward_context::reset(int64_t seq) {
@@ -223,10 +220,12 @@ void forward_context::eval(std::span<const int32_t> tokens, bool all_logits, int
   if (tokens.empty()) return;
   check_seq(seq);
   for (const int32_t t : tokens)
-    if (t < 0 || t >= n_vocab_) throw std::invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(n_vocab_) + ")");
+    if (t < 0 || t >= n_vocab_)
+      throw std::invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(n_vocab_) + ")");
   const int64_t pos0 = pos_[static_cast<size_t>(seq)];
   if (pos0 + static_cast<int64_t>(tokens.size()) > n_ctx_)
-    throw std::invalid_argument("context overflow: " + std::to_string(pos0) + " + " + std::to_string(tokens.size()) + " tokens exceed the context size " + std::to_string(n_ctx_));
+    throw std::invalid_argument("context overflow: " + std::to_string(pos0) + " + " + std::to_string(tokens.size()) +
+                                " tokens exceed the context size " + std::to_string(n_ctx_));
   const auto n = static_cast<int64_t>(tokens.size());
   check_capacity(seq, pos0 + n);
   if (all_logits && logits_.size() < static_cast<size_t>(n * n_vocab_)) logits_.resize(static_cast<size_t>(n * n_vocab_));
@@ -258,7 +257,8 @@ void forward_context::decode(std::span<const int32_t> tokens, std::span<const in
     for (int64_t j = 0; j < i; ++j)
       if (seqs[static_cast<size_t>(j)] == s) throw std::invalid_argument("decode: sequence " + std::to_string(s) + " is listed twice");
     const int32_t t = tokens[static_cast<size_t>(i)];
-    if (t < 0 || t >= n_vocab_) throw std::invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(n_vocab_) + ")");
+    if (t < 0 || t >= n_vocab_)
+      throw std::invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(n_vocab_) + ")");
     if (pos_[static_cast<size_t>(s)] >= n_ctx_)
       throw std::invalid_argument("context overflow: sequence " + std::to_string(s) + " is full (" + std::to_string(n_ctx_) + " tokens)");
     check_capacity(s, pos_[static_cast<size_t>(s)] + 1);
@@ -296,15 +296,15 @@ void forward_context::begin(std::span<const int32_t> tokens, std::span<const int
   begin_chunk(tokens.data(), row_seq_.data(), row_pos_.data(), n, logits_.data(), step_out_.data(), runs);
 }
 
-void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n,
-                                 float* logits, const int64_t* out_rows, int64_t n_out) {
+void forward_context::eval_chunk(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, float* logits,
+                                 const int64_t* out_rows, int64_t n_out) {
   begin_chunk(tokens, seqs, positions, n, logits, out_rows, n_out);
   while (!advance()) {
   }
 }
 
-void forward_context::begin_chunk(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n,
-                                 float* logits, const int64_t* out_rows, int64_t n_out) {
+void forward_context::begin_chunk(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, float* logits,
+                                  const int64_t* out_rows, int64_t n_out) {
   const auto& c = model_.config();
   const int64_t hd = c.head_dim;
   // RoPE's cos/sin of each row's position, once for every layer's q and k.

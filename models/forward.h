@@ -35,12 +35,12 @@ kernels::cpu::rope_params rope_params_of(const model_config& c, const model_weig
 uint64_t kv_cache_bytes(const model_config& c, int64_t n_ctx, kernels::cpu::kv_type kv);
 
 struct context_params {
-  int64_t n_ctx = 0;                               // 0: min(training context, k_default_context)
+  int64_t n_ctx = 0;                                      // 0: min(training context, k_default_context)
   kernels::cpu::kv_type kv = kernels::cpu::kv_type::f16;  // llama.cpp's default cache type
-  int64_t max_batch = 512;                         // prompt tokens per forward pass (scratch rows,
-                                                   // at most n_ctx; below 1 means 1)
-  int64_t n_seq = 1;                               // independent sequences, each with n_ctx
-                                                   // positions of KV cache (1 .. k_max_sequences)
+  int64_t max_batch = 512;                                // prompt tokens per forward pass (scratch rows,
+                                                          // at most n_ctx; below 1 means 1)
+  int64_t n_seq = 1;                                      // independent sequences, each with n_ctx
+                                                          // positions of KV cache (1 .. k_max_sequences)
   // A paged KV cache (memory/kv_pool.h) instead of the context's own: sequence s of the
   // context is the pool's sequence s, and its positions live in the blocks the caller has
   // reserved for it (eval and decode refuse tokens beyond them). Block size: block_tokens *
@@ -85,8 +85,7 @@ class forward_context final : public forward_pass {
   // holds one segment at a time, so one stream slot is enough for a model that is not
   // resident; eval and decode throw std::logic_error when a segment cannot be had at all
   // (no slot reserved: arbiter_residency::prepare_streaming was not called).
-  forward_context(const model& m, const context_params& p, kernels::cpu::thread_pool* pool,
-                  weight_residency* residency = nullptr);
+  forward_context(const model& m, const context_params& p, kernels::cpu::thread_pool* pool, weight_residency* residency = nullptr);
   ~forward_context() override;
   forward_context(const forward_context&) = delete;
   forward_context& operator=(const forward_context&) = delete;
@@ -145,8 +144,8 @@ class forward_context final : public forward_pass {
   // with a vector e^x (swiglu_fast); packed Q4_1/Q5_1 products in the tile kernel's float order
   // (kernels::cpu::sum_order::tile). The same result however the sequence is chunked or
   // batched (where the matmuls give a row the same bits at any row count: packed and F32
-  // weights), within float noise of llama.cpp's arithmetic rather than equal to it. 0 (the default, and after reset): every row is computed as llama.cpp
-  // computes it.
+  // weights), within float noise of llama.cpp's arithmetic rather than equal to it. 0 (the default, and after reset): every row is computed as
+  // llama.cpp computes it.
   void set_prompt_end(int64_t seq, int64_t end) override;
 
  private:
@@ -154,11 +153,11 @@ class forward_context final : public forward_pass {
   // of one sequence are consecutive with consecutive positions. logits: where the output
   // head writes, or null to skip it (a chunk that is not the last); out_rows: the n_out rows
   // whose logits are written there in that order, or null for every row.
-  void eval_chunk(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, float* logits,
-                  const int64_t* out_rows, int64_t n_out);
+  void eval_chunk(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, float* logits, const int64_t* out_rows,
+                  int64_t n_out);
   // eval_chunk's first part: the pass set up and its embedding run; advance() runs the rest.
-  void begin_chunk(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, float* logits,
-                   const int64_t* out_rows, int64_t n_out);
+  void begin_chunk(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, float* logits, const int64_t* out_rows,
+                   int64_t n_out);
   void check_seq(int64_t seq) const;
   friend class cpu_pass;  // the recipe's ops over this context's cache and scratch (cpu_pass.h)
 
@@ -173,13 +172,13 @@ class forward_context final : public forward_pass {
   std::vector<int64_t> pos_;  // next position of each sequence
   int64_t n_logit_rows_ = 1;
   std::vector<int64_t> row_seq_, row_pos_;  // per scratch row: sequence and position (eval_chunk)
-  std::vector<int64_t> prompt_end_;  // per sequence: set_prompt_end
+  std::vector<int64_t> prompt_end_;         // per sequence: set_prompt_end
   // context_params::layer_teams on a pool of several threads: each member's private
   // activations, team_scratch_floats_ each (k_team_max_rows rows); empty otherwise.
   std::vector<float> team_scratch_;
   size_t team_scratch_floats_ = 0;
   std::vector<kernels::cpu::attention_run> runs_;  // one per sequence of a chunk (reserved)
-  std::vector<int64_t> run_start_;  // first row of each run of runs_, then the pass's rows (reserved)
+  std::vector<int64_t> run_start_;                 // first row of each run of runs_, then the pass's rows (reserved)
   std::vector<int64_t> step_out_;                  // step(): the last row of each sequence's run
 
   // KV cache: one allocation on transparent huge pages, left uninitialised so pages (2 MiB
@@ -189,16 +188,12 @@ class forward_context final : public forward_pass {
   memory::huge_buffer kv_;
   size_t kv_layer_bytes_ = 0;  // bytes of K (or V) of one layer of one sequence
   int64_t n_layer_ = 0;
-  std::byte* k_cache(int64_t seq, int64_t layer) {
-    return kv_.data() + (2 * static_cast<size_t>(seq * n_layer_ + layer)) * kv_layer_bytes_;
-  }
-  std::byte* v_cache(int64_t seq, int64_t layer) {
-    return kv_.data() + (2 * static_cast<size_t>(seq * n_layer_ + layer) + 1) * kv_layer_bytes_;
-  }
+  std::byte* k_cache(int64_t seq, int64_t layer) { return kv_.data() + (2 * static_cast<size_t>(seq * n_layer_ + layer)) * kv_layer_bytes_; }
+  std::byte* v_cache(int64_t seq, int64_t layer) { return kv_.data() + (2 * static_cast<size_t>(seq * n_layer_ + layer) + 1) * kv_layer_bytes_; }
   // Paged: a block is [layer][K, V][block_tokens][n_head_kv * head_dim]; the K (which = 0) or
   // V (1) rows of a layer start at this offset of every block.
   memory::kv_pool* kv_pool_ = nullptr;
-  size_t paged_part_bytes_ = 0;  // bytes of one layer's K (or V) rows in a block
+  size_t paged_part_bytes_ = 0;     // bytes of one layer's K (or V) rows in a block
   int64_t paged_block_stride_ = 0;  // elements from one block to the next
   size_t paged_offset(int64_t layer, int which) const { return (2 * static_cast<size_t>(layer) + static_cast<size_t>(which)) * paged_part_bytes_; }
   // Writes len rows of k and v (positions p0 ..) into sequence s's blocks of a layer.
@@ -208,8 +203,7 @@ class forward_context final : public forward_pass {
   // stream [n_embd], xb normed input / branch output [n_embd], q [q_dim], k and v [kv_dim],
   // attn attention output [q_dim], ff_gate / ff_up feed-forward hidden [n_ff].
   std::unique_ptr<float[]> scratch_;
-  float *x_ = nullptr, *xb_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr, *ff_gate_ = nullptr,
-        *ff_up_ = nullptr;
+  float *x_ = nullptr, *xb_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *attn_ = nullptr, *ff_gate_ = nullptr, *ff_up_ = nullptr;
   float* rope_cs_ = nullptr;  // per row: RoPE's cos/sin of its position (rope_table)
   std::vector<float> logits_;
   std::vector<float> head_scratch_;  // logits of one piece of a head cut into pieces (weight_plan.h)

@@ -6,8 +6,8 @@
 namespace tandem::models {
 
 void lay_out_step(std::span<const int32_t> tokens, std::span<const int64_t> seqs, int64_t n_vocab, int64_t max_rows,
-                  const std::function<int64_t(int64_t)>& pos_of, const std::function<void(int64_t, int64_t)>& fits,
-                  std::vector<int64_t>& last_rows, int64_t* row_pos) {
+                  const std::function<int64_t(int64_t)>& pos_of, const std::function<void(int64_t, int64_t)>& fits, std::vector<int64_t>& last_rows,
+                  int64_t* row_pos) {
   if (tokens.size() != seqs.size())
     throw std::invalid_argument("step: " + std::to_string(tokens.size()) + " tokens for " + std::to_string(seqs.size()) + " sequence ids");
   const auto n = static_cast<int64_t>(tokens.size());
@@ -17,10 +17,12 @@ void lay_out_step(std::span<const int32_t> tokens, std::span<const int64_t> seqs
     const int64_t s = seqs[static_cast<size_t>(i)];
     pos_of(s);  // throws for a sequence out of range
     const int32_t t = tokens[static_cast<size_t>(i)];
-    if (t < 0 || t >= n_vocab) throw std::invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(n_vocab) + ")");
+    if (t < 0 || t >= n_vocab)
+      throw std::invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(n_vocab) + ")");
     if (i == 0 || seqs[static_cast<size_t>(i - 1)] != s)
       for (int64_t j = 0; j < i; ++j)
-        if (seqs[static_cast<size_t>(j)] == s) throw std::invalid_argument("step: the rows of sequence " + std::to_string(s) + " are not consecutive");
+        if (seqs[static_cast<size_t>(j)] == s)
+          throw std::invalid_argument("step: the rows of sequence " + std::to_string(s) + " are not consecutive");
     if (i + 1 == n || seqs[static_cast<size_t>(i + 1)] != s) last_rows.push_back(i);
   }
   for (size_t k = 0; k < last_rows.size(); ++k) {

@@ -56,8 +56,8 @@ class forward_pass {
 // with the last row of each run and row_pos[i] with row i's position. Throws
 // std::invalid_argument naming what is wrong.
 void lay_out_step(std::span<const int32_t> tokens, std::span<const int64_t> seqs, int64_t n_vocab, int64_t max_rows,
-                  const std::function<int64_t(int64_t)>& pos_of, const std::function<void(int64_t, int64_t)>& fits,
-                  std::vector<int64_t>& last_rows, int64_t* row_pos);
+                  const std::function<int64_t(int64_t)>& pos_of, const std::function<void(int64_t, int64_t)>& fits, std::vector<int64_t>& last_rows,
+                  int64_t* row_pos);
 
 // The checks of assume() for both forward passes: throws std::invalid_argument unless the
 // context is paged (capacity is the sequence's KV capacity, or < 0 without a pool), the

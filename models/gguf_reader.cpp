@@ -13,8 +13,8 @@ namespace {
 
 constexpr uint32_t k_magic = 0x46554747;  // "GGUF" read little-endian
 constexpr int k_max_dims = 4;
-constexpr int k_max_nesting = 8;         // arrays of arrays deeper than this are refused
-constexpr uint64_t k_max_name = 65535;   // longest key or tensor name accepted
+constexpr int k_max_nesting = 8;        // arrays of arrays deeper than this are refused
+constexpr uint64_t k_max_name = 65535;  // longest key or tensor name accepted
 
 static_assert(std::endian::native == std::endian::little, "tandem reads GGUF on little-endian hosts");
 
@@ -23,8 +23,10 @@ static_assert(std::endian::native == std::endian::little, "tandem reads GGUF on 
 // million-element array would cost an allocation each.
 template <typename Name>
 std::string describe(const Name& what) {
-  if constexpr (std::is_convertible_v<const Name&, std::string_view>) return std::string(std::string_view(what));
-  else return what();
+  if constexpr (std::is_convertible_v<const Name&, std::string_view>)
+    return std::string(std::string_view(what));
+  else
+    return what();
 }
 
 // Bounds-checked reader over the mapping; every failure names the file and offset.
@@ -35,16 +37,13 @@ class cursor {
   uint64_t pos() const { return pos_; }
   uint64_t remaining() const { return bytes_.size() - pos_; }
 
-  [[noreturn]] void fail(const std::string& what, uint64_t at) const {
-    throw gguf_error(path_ + ": offset " + std::to_string(at) + ": " + what);
-  }
+  [[noreturn]] void fail(const std::string& what, uint64_t at) const { throw gguf_error(path_ + ": offset " + std::to_string(at) + ": " + what); }
   [[noreturn]] void fail(const std::string& what) const { fail(what, pos_); }
 
   template <typename Name>
   void need(uint64_t n, const Name& what) const {
     if (n > remaining())
-      fail(describe(what) + ": needs " + std::to_string(n) + " bytes but only " + std::to_string(remaining()) +
-           " remain in the file");
+      fail(describe(what) + ": needs " + std::to_string(n) + " bytes but only " + std::to_string(remaining()) + " remain in the file");
   }
 
   template <typename T, typename Name>
@@ -60,8 +59,7 @@ class cursor {
   std::string read_string(const Name& what, uint64_t max_len = std::numeric_limits<uint64_t>::max()) {
     const uint64_t at = pos_;
     const auto len = read<uint64_t>([&] { return describe(what) + " (string length)"; });
-    if (len > max_len)
-      fail(describe(what) + ": string length " + std::to_string(len) + " exceeds the limit of " + std::to_string(max_len), at);
+    if (len > max_len) fail(describe(what) + ": string length " + std::to_string(len) + " exceeds the limit of " + std::to_string(max_len), at);
     need(len, [&] { return describe(what) + " (string of length " + std::to_string(len) + ")"; });
     std::string s(reinterpret_cast<const char*>(bytes_.data() + pos_), len);
     pos_ += len;
@@ -116,16 +114,36 @@ class value_reader {
     auto what = [this] { return name(); };
     v.type = type;
     switch (type) {
-      case gguf_type::u8: v.u = c_.read<uint8_t>(what); break;
-      case gguf_type::u16: v.u = c_.read<uint16_t>(what); break;
-      case gguf_type::u32: v.u = c_.read<uint32_t>(what); break;
-      case gguf_type::u64: v.u = c_.read<uint64_t>(what); break;
-      case gguf_type::i8: v.i = c_.read<int8_t>(what); break;
-      case gguf_type::i16: v.i = c_.read<int16_t>(what); break;
-      case gguf_type::i32: v.i = c_.read<int32_t>(what); break;
-      case gguf_type::i64: v.i = c_.read<int64_t>(what); break;
-      case gguf_type::f32: v.f = c_.read<float>(what); break;
-      case gguf_type::f64: v.f = c_.read<double>(what); break;
+      case gguf_type::u8:
+        v.u = c_.read<uint8_t>(what);
+        break;
+      case gguf_type::u16:
+        v.u = c_.read<uint16_t>(what);
+        break;
+      case gguf_type::u32:
+        v.u = c_.read<uint32_t>(what);
+        break;
+      case gguf_type::u64:
+        v.u = c_.read<uint64_t>(what);
+        break;
+      case gguf_type::i8:
+        v.i = c_.read<int8_t>(what);
+        break;
+      case gguf_type::i16:
+        v.i = c_.read<int16_t>(what);
+        break;
+      case gguf_type::i32:
+        v.i = c_.read<int32_t>(what);
+        break;
+      case gguf_type::i64:
+        v.i = c_.read<int64_t>(what);
+        break;
+      case gguf_type::f32:
+        v.f = c_.read<float>(what);
+        break;
+      case gguf_type::f64:
+        v.f = c_.read<double>(what);
+        break;
       case gguf_type::boolean: {
         const uint64_t at = c_.pos();
         const auto b = c_.read<uint8_t>(what);
@@ -133,8 +151,12 @@ class value_reader {
         v.b = b != 0;
         break;
       }
-      case gguf_type::string: v.str = c_.read_string(what); break;
-      case gguf_type::array: read_array(v); break;
+      case gguf_type::string:
+        v.str = c_.read_string(what);
+        break;
+      case gguf_type::array:
+        read_array(v);
+        break;
     }
   }
 
@@ -142,8 +164,8 @@ class value_reader {
   void charge(uint64_t& total, uint64_t count, uint64_t limit, const char* kind, uint64_t at) {
     total += count;  // counts are bounded by the file size, so this cannot wrap
     if (total > limit)
-      c_.fail(name() + ": array of " + std::to_string(count) + " elements brings the file's " + kind + " to " +
-                  std::to_string(total) + ", past the limit of " + std::to_string(limit),
+      c_.fail(name() + ": array of " + std::to_string(count) + " elements brings the file's " + kind + " to " + std::to_string(total) +
+                  ", past the limit of " + std::to_string(limit),
               at);
   }
 
@@ -156,12 +178,10 @@ class value_reader {
     v.count = c_.read<uint64_t>([this] { return name() + " (array length)"; });
     // Every element takes at least this many bytes, so a count the file cannot hold is refused
     // before anything is allocated for it.
-    const uint64_t min_elem = v.elem_type == gguf_type::string  ? 8
-                              : v.elem_type == gguf_type::array ? 12
-                                                                : gguf_scalar_size(v.elem_type);
+    const uint64_t min_elem = v.elem_type == gguf_type::string ? 8 : v.elem_type == gguf_type::array ? 12 : gguf_scalar_size(v.elem_type);
     if (v.count > c_.remaining() / min_elem)
-      c_.fail(name() + ": array of " + std::to_string(v.count) + " elements cannot fit in the " +
-                  std::to_string(c_.remaining()) + " bytes left in the file",
+      c_.fail(name() + ": array of " + std::to_string(v.count) + " elements cannot fit in the " + std::to_string(c_.remaining()) +
+                  " bytes left in the file",
               at);
     // Even counts the file can hold may cost far more memory than file bytes (a 12-byte empty
     // array becomes a ~150-byte gguf_value), so the totals are charged before anything is
@@ -210,39 +230,73 @@ class value_reader {
 
 std::string_view gguf_type_name(gguf_type t) {
   switch (t) {
-    case gguf_type::u8: return "u8";
-    case gguf_type::i8: return "i8";
-    case gguf_type::u16: return "u16";
-    case gguf_type::i16: return "i16";
-    case gguf_type::u32: return "u32";
-    case gguf_type::i32: return "i32";
-    case gguf_type::f32: return "f32";
-    case gguf_type::boolean: return "bool";
-    case gguf_type::string: return "string";
-    case gguf_type::array: return "array";
-    case gguf_type::u64: return "u64";
-    case gguf_type::i64: return "i64";
-    case gguf_type::f64: return "f64";
+    case gguf_type::u8:
+      return "u8";
+    case gguf_type::i8:
+      return "i8";
+    case gguf_type::u16:
+      return "u16";
+    case gguf_type::i16:
+      return "i16";
+    case gguf_type::u32:
+      return "u32";
+    case gguf_type::i32:
+      return "i32";
+    case gguf_type::f32:
+      return "f32";
+    case gguf_type::boolean:
+      return "bool";
+    case gguf_type::string:
+      return "string";
+    case gguf_type::array:
+      return "array";
+    case gguf_type::u64:
+      return "u64";
+    case gguf_type::i64:
+      return "i64";
+    case gguf_type::f64:
+      return "f64";
   }
   return "?";
 }
 
 size_t gguf_scalar_size(gguf_type t) {
   switch (t) {
-    case gguf_type::u8: case gguf_type::i8: case gguf_type::boolean: return 1;
-    case gguf_type::u16: case gguf_type::i16: return 2;
-    case gguf_type::u32: case gguf_type::i32: case gguf_type::f32: return 4;
-    case gguf_type::u64: case gguf_type::i64: case gguf_type::f64: return 8;
-    case gguf_type::string: case gguf_type::array: return 0;
+    case gguf_type::u8:
+    case gguf_type::i8:
+    case gguf_type::boolean:
+      return 1;
+    case gguf_type::u16:
+    case gguf_type::i16:
+      return 2;
+    case gguf_type::u32:
+    case gguf_type::i32:
+    case gguf_type::f32:
+      return 4;
+    case gguf_type::u64:
+    case gguf_type::i64:
+    case gguf_type::f64:
+      return 8;
+    case gguf_type::string:
+    case gguf_type::array:
+      return 0;
   }
   return 0;
 }
 
 bool gguf_value::is_integer() const {
   switch (type) {
-    case gguf_type::u8: case gguf_type::u16: case gguf_type::u32: case gguf_type::u64:
-    case gguf_type::i8: case gguf_type::i16: case gguf_type::i32: case gguf_type::i64: return true;
-    default: return false;
+    case gguf_type::u8:
+    case gguf_type::u16:
+    case gguf_type::u32:
+    case gguf_type::u64:
+    case gguf_type::i8:
+    case gguf_type::i16:
+    case gguf_type::i32:
+    case gguf_type::i64:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -266,31 +320,45 @@ int64_t saturate_to_int64(double v) {
 
 double gguf_value::array_number(uint64_t k) const {
   switch (elem_type) {
-    case gguf_type::f32: return load_at<float>(raw, k);
-    case gguf_type::f64: return load_at<double>(raw, k);
-    case gguf_type::u64: return static_cast<double>(load_at<uint64_t>(raw, k));
-    default: return static_cast<double>(array_integer(k));
+    case gguf_type::f32:
+      return load_at<float>(raw, k);
+    case gguf_type::f64:
+      return load_at<double>(raw, k);
+    case gguf_type::u64:
+      return static_cast<double>(load_at<uint64_t>(raw, k));
+    default:
+      return static_cast<double>(array_integer(k));
   }
 }
 
 int64_t gguf_value::array_integer(uint64_t k) const {
   switch (elem_type) {
-    case gguf_type::u8: return load_at<uint8_t>(raw, k);
-    case gguf_type::i8: return load_at<int8_t>(raw, k);
-    case gguf_type::boolean: return load_at<uint8_t>(raw, k);
-    case gguf_type::u16: return load_at<uint16_t>(raw, k);
-    case gguf_type::i16: return load_at<int16_t>(raw, k);
-    case gguf_type::u32: return load_at<uint32_t>(raw, k);
-    case gguf_type::i32: return load_at<int32_t>(raw, k);
+    case gguf_type::u8:
+      return load_at<uint8_t>(raw, k);
+    case gguf_type::i8:
+      return load_at<int8_t>(raw, k);
+    case gguf_type::boolean:
+      return load_at<uint8_t>(raw, k);
+    case gguf_type::u16:
+      return load_at<uint16_t>(raw, k);
+    case gguf_type::i16:
+      return load_at<int16_t>(raw, k);
+    case gguf_type::u32:
+      return load_at<uint32_t>(raw, k);
+    case gguf_type::i32:
+      return load_at<int32_t>(raw, k);
     case gguf_type::u64: {
       const auto u = load_at<uint64_t>(raw, k);
-      return u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ? std::numeric_limits<int64_t>::max()
-                                                                               : static_cast<int64_t>(u);
+      return u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(u);
     }
-    case gguf_type::i64: return load_at<int64_t>(raw, k);
-    case gguf_type::f32: return saturate_to_int64(load_at<float>(raw, k));
-    case gguf_type::f64: return saturate_to_int64(load_at<double>(raw, k));
-    default: return 0;
+    case gguf_type::i64:
+      return load_at<int64_t>(raw, k);
+    case gguf_type::f32:
+      return saturate_to_int64(load_at<float>(raw, k));
+    case gguf_type::f64:
+      return saturate_to_int64(load_at<double>(raw, k));
+    default:
+      return 0;
   }
 }
 
@@ -370,8 +438,8 @@ gguf_file::gguf_file(const std::string& path, const gguf_limits& limits) : map_(
     if (!ti) c.fail(what() + ": unknown tensor type " + std::to_string(type_id), type_at);
     t.type = ti->type;
     if (t.ne[0] % ti->block_elems != 0)
-      c.fail(what() + ": first dimension " + std::to_string(t.ne[0]) + " is not a multiple of the " +
-                 kernels::display_name(t.type) + " block size " + std::to_string(ti->block_elems),
+      c.fail(what() + ": first dimension " + std::to_string(t.ne[0]) + " is not a multiple of the " + kernels::display_name(t.type) + " block size " +
+                 std::to_string(ti->block_elems),
              dims_at);
     // elems < 2^63 and block_bytes <= 292, so this product is bounded by checking in two steps.
     const uint64_t blocks = elems / ti->block_elems;
@@ -396,9 +464,9 @@ gguf_file::gguf_file(const std::string& path, const gguf_limits& limits) : map_(
     if (t.offset > data_size || t.bytes > data_size - t.offset) {
       // The absolute position of the claimed data; a wild offset would wrap, so name the end.
       const uint64_t at = t.offset > std::numeric_limits<uint64_t>::max() - data_offset_ ? size : data_offset_ + t.offset;
-      throw gguf_error(map_.path() + ": offset " + std::to_string(at) + ": tensor '" + t.name + "': data (" +
-                       std::to_string(t.bytes) + " bytes at data offset " + std::to_string(t.offset) +
-                       ") extends past the end of the file (data section is " + std::to_string(data_size) + " bytes)");
+      throw gguf_error(map_.path() + ": offset " + std::to_string(at) + ": tensor '" + t.name + "': data (" + std::to_string(t.bytes) +
+                       " bytes at data offset " + std::to_string(t.offset) + ") extends past the end of the file (data section is " +
+                       std::to_string(data_size) + " bytes)");
     }
     t.data = map_.bytes().subspan(data_offset_ + t.offset, t.bytes);
     by_offset.push_back(&t);
@@ -408,8 +476,8 @@ gguf_file::gguf_file(const std::string& path, const gguf_limits& limits) : map_(
     const auto* prev = by_offset[k - 1];
     const auto* cur = by_offset[k];
     if (prev->offset + prev->bytes > cur->offset)
-      throw gguf_error(map_.path() + ": offset " + std::to_string(data_offset_ + cur->offset) + ": tensor '" + cur->name +
-                       "' overlaps tensor '" + prev->name + "'");
+      throw gguf_error(map_.path() + ": offset " + std::to_string(data_offset_ + cur->offset) + ": tensor '" + cur->name + "' overlaps tensor '" +
+                       prev->name + "'");
   }
 }
 
@@ -430,8 +498,7 @@ const gguf_tensor& gguf_file::tensor(std::string_view name) const {
 
 void gguf_file::fail_key(std::string_view key, const std::string& what) const {
   std::string where;
-  if (const auto it = kv_index_.find(key); it != kv_index_.end())
-    where = "offset " + std::to_string(kvs_[it->second].offset) + ": ";
+  if (const auto it = kv_index_.find(key); it != kv_index_.end()) where = "offset " + std::to_string(kvs_[it->second].offset) + ": ";
   throw gguf_error(path() + ": " + where + "key '" + std::string(key) + "': " + what);
 }
 
@@ -471,8 +538,7 @@ std::optional<bool> gguf_file::get_bool(std::string_view key) const {
 std::optional<std::vector<std::string>> gguf_file::get_strings(std::string_view key) const {
   const auto* v = find(key);
   if (!v) return std::nullopt;
-  if (v->type != gguf_type::array || v->elem_type != gguf_type::string)
-    fail_key(key, "expected an array of strings");
+  if (v->type != gguf_type::array || v->elem_type != gguf_type::string) fail_key(key, "expected an array of strings");
   return v->strings;
 }
 
@@ -496,8 +562,7 @@ std::optional<std::vector<float>> gguf_file::get_floats(std::string_view key) co
 std::optional<std::vector<int64_t>> gguf_file::get_ints(std::string_view key) const {
   const auto* v = find(key);
   if (!v) return std::nullopt;
-  if (v->type != gguf_type::array || gguf_scalar_size(v->elem_type) == 0 || v->elem_type == gguf_type::f32 ||
-      v->elem_type == gguf_type::f64)
+  if (v->type != gguf_type::array || gguf_scalar_size(v->elem_type) == 0 || v->elem_type == gguf_type::f32 || v->elem_type == gguf_type::f64)
     fail_key(key, "expected an array of integers");
   std::vector<int64_t> out(v->count);
   for (uint64_t k = 0; k < v->count; ++k) {

@@ -18,8 +18,19 @@ namespace tandem::models {
 
 // Metadata value types, numbered as in the GGUF spec.
 enum class gguf_type : uint32_t {
-  u8 = 0, i8 = 1, u16 = 2, i16 = 3, u32 = 4, i32 = 5, f32 = 6, boolean = 7,
-  string = 8, array = 9, u64 = 10, i64 = 11, f64 = 12,
+  u8 = 0,
+  i8 = 1,
+  u16 = 2,
+  i16 = 3,
+  u32 = 4,
+  i32 = 5,
+  f32 = 6,
+  boolean = 7,
+  string = 8,
+  array = 9,
+  u64 = 10,
+  i64 = 11,
+  f64 = 12,
 };
 std::string_view gguf_type_name(gguf_type t);
 // Bytes of one scalar of type t in the file; 0 for string and array.
@@ -50,11 +61,11 @@ struct gguf_limits {
 // `arrays`.
 struct gguf_value {
   gguf_type type = gguf_type::u8;
-  uint64_t u = 0;      // u8/u16/u32/u64
-  int64_t i = 0;       // i8/i16/i32/i64
-  double f = 0;        // f32/f64
-  bool b = false;      // boolean
-  std::string str;     // string
+  uint64_t u = 0;                       // u8/u16/u32/u64
+  int64_t i = 0;                        // i8/i16/i32/i64
+  double f = 0;                         // f32/f64
+  bool b = false;                       // boolean
+  std::string str;                      // string
   gguf_type elem_type = gguf_type::u8;  // arrays only
   uint64_t count = 0;                   // arrays only: number of elements
   std::span<const std::byte> raw;       // numeric/bool array elements
@@ -78,7 +89,7 @@ struct gguf_kv {
 
 struct gguf_tensor {
   std::string name;
-  std::vector<int64_t> ne;          // ggml order: ne[0] is the contiguous dimension
+  std::vector<int64_t> ne;  // ggml order: ne[0] is the contiguous dimension
   kernels::weight_type type{};
   uint64_t offset = 0;              // relative to the start of the data section
   uint64_t bytes = 0;               // size of the tensor's data

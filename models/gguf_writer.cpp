@@ -85,8 +85,7 @@ gguf_out_value gguf_out_value::arrays(const std::vector<gguf_out_value>& v) {
   // A nested element is written without its own type id: just its array payload.
   for (const auto& e : v) {
     if (e.type_ != gguf_type::array)
-      throw std::invalid_argument("gguf_out_value::arrays: element of type " + std::string(gguf_type_name(e.type_)) +
-                                  " in an array of arrays");
+      throw std::invalid_argument("gguf_out_value::arrays: element of type " + std::string(gguf_type_name(e.type_)) + " in an array of arrays");
     out.payload_.insert(out.payload_.end(), e.payload_.begin(), e.payload_.end());
   }
   return out;
@@ -96,19 +95,45 @@ gguf_out_value gguf_out_value::from(const gguf_value& v) {
   gguf_out_value out;
   out.type_ = v.type;
   switch (v.type) {
-    case gguf_type::u8: append<uint8_t>(out.payload_, static_cast<uint8_t>(v.u)); break;
-    case gguf_type::u16: append<uint16_t>(out.payload_, static_cast<uint16_t>(v.u)); break;
-    case gguf_type::u32: append<uint32_t>(out.payload_, static_cast<uint32_t>(v.u)); break;
-    case gguf_type::u64: append<uint64_t>(out.payload_, v.u); break;
-    case gguf_type::i8: append<int8_t>(out.payload_, static_cast<int8_t>(v.i)); break;
-    case gguf_type::i16: append<int16_t>(out.payload_, static_cast<int16_t>(v.i)); break;
-    case gguf_type::i32: append<int32_t>(out.payload_, static_cast<int32_t>(v.i)); break;
-    case gguf_type::i64: append<int64_t>(out.payload_, v.i); break;
-    case gguf_type::f32: append<float>(out.payload_, static_cast<float>(v.f)); break;
-    case gguf_type::f64: append<double>(out.payload_, v.f); break;
-    case gguf_type::boolean: append<uint8_t>(out.payload_, v.b ? 1 : 0); break;
-    case gguf_type::string: append_string(out.payload_, v.str); break;
-    case gguf_type::array: append_array_payload(out.payload_, v); break;
+    case gguf_type::u8:
+      append<uint8_t>(out.payload_, static_cast<uint8_t>(v.u));
+      break;
+    case gguf_type::u16:
+      append<uint16_t>(out.payload_, static_cast<uint16_t>(v.u));
+      break;
+    case gguf_type::u32:
+      append<uint32_t>(out.payload_, static_cast<uint32_t>(v.u));
+      break;
+    case gguf_type::u64:
+      append<uint64_t>(out.payload_, v.u);
+      break;
+    case gguf_type::i8:
+      append<int8_t>(out.payload_, static_cast<int8_t>(v.i));
+      break;
+    case gguf_type::i16:
+      append<int16_t>(out.payload_, static_cast<int16_t>(v.i));
+      break;
+    case gguf_type::i32:
+      append<int32_t>(out.payload_, static_cast<int32_t>(v.i));
+      break;
+    case gguf_type::i64:
+      append<int64_t>(out.payload_, v.i);
+      break;
+    case gguf_type::f32:
+      append<float>(out.payload_, static_cast<float>(v.f));
+      break;
+    case gguf_type::f64:
+      append<double>(out.payload_, v.f);
+      break;
+    case gguf_type::boolean:
+      append<uint8_t>(out.payload_, v.b ? 1 : 0);
+      break;
+    case gguf_type::string:
+      append_string(out.payload_, v.str);
+      break;
+    case gguf_type::array:
+      append_array_payload(out.payload_, v);
+      break;
   }
   return out;
 }
@@ -126,8 +151,7 @@ const gguf_layout::tensor_at& gguf_layout::tensor(std::string_view name) const {
 }
 
 gguf_writer::gguf_writer(uint32_t version) : version_(version) {
-  if (version != 2 && version != 3)
-    throw std::invalid_argument("gguf_writer: version " + std::to_string(version) + " (only 2 and 3 can be written)");
+  if (version != 2 && version != 3) throw std::invalid_argument("gguf_writer: version " + std::to_string(version) + " (only 2 and 3 can be written)");
 }
 
 void gguf_writer::set(std::string key, gguf_out_value value) {
@@ -145,8 +169,7 @@ void gguf_writer::set(std::string key, gguf_out_value value) {
 
 void gguf_writer::set_alignment(uint32_t alignment) {
   if (alignment == 0 || alignment % 8 != 0 || alignment > (1u << 20))
-    throw std::invalid_argument("gguf_writer: general.alignment " + std::to_string(alignment) +
-                                " must be a multiple of 8 (at most 1 MiB)");
+    throw std::invalid_argument("gguf_writer: general.alignment " + std::to_string(alignment) + " must be a multiple of 8 (at most 1 MiB)");
   alignment_ = alignment;
   for (auto& kv : kvs_)
     if (kv.key == "general.alignment") {
@@ -177,8 +200,8 @@ void gguf_writer::add_tensor(std::string name, std::vector<int64_t> ne, kernels:
   }
   const auto& ti = kernels::info(type);
   if (ne[0] % ti.block_elems != 0)
-    throw std::invalid_argument(what + ": first dimension " + std::to_string(ne[0]) + " is not a multiple of the " +
-                                kernels::display_name(type) + " block size " + std::to_string(ti.block_elems));
+    throw std::invalid_argument(what + ": first dimension " + std::to_string(ne[0]) + " is not a multiple of the " + kernels::display_name(type) +
+                                " block size " + std::to_string(ti.block_elems));
   if (!fill) throw std::invalid_argument(what + ": no data source");
   const uint64_t bytes = elems / ti.block_elems * ti.block_bytes;
   tensors_.push_back({std::move(name), std::move(ne), type, bytes, std::move(fill)});
@@ -187,9 +210,7 @@ void gguf_writer::add_tensor(std::string name, std::vector<int64_t> ne, kernels:
 void gguf_writer::add_tensor(std::string name, std::vector<int64_t> ne, kernels::weight_type type, std::vector<std::byte> data) {
   auto shared = std::make_shared<const std::vector<std::byte>>(std::move(data));
   const std::string label = name;
-  add_tensor(std::move(name), std::move(ne), type, [shared](std::span<std::byte> out) {
-    std::memcpy(out.data(), shared->data(), out.size());
-  });
+  add_tensor(std::move(name), std::move(ne), type, [shared](std::span<std::byte> out) { std::memcpy(out.data(), shared->data(), out.size()); });
   if (tensors_.back().bytes != shared->size()) {
     const auto expected = tensors_.back().bytes;
     tensors_.pop_back();
@@ -285,8 +306,7 @@ void gguf_writer::write(const std::string& path) const {
   if (!f) throw std::runtime_error(path + ": cannot open " + tmp + " for writing");
   try {
     emit([&](std::span<const std::byte> b) {
-      if (!b.empty() && std::fwrite(b.data(), 1, b.size(), f) != b.size())
-        throw std::runtime_error(path + ": write failed (disk full?)");
+      if (!b.empty() && std::fwrite(b.data(), 1, b.size(), f) != b.size()) throw std::runtime_error(path + ": write failed (disk full?)");
     });
     if (std::fclose(f) != 0) {
       f = nullptr;

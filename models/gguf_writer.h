@@ -41,7 +41,9 @@ class gguf_out_value {
     return raw_array(element_type<T>(), v.size(), std::as_bytes(v));
   }
   template <typename T>
-  static gguf_out_value array(const std::vector<T>& v) { return array(std::span<const T>(v)); }
+  static gguf_out_value array(const std::vector<T>& v) {
+    return array(std::span<const T>(v));
+  }
   static gguf_out_value bools(const std::vector<bool>& v);
   static gguf_out_value strings(const std::vector<std::string>& v);
   // Array whose elements are arrays (each may have its own element type); every element
@@ -65,16 +67,26 @@ class gguf_out_value {
   }
   template <typename T>
   static constexpr gguf_type element_type() {
-    if constexpr (std::is_same_v<T, float>) return gguf_type::f32;
-    else if constexpr (std::is_same_v<T, double>) return gguf_type::f64;
-    else if constexpr (std::is_signed_v<T> && sizeof(T) == 1) return gguf_type::i8;
-    else if constexpr (std::is_signed_v<T> && sizeof(T) == 2) return gguf_type::i16;
-    else if constexpr (std::is_signed_v<T> && sizeof(T) == 4) return gguf_type::i32;
-    else if constexpr (std::is_signed_v<T> && sizeof(T) == 8) return gguf_type::i64;
-    else if constexpr (sizeof(T) == 1) return gguf_type::u8;
-    else if constexpr (sizeof(T) == 2) return gguf_type::u16;
-    else if constexpr (sizeof(T) == 4) return gguf_type::u32;
-    else return gguf_type::u64;
+    if constexpr (std::is_same_v<T, float>)
+      return gguf_type::f32;
+    else if constexpr (std::is_same_v<T, double>)
+      return gguf_type::f64;
+    else if constexpr (std::is_signed_v<T> && sizeof(T) == 1)
+      return gguf_type::i8;
+    else if constexpr (std::is_signed_v<T> && sizeof(T) == 2)
+      return gguf_type::i16;
+    else if constexpr (std::is_signed_v<T> && sizeof(T) == 4)
+      return gguf_type::i32;
+    else if constexpr (std::is_signed_v<T> && sizeof(T) == 8)
+      return gguf_type::i64;
+    else if constexpr (sizeof(T) == 1)
+      return gguf_type::u8;
+    else if constexpr (sizeof(T) == 2)
+      return gguf_type::u16;
+    else if constexpr (sizeof(T) == 4)
+      return gguf_type::u32;
+    else
+      return gguf_type::u64;
   }
   static gguf_out_value raw_array(gguf_type elem, uint64_t count, std::span<const std::byte> elems);
 

@@ -57,9 +57,7 @@ const float* bind_rope_freqs(const gguf_file& f, model_weights& w) {
 // the weights, then lets the kernel reclaim the file pages they came from, so the weights are
 // not resident twice. A view listed twice (a tied output head) is packed once.
 void pack_all(const std::vector<weight_view*>& views, model_weights& w, const gguf_file& f) {
-  auto wanted = [](const weight_view& v) {
-    return kernels::cpu::pack_at_load(v.type) && v.layout == kernels::cpu::weight_layout::rows;
-  };
+  auto wanted = [](const weight_view& v) { return kernels::cpu::pack_at_load(v.type) && v.layout == kernels::cpu::weight_layout::rows; };
   auto at64 = [](size_t n) { return (n + 63) / 64 * 64; };
   size_t total = 0;
   for (const weight_view* v : views)
@@ -101,8 +99,7 @@ void dequantize_weight_row(const weight_view& w, int64_t row, float* out) {
 
 model::~model() = default;
 
-model::model(const std::string& path, const load_options& options)
-    : file_(path), config_(read_model_config(file_)), options_(options) {
+model::model(const std::string& path, const load_options& options) : file_(path), config_(read_model_config(file_)), options_(options) {
   const auto& c = config_;
   auto& w = weights_;
   w.token_embd = bind_matrix(file_, "token_embd.weight");

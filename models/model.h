@@ -60,10 +60,10 @@ struct layer_weights {
 };
 
 struct model_weights {
-  weight_view token_embd;            // [n_vocab][n_embd]
+  weight_view token_embd;              // [n_vocab][n_embd]
   const float* output_norm = nullptr;  // [n_embd]
-  weight_view output;                // [n_vocab][n_embd]; token_embd when tied
-  const float* rope_freqs = nullptr; // [n_rot/2] llama3 frequency divisors, or null
+  weight_view output;                  // [n_vocab][n_embd]; token_embd when tied
+  const float* rope_freqs = nullptr;   // [n_rot/2] llama3 frequency divisors, or null
   std::vector<layer_weights> layers;
   // 1-D tensors (norms, biases, rope_freqs) converted to F32 at load; the pointers above
   // point into these buffers. Matrices stay in the file mapping unless packed.

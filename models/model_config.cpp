@@ -55,9 +55,12 @@ void check_shape(const gguf_file& f, const std::string& name, std::initializer_l
 
 std::string_view architecture_name(architecture a) {
   switch (a) {
-    case architecture::llama: return "llama";
-    case architecture::qwen2: return "qwen2";
-    case architecture::qwen3: return "qwen3";
+    case architecture::llama:
+      return "llama";
+    case architecture::qwen2:
+      return "qwen2";
+    case architecture::qwen3:
+      return "qwen3";
   }
   return "?";
 }
@@ -68,10 +71,14 @@ model_config read_model_config(const gguf_file& f) {
   model_config c;
   const auto arch = f.get_string("general.architecture");
   if (!arch) f.fail_key("general.architecture", "is missing");
-  if (*arch == "llama") c.arch = architecture::llama;
-  else if (*arch == "qwen2") c.arch = architecture::qwen2;
-  else if (*arch == "qwen3") c.arch = architecture::qwen3;
-  else f.fail_key("general.architecture", "architecture '" + *arch + "' is not supported (supported: " + supported_architectures() + ")");
+  if (*arch == "llama")
+    c.arch = architecture::llama;
+  else if (*arch == "qwen2")
+    c.arch = architecture::qwen2;
+  else if (*arch == "qwen3")
+    c.arch = architecture::qwen3;
+  else
+    f.fail_key("general.architecture", "architecture '" + *arch + "' is not supported (supported: " + supported_architectures() + ")");
   const std::string p = *arch + ".";
   c.name = f.get_string("general.name").value_or("");
 
@@ -89,8 +96,7 @@ model_config read_model_config(const gguf_file& f) {
   if (has_key_length) {
     c.head_dim = require_int(f, p + "attention.key_length", 1, k_max_head_dim);
   } else {
-    if (c.n_embd % c.n_head != 0)
-      f.fail_key(head_dim_key, "embedding length is not a multiple of the head count and key_length is absent");
+    if (c.n_embd % c.n_head != 0) f.fail_key(head_dim_key, "embedding length is not a multiple of the head count and key_length is absent");
     c.head_dim = c.n_embd / c.n_head;
     if (c.head_dim > k_max_head_dim)
       f.fail_key(head_dim_key, "embedding_length / head_count gives a head size of " + std::to_string(c.head_dim) + ", more than " +
@@ -121,17 +127,20 @@ model_config read_model_config(const gguf_file& f) {
   c.rope_pairing = c.arch == architecture::llama ? kernels::cpu::rope_pairing::adjacent : kernels::cpu::rope_pairing::neox;
 
   const auto scaling = f.get_string(p + "rope.scaling.type").value_or("none");
-  if (scaling == "none") c.rope_scaling = rope_scaling_type::none;
-  else if (scaling == "linear") c.rope_scaling = rope_scaling_type::linear;
-  else if (scaling == "yarn") c.rope_scaling = rope_scaling_type::yarn;
-  else f.fail_key(p + "rope.scaling.type", "'" + scaling + "' is not supported (none, linear, yarn)");
+  if (scaling == "none")
+    c.rope_scaling = rope_scaling_type::none;
+  else if (scaling == "linear")
+    c.rope_scaling = rope_scaling_type::linear;
+  else if (scaling == "yarn")
+    c.rope_scaling = rope_scaling_type::yarn;
+  else
+    f.fail_key(p + "rope.scaling.type", "'" + scaling + "' is not supported (none, linear, yarn)");
   c.rope_scale_factor = optional_float(f, p + "rope.scaling.factor", 1.0f);
   if (const float legacy = optional_float(f, p + "rope.scale_linear", 0.0f); legacy > 0 && scaling == "none") {
     c.rope_scaling = rope_scaling_type::linear;  // older converters wrote only this key
     c.rope_scale_factor = legacy;
   }
-  if (!(c.rope_scale_factor >= 1.0f) && c.rope_scaling != rope_scaling_type::none)
-    f.fail_key(p + "rope.scaling.factor", "must be at least 1");
+  if (!(c.rope_scale_factor >= 1.0f) && c.rope_scaling != rope_scaling_type::none) f.fail_key(p + "rope.scaling.factor", "must be at least 1");
   c.rope_orig_ctx = optional_int(f, p + "rope.scaling.original_context_length", c.n_ctx_train, 1, k_max_context);
   c.yarn_attn_factor = optional_float(f, p + "rope.scaling.attn_factor", 1.0f);
   c.yarn_beta_fast = optional_float(f, p + "rope.scaling.yarn_beta_fast", 32.0f);
@@ -141,8 +150,8 @@ model_config read_model_config(const gguf_file& f) {
     // original context; the ramp is only defined for beta_fast > beta_slow > 0.
     if (!(c.yarn_beta_slow > 0)) f.fail_key(p + "rope.scaling.yarn_beta_slow", "must be positive");
     if (!(c.yarn_beta_fast > c.yarn_beta_slow))
-      f.fail_key(p + "rope.scaling.yarn_beta_fast", "value " + std::to_string(c.yarn_beta_fast) + " must be greater than yarn_beta_slow (" +
-                                                        std::to_string(c.yarn_beta_slow) + ")");
+      f.fail_key(p + "rope.scaling.yarn_beta_fast",
+                 "value " + std::to_string(c.yarn_beta_fast) + " must be greater than yarn_beta_slow (" + std::to_string(c.yarn_beta_slow) + ")");
     if (!(c.yarn_attn_factor > 0)) f.fail_key(p + "rope.scaling.attn_factor", "must be positive");
   }
 
@@ -155,7 +164,8 @@ model_config read_model_config(const gguf_file& f) {
     throw gguf_error(f.path() + ": tensor 'token_embd.weight': first dimension " + std::to_string(emb.ne[0]) + " must equal " + p +
                      "embedding_length (" + std::to_string(c.n_embd) + ")");
   c.n_vocab = emb.ne[1];
-  if (c.n_vocab > k_max_vocab) throw gguf_error(f.path() + ": tensor 'token_embd.weight': vocabulary of " + std::to_string(c.n_vocab) + " is too large");
+  if (c.n_vocab > k_max_vocab)
+    throw gguf_error(f.path() + ": tensor 'token_embd.weight': vocabulary of " + std::to_string(c.n_vocab) + " is too large");
   if (const auto vs = f.get_int(p + "vocab_size"); vs && *vs != c.n_vocab)
     f.fail_key(p + "vocab_size", "is " + std::to_string(*vs) + " but token_embd.weight has " + std::to_string(c.n_vocab) + " rows");
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;

@@ -25,19 +25,19 @@ enum class rope_scaling_type { none, linear, yarn };
 
 struct model_config {
   architecture arch = architecture::llama;
-  std::string name;              // general.name, may be empty
+  std::string name;  // general.name, may be empty
   int64_t n_vocab = 0;
-  int64_t n_embd = 0;            // model width
+  int64_t n_embd = 0;  // model width
   int64_t n_layer = 0;
   int64_t n_head = 0;
-  int64_t n_head_kv = 0;         // grouped-query attention: n_head % n_head_kv == 0
-  int64_t head_dim = 0;          // key_length (may differ from n_embd / n_head, e.g. qwen3)
-  int64_t n_ff = 0;              // feed-forward width
-  int64_t n_ctx_train = 0;       // context length the model was trained with
+  int64_t n_head_kv = 0;    // grouped-query attention: n_head % n_head_kv == 0
+  int64_t head_dim = 0;     // key_length (may differ from n_embd / n_head, e.g. qwen3)
+  int64_t n_ff = 0;         // feed-forward width
+  int64_t n_ctx_train = 0;  // context length the model was trained with
   float rms_eps = 1e-5f;
 
   // RoPE
-  int n_rot = 0;                 // dimensions rotated per head
+  int n_rot = 0;  // dimensions rotated per head
   float rope_base = 10000.0f;
   kernels::cpu::rope_pairing rope_pairing = kernels::cpu::rope_pairing::adjacent;
   rope_scaling_type rope_scaling = rope_scaling_type::none;
@@ -46,11 +46,11 @@ struct model_config {
   float yarn_attn_factor = 1.0f;
   float yarn_beta_fast = 32.0f;
   float yarn_beta_slow = 1.0f;
-  bool has_rope_freqs = false;     // llama3-style per-dimension divisors in rope_freqs.weight
+  bool has_rope_freqs = false;  // llama3-style per-dimension divisors in rope_freqs.weight
 
-  bool tied_embeddings = false;    // output.weight absent: logits use token_embd.weight
-  bool qkv_bias = false;           // qwen2
-  bool qk_norm = false;            // qwen3: per-head RMSNorm of q and k before RoPE
+  bool tied_embeddings = false;  // output.weight absent: logits use token_embd.weight
+  bool qkv_bias = false;         // qwen2
+  bool qk_norm = false;          // qwen3: per-head RMSNorm of q and k before RoPE
 
   int64_t q_dim() const { return n_head * head_dim; }
   int64_t kv_dim() const { return n_head_kv * head_dim; }

@@ -49,8 +49,7 @@ constexpr std::string_view k_deepseek_letters =
     R"(\x{A680}-\x{A69B}\x{A722}-\x{A76F}\x{A771}-\x{A787}\x{A78B}-\x{A78E}\x{AB70}-\x{ABBF}\x{FB00}-\x{FB06})"
     R"(\x{FB13}-\x{FB17}\x{FF21}-\x{FF3A}\x{FF41}-\x{FF5A}\x{10400}-\x{1044F}\x{104B0}-\x{104D3}\x{104D8}-\x{104FB})"
     R"(\x{10C80}-\x{10CB2}\x{10CC0}-\x{10CF2}\x{118A0}-\x{118DF}\x{1E900}-\x{1E943}]+)";
-constexpr std::string_view k_deepseek_punct =
-    R"(\s?[!-/:-~\x{FF01}-\x{FF0F}\x{FF1A}-\x{FF5E}\x{2018}-\x{201F}\x{3000}-\x{3002}]+)";
+constexpr std::string_view k_deepseek_punct = R"(\s?[!-/:-~\x{FF01}-\x{FF0F}\x{FF1A}-\x{FF5E}\x{2018}-\x{201F}\x{3000}-\x{3002}]+)";
 
 struct named_spec {
   std::vector<std::string_view> names;
@@ -59,22 +58,17 @@ struct named_spec {
 
 const std::vector<named_spec>& specs() {
   static const std::vector<named_spec> table = {
-      {{"default", ""},
-       {"default", {R"([\p{P}\$\+<=>\^~\|]+)", k_gpt2_short, R"(\p{N}+)", R"([0-9][0-9][0-9])"}}},
+      {{"default", ""}, {"default", {R"([\p{P}\$\+<=>\^~\|]+)", k_gpt2_short, R"(\p{N}+)", R"([0-9][0-9][0-9])"}}},
       {{"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral"}, {"llama3", {k_llama3}, true, true}},
       {{"dbrx", "smaug-bpe", "chatglm-bpe"}, {"llama3-regex", {k_llama3}}},
-      {{"gpt-2", "gpt2", "phi-2", "mpt", "olmo", "jais", "trillion", "jina-es", "jina-de", "jina-v1-en",
-        "jina-v2-es", "jina-v2-de", "jina-v2-code", "roberta-bpe"},
+      {{"gpt-2", "gpt2", "phi-2", "mpt", "olmo", "jais", "trillion", "jina-es", "jina-de", "jina-v1-en", "jina-v2-es", "jina-v2-de", "jina-v2-code",
+        "roberta-bpe"},
        {"gpt2", {k_gpt2}}},
-      {{"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"},
-       {"starcoder", {R"(\p{N})", k_gpt2_short}}},
+      {{"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"}, {"starcoder", {R"(\p{N})", k_gpt2_short}}},
       {{"qwen2", "deepseek-r1-qwen", "megrez", "stablelm2", "hunyuan", "grok-2"}, {"qwen2", {k_qwen2}}},
       {{"falcon"}, {"falcon", {R"([\p{P}\$\+<=>\^~\|`]+)", k_gpt2_short, R"([0-9][0-9][0-9])"}}},
-      {{"deepseek-llm"},
-       {"deepseek-llm",
-        {R"([\r\n])", k_deepseek_letters, k_deepseek_punct, R"(\s+$)", k_deepseek_cjk, R"(\p{N}+)"}}},
-      {{"deepseek-coder"},
-       {"deepseek-coder", {R"([\r\n])", R"(\s?\p{L}+)", R"(\s?\p{P}+)", k_deepseek_cjk, R"(\p{N})"}}},
+      {{"deepseek-llm"}, {"deepseek-llm", {R"([\r\n])", k_deepseek_letters, k_deepseek_punct, R"(\s+$)", k_deepseek_cjk, R"(\p{N}+)"}}},
+      {{"deepseek-coder"}, {"deepseek-coder", {R"([\r\n])", R"(\s?\p{L}+)", R"(\s?\p{P}+)", k_deepseek_cjk, R"(\p{N})"}}},
       {{"deepseek-v3", "hunyuan-dense"},
        {"deepseek-v3",
         {R"(\p{N}{1,3})", R"([\x{4E00}-\x{9FA5}\x{3040}-\x{309F}\x{30A0}-\x{30FF}]+)",
@@ -121,13 +115,13 @@ pretokenizer::pretokenizer(std::span<const std::string_view> regexes) {
     PCRE2_SIZE err_at = 0;
     // DOLLAR_ENDONLY: `$` means the end of the piece, not "before a final newline" (the
     // std::regex semantics llama.cpp's lists were written for).
-    r->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                            PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY, &err, &err_at, nullptr);
+    r->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY, &err, &err_at,
+                            nullptr);
     if (!r->code) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(err, msg, sizeof msg);
-      throw std::invalid_argument("pre-tokenizer regex '" + r->pattern + "' at offset " + std::to_string(err_at) +
-                                  ": " + reinterpret_cast<const char*>(msg));
+      throw std::invalid_argument("pre-tokenizer regex '" + r->pattern + "' at offset " + std::to_string(err_at) + ": " +
+                                  reinterpret_cast<const char*>(msg));
     }
     // JIT is an optimisation only: when it is unavailable the interpreter matches the same.
     pcre2_jit_compile(r->code, PCRE2_JIT_COMPLETE);
@@ -142,8 +136,7 @@ void pretokenizer::split(std::string_view text, std::vector<std::string_view>& o
   if (regexes_.empty()) return;
 
   // One match data for the whole call: only the overall match (ovector pair 0) is used.
-  std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(pcre2_match_data_create(1, nullptr),
-                                                                        &pcre2_match_data_free);
+  std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(pcre2_match_data_create(1, nullptr), &pcre2_match_data_free);
   if (!md) throw std::bad_alloc();
   std::vector<std::string_view> next;
   for (const auto& r : regexes_) {
@@ -157,8 +150,7 @@ void pretokenizer::split(std::string_view text, std::vector<std::string_view>& o
       for (;;) {
         int rc = pcre2_match(r->code, subject, piece.size(), start, PCRE2_NO_UTF_CHECK | opts, md.get(), nullptr);
         if (rc == PCRE2_ERROR_JIT_STACKLIMIT)  // deep backtracking: the interpreter has no such limit
-          rc = pcre2_match(r->code, subject, piece.size(), start, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT | opts, md.get(),
-                           nullptr);
+          rc = pcre2_match(r->code, subject, piece.size(), start, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT | opts, md.get(), nullptr);
         if (rc == PCRE2_ERROR_NOMATCH) {
           if (opts == 0 || start >= piece.size()) break;
           // Nothing non-empty at the empty match: step over one character and search on.

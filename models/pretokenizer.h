@@ -14,10 +14,10 @@ namespace tandem::models {
 
 // What a tokenizer.ggml.pre name stands for.
 struct pretokenizer_spec {
-  std::string_view kind;                   // canonical family, e.g. "llama3", "qwen2", "gpt2"
-  std::vector<std::string_view> regexes;   // applied in sequence, see pretokenizer::split
-  bool ignore_merges = false;  // a word that is itself a token is emitted whole (Llama 3)
-  bool add_bos = false;        // default of tokenizer.ggml.add_bos_token for this family
+  std::string_view kind;                  // canonical family, e.g. "llama3", "qwen2", "gpt2"
+  std::vector<std::string_view> regexes;  // applied in sequence, see pretokenizer::split
+  bool ignore_merges = false;             // a word that is itself a token is emitted whole (Llama 3)
+  bool add_bos = false;                   // default of tokenizer.ggml.add_bos_token for this family
 };
 
 class pretokenizer {

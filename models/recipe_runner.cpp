@@ -8,7 +8,6 @@
 
 namespace tandem::models {
 
-
 segment_lease::segment_lease(weight_residency* r, pass_backend* b, int seg) : r_(r), b_(b), seg_(seg) {
   base = r->acquire(seg);
   if (!base) {
@@ -131,7 +130,7 @@ bool layer_walk::advance() {
     b_.mark(static_cast<int>(l % 2));
     if (prev_) {
       prev_.end_after(static_cast<int>((l + 1) % 2));  // layer l-1's mark
-      prefetch_after(seg, depth_);                      // into the slot just freed
+      prefetch_after(seg, depth_);                     // into the slot just freed
     }
   }
   if (l + 1 < n_layer_) {
@@ -165,8 +164,7 @@ void layer_walk::run_head() {
   }
 }
 
-void run_recipe(const recipe& r, pass_backend& b, const model& m, weight_residency* residency,
-                std::span<const int32_t> tokens, bool want_logits) {
+void run_recipe(const recipe& r, pass_backend& b, const model& m, weight_residency* residency, std::span<const int32_t> tokens, bool want_logits) {
   run_embedding(b, m, residency, tokens);
   layer_walk(r, b, m, residency, want_logits).finish();
 }

@@ -35,8 +35,8 @@ class whole_pass_hold {
 class layer_body {
  public:
   template <class F>
-    requires(!std::is_same_v<std::remove_cvref_t<F>, layer_body> && std::is_invocable_v<F&, layer_ops&>)
-  layer_body(F& f)  // NOLINT: implicit, as a function reference
+  requires(!std::is_same_v<std::remove_cvref_t<F>, layer_body> && std::is_invocable_v<F&, layer_ops&>)
+      layer_body(F& f)  // NOLINT: implicit, as a function reference
       : object_(&f), call_([](void* o, layer_ops& ops) { (*static_cast<F*>(o))(ops); }) {}
   void operator()(layer_ops& ops) const { call_(object_, ops); }
 
@@ -146,7 +146,6 @@ class layer_walk {
 
 // One whole pass of recipe r over the pass the backend holds: run_embedding, then a
 // layer_walk to its end. tokens: the pass's rows' tokens (which embedding pieces are needed).
-void run_recipe(const recipe& r, pass_backend& b, const model& m, weight_residency* residency,
-                std::span<const int32_t> tokens, bool want_logits);
+void run_recipe(const recipe& r, pass_backend& b, const model& m, weight_residency* residency, std::span<const int32_t> tokens, bool want_logits);
 
 }  // namespace tandem::models

@@ -61,18 +61,30 @@ struct tensor_plan {
 // llama.cpp's llama_ftype numbering for general.file_type (the "mostly" type).
 uint32_t file_type_of(weight_type t) {
   switch (t) {
-    case weight_type::f32: return 0;
-    case weight_type::f16: return 1;
-    case weight_type::q4_0: return 2;
-    case weight_type::q4_1: return 3;
-    case weight_type::q8_0: return 7;
-    case weight_type::q5_0: return 8;
-    case weight_type::q5_1: return 9;
-    case weight_type::q4_k: return 14;  // Q4_K_S: every matrix Q4_K
-    case weight_type::q5_k: return 16;  // Q5_K_S
-    case weight_type::q6_k: return 18;
-    case weight_type::bf16: return 32;
-    default: return 0;
+    case weight_type::f32:
+      return 0;
+    case weight_type::f16:
+      return 1;
+    case weight_type::q4_0:
+      return 2;
+    case weight_type::q4_1:
+      return 3;
+    case weight_type::q8_0:
+      return 7;
+    case weight_type::q5_0:
+      return 8;
+    case weight_type::q5_1:
+      return 9;
+    case weight_type::q4_k:
+      return 14;  // Q4_K_S: every matrix Q4_K
+    case weight_type::q5_k:
+      return 16;  // Q5_K_S
+    case weight_type::q6_k:
+      return 18;
+    case weight_type::bf16:
+      return 32;
+    default:
+      return 0;
   }
 }
 
@@ -121,10 +133,20 @@ void fill_tensor(const tensor_plan& p, uint64_t seed, int max_threads, std::span
 
 bool synth_supports(weight_type t) {
   switch (t) {
-    case weight_type::f32: case weight_type::f16: case weight_type::bf16:
-    case weight_type::q4_0: case weight_type::q4_1: case weight_type::q5_0: case weight_type::q5_1:
-    case weight_type::q8_0: case weight_type::q4_k: case weight_type::q5_k: case weight_type::q6_k: return true;
-    default: return false;
+    case weight_type::f32:
+    case weight_type::f16:
+    case weight_type::bf16:
+    case weight_type::q4_0:
+    case weight_type::q4_1:
+    case weight_type::q5_0:
+    case weight_type::q5_1:
+    case weight_type::q8_0:
+    case weight_type::q4_k:
+    case weight_type::q5_k:
+    case weight_type::q6_k:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -145,17 +167,17 @@ synth_report synth_model(const synth_options& opt, const std::string& out_path) 
   int64_t head_dim = opt.head_dim;
   if (head_dim == 0) {
     if (opt.dim % opt.heads != 0)
-      throw std::invalid_argument("synth: --dim " + std::to_string(opt.dim) + " is not a multiple of --heads " +
-                                  std::to_string(opt.heads) + " (give --head-dim)");
+      throw std::invalid_argument("synth: --dim " + std::to_string(opt.dim) + " is not a multiple of --heads " + std::to_string(opt.heads) +
+                                  " (give --head-dim)");
     head_dim = opt.dim / opt.heads;
   }
   require_positive(head_dim, "head-dim");
   if (head_dim % 2 != 0) throw std::invalid_argument("synth: --head-dim " + std::to_string(head_dim) + " must be even (RoPE rotates pairs)");
   // llama.cpp's qwen2 graph sizes Q as {D, D}; only llama and qwen3 read key_length.
-  if (arch == "qwen2" && head_dim * opt.heads != opt.dim)
-    throw std::invalid_argument("synth: qwen2 needs --head-dim = --dim / --heads");
+  if (arch == "qwen2" && head_dim * opt.heads != opt.dim) throw std::invalid_argument("synth: qwen2 needs --head-dim = --dim / --heads");
   if (!synth_supports(opt.type))
-    throw std::invalid_argument("synth: --type " + kernels::display_name(opt.type) + " cannot be written (use F32, F16, BF16, "
+    throw std::invalid_argument("synth: --type " + kernels::display_name(opt.type) +
+                                " cannot be written (use F32, F16, BF16, "
                                 "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K)");
 
   const gguf_file vocab(opt.vocab_path);
@@ -232,9 +254,8 @@ synth_report synth_model(const synth_options& opt, const std::string& out_path) 
     // One note per tensor kind, not per layer.
     std::string kind = p.name;
     if (kind.starts_with("blk.")) kind = "blk.*." + kind.substr(kind.find('.', 4) + 1);
-    std::string note = kind + ": ne[0] = " + std::to_string(p.ne[0]) + " is not a multiple of the " +
-                       kernels::display_name(opt.type) + " block size " + std::to_string(block) + ", written as " +
-                       kernels::display_name(fallback);
+    std::string note = kind + ": ne[0] = " + std::to_string(p.ne[0]) + " is not a multiple of the " + kernels::display_name(opt.type) +
+                       " block size " + std::to_string(block) + ", written as " + kernels::display_name(fallback);
     if (std::find(report.notes.begin(), report.notes.end(), note) == report.notes.end()) report.notes.push_back(std::move(note));
     p.type = fallback;
   }
@@ -243,8 +264,7 @@ synth_report synth_model(const synth_options& opt, const std::string& out_path) 
     int64_t elems = 1;
     for (auto d : p.ne) elems *= d;
     report.parameters += elems;
-    w.add_tensor(p.name, p.ne, p.type,
-                 [p, seed = opt.seed, threads = opt.threads](std::span<std::byte> out) { fill_tensor(p, seed, threads, out); });
+    w.add_tensor(p.name, p.ne, p.type, [p, seed = opt.seed, threads = opt.threads](std::span<std::byte> out) { fill_tensor(p, seed, threads, out); });
   }
   report.bytes = w.layout().file_size;
   w.write(out_path);

@@ -12,20 +12,20 @@
 namespace tandem::models {
 
 struct synth_options {
-  std::string arch = "llama";  // llama | qwen2 | qwen3
-  int64_t dim = 0;             // embedding_length (D)
-  int64_t layers = 0;          // block_count
-  int64_t heads = 0;           // attention.head_count (H)
-  int64_t kv_heads = 0;        // attention.head_count_kv; 0 means = heads
-  int64_t ffn = 0;             // feed_forward_length
-  int64_t context = 4096;      // context_length
-  int64_t head_dim = 0;        // per-head size; 0 means D / H (qwen2 requires D / H)
-  bool tied = false;           // no output.weight: the output reuses token_embd
-  std::string vocab_path;      // GGUF whose tokenizer.* keys are copied (vocab size follows)
+  std::string arch = "llama";                             // llama | qwen2 | qwen3
+  int64_t dim = 0;                                        // embedding_length (D)
+  int64_t layers = 0;                                     // block_count
+  int64_t heads = 0;                                      // attention.head_count (H)
+  int64_t kv_heads = 0;                                   // attention.head_count_kv; 0 means = heads
+  int64_t ffn = 0;                                        // feed_forward_length
+  int64_t context = 4096;                                 // context_length
+  int64_t head_dim = 0;                                   // per-head size; 0 means D / H (qwen2 requires D / H)
+  bool tied = false;                                      // no output.weight: the output reuses token_embd
+  std::string vocab_path;                                 // GGUF whose tokenizer.* keys are copied (vocab size follows)
   kernels::weight_type type = kernels::weight_type::f16;  // 2-D tensors (1-D are always F32)
   uint64_t seed = 0;
-  std::string name;            // general.name; empty means "synth-<arch>"
-  int threads = 0;             // generator threads per tensor; 0 means one per core (big tensors)
+  std::string name;  // general.name; empty means "synth-<arch>"
+  int threads = 0;   // generator threads per tensor; 0 means one per core (big tensors)
 };
 
 struct synth_report {

@@ -59,10 +59,14 @@ int parse_byte_token(std::string_view t) {
   int value = 0;
   for (char c : t.substr(3, 2)) {
     int digit;
-    if (c >= '0' && c <= '9') digit = c - '0';
-    else if (c >= 'A' && c <= 'F') digit = c - 'A' + 10;
-    else if (c >= 'a' && c <= 'f') digit = c - 'a' + 10;
-    else return -1;
+    if (c >= '0' && c <= '9')
+      digit = c - '0';
+    else if (c >= 'A' && c <= 'F')
+      digit = c - 'A' + 10;
+    else if (c >= 'a' && c <= 'f')
+      digit = c - 'a' + 10;
+    else
+      return -1;
     value = value * 16 + digit;
   }
   return value;
@@ -91,15 +95,12 @@ tokenizer tokenizer::from_data(vocab_data d) {
   } else if (v.model() == "gpt2") {
     s->type = state::kind::bpe;
     auto spec = pretokenizer::find_spec(v.pre());
-    if (!spec)
-      fail(v, "tokenizer.ggml.pre",
-           "unknown pre-tokenizer '" + v.pre() + "' (supported: " + join(pretokenizer::known_names()) + ")");
+    if (!spec) fail(v, "tokenizer.ggml.pre", "unknown pre-tokenizer '" + v.pre() + "' (supported: " + join(pretokenizer::known_names()) + ")");
     s->add_bos = spec->add_bos;
     s->pre.emplace(spec->regexes);
     s->bpe.emplace(v, spec->ignore_merges);
   } else {
-    fail(v, "tokenizer.ggml.model",
-         "unsupported tokenizer type '" + v.model() + "' (supported: " + join(supported_types()) + ")");
+    fail(v, "tokenizer.ggml.model", "unsupported tokenizer type '" + v.model() + "' (supported: " + join(supported_types()) + ")");
   }
   if (auto b = v.flag(k_key_add_bos)) s->add_bos = *b;
   if (auto b = v.flag(k_key_add_space_prefix)) s->add_space_prefix = *b;
@@ -182,9 +183,7 @@ int32_t tokenizer::pad() const { return s_->voc.pad(); }
 bool tokenizer::add_bos() const { return s_->add_bos; }
 bool tokenizer::add_space_prefix() const { return s_->add_space_prefix; }
 bool tokenizer::is_eog(int32_t id) const { return s_->voc.is_eog(id); }
-bool tokenizer::is_control(int32_t id) const {
-  return s_->voc.valid_id(id) && s_->voc.type(id) == token_type::control;
-}
+bool tokenizer::is_control(int32_t id) const { return s_->voc.valid_id(id) && s_->voc.type(id) == token_type::control; }
 std::optional<int32_t> tokenizer::find(std::string_view token_text) const { return s_->voc.find(token_text); }
 std::string_view tokenizer::type_name() const { return s_->voc.model(); }
 std::string_view tokenizer::pre_name() const { return s_->voc.pre(); }

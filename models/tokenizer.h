@@ -62,8 +62,8 @@ class tokenizer {
   bool is_eog(int32_t id) const;  // eos, eot, eom, FIM pad/rep/sep, end-of-turn texts
   bool is_control(int32_t id) const;
   std::optional<int32_t> find(std::string_view token_text) const;  // exact stored text
-  std::string_view type_name() const;  // "llama" / "gpt2"
-  std::string_view pre_name() const;   // tokenizer.ggml.pre or ""
+  std::string_view type_name() const;                              // "llama" / "gpt2"
+  std::string_view pre_name() const;                               // tokenizer.ggml.pre or ""
   const vocab& vocabulary() const;
 
   // Supported tokenizer.ggml.model values.

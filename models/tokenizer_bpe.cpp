@@ -16,18 +16,16 @@ struct symbol {
 
 struct bigram {
   int32_t rank;
-  int32_t left;      // symbol indices
+  int32_t left;  // symbol indices
   int32_t right;
-  int32_t left_id;   // ids when queued: a mismatch later means the pair is stale
+  int32_t left_id;  // ids when queued: a mismatch later means the pair is stale
   int32_t right_id;
   int32_t result;
 };
 
 // Lowest rank first; on equal ranks the leftmost pair.
 struct bigram_order {
-  bool operator()(const bigram& a, const bigram& b) const {
-    return a.rank > b.rank || (a.rank == b.rank && a.left > b.left);
-  }
+  bool operator()(const bigram& a, const bigram& b) const { return a.rank > b.rank || (a.rank == b.rank && a.left > b.left); }
 };
 
 }  // namespace

@@ -18,16 +18,14 @@ struct symbol {
 
 struct bigram {
   float score;
-  int32_t left;   // symbol indices
+  int32_t left;  // symbol indices
   int32_t right;
-  uint32_t len;   // bytes of the merged text when queued: a later mismatch means stale
+  uint32_t len;  // bytes of the merged text when queued: a later mismatch means stale
 };
 
 // Highest score first; on equal scores the leftmost pair.
 struct bigram_order {
-  bool operator()(const bigram& a, const bigram& b) const {
-    return a.score < b.score || (a.score == b.score && a.left > b.left);
-  }
+  bool operator()(const bigram& a, const bigram& b) const { return a.score < b.score || (a.score == b.score && a.left > b.left); }
 };
 
 }  // namespace

@@ -4,8 +4,7 @@
 
 namespace tandem::models {
 
-detokenizer_stream::detokenizer_stream(const tokenizer& t, bool render_special)
-    : tok_(&t), render_special_(render_special) {}
+detokenizer_stream::detokenizer_stream(const tokenizer& t, bool render_special) : tok_(&t), render_special_(render_special) {}
 
 std::string detokenizer_stream::push(int32_t id) {
   pending_ += tok_->token_to_piece(id, render_special_);

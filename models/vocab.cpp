@@ -12,25 +12,41 @@ namespace {
 // Id keys read from metadata. Only those a tokenizer uses get a member in `vocab`, but all
 // are validated so that a broken file is refused at load, not when the id is first used.
 constexpr std::array<std::string_view, 18> k_id_keys = {
-    k_key_bos, k_key_eos, k_key_eot, k_key_eom, k_key_unk, k_key_pad,
-    "tokenizer.ggml.seperator_token_id", "tokenizer.ggml.cls_token_id", "tokenizer.ggml.mask_token_id",
-    k_key_fim_pre, k_key_fim_suf, k_key_fim_mid, k_key_fim_pad, k_key_fim_rep, k_key_fim_sep,
-    k_key_old_prefix, k_key_old_suffix, k_key_old_middle,
+    k_key_bos,
+    k_key_eos,
+    k_key_eot,
+    k_key_eom,
+    k_key_unk,
+    k_key_pad,
+    "tokenizer.ggml.seperator_token_id",
+    "tokenizer.ggml.cls_token_id",
+    "tokenizer.ggml.mask_token_id",
+    k_key_fim_pre,
+    k_key_fim_suf,
+    k_key_fim_mid,
+    k_key_fim_pad,
+    k_key_fim_rep,
+    k_key_fim_sep,
+    k_key_old_prefix,
+    k_key_old_suffix,
+    k_key_old_middle,
 };
 constexpr std::array<std::string_view, 4> k_flag_keys = {
-    k_key_add_bos, k_key_add_eos, k_key_add_space_prefix, "tokenizer.ggml.remove_extra_whitespaces",
+    k_key_add_bos,
+    k_key_add_eos,
+    k_key_add_space_prefix,
+    "tokenizer.ggml.remove_extra_whitespaces",
 };
 
 // Token texts that end a turn in common chat formats (llama.cpp's list). Converters do not
 // always write eot_token_id, so the text is the only reliable signal.
 constexpr std::array<std::string_view, 12> k_eog_texts = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
-    "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
+    "<|eot_id|>",    "<|im_end|>", "<|end|>", "<|return|>", "<|call|>",        "<end_of_turn>",
+    "<|endoftext|>", "<|eom_id|>", "<EOT>",   "_<EOT>",     "<|end_of_text|>", "<end_of_utterance>",
 };
 // Texts llama.cpp takes for the EOT token when eot_token_id is absent.
 constexpr std::array<std::string_view, 9> k_eot_texts = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-    "<EOT>", "_<EOT>", "<end_of_utterance>",
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>", "_<EOT>", "<end_of_utterance>",
 };
 
 // Where each FIM token is found, in fim_role order: its key, the older key (pre, suf and mid
@@ -41,12 +57,9 @@ struct fim_source {
   std::array<std::string_view, 7> texts;
 };
 constexpr std::array<fim_source, k_fim_roles> k_fim_sources = {{
-    {k_key_fim_pre, k_key_old_prefix,
-     {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>"}},
-    {k_key_fim_suf, k_key_old_suffix,
-     {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>"}},
-    {k_key_fim_mid, k_key_old_middle,
-     {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>"}},
+    {k_key_fim_pre, k_key_old_prefix, {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>"}},
+    {k_key_fim_suf, k_key_old_suffix, {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>"}},
+    {k_key_fim_mid, k_key_old_middle, {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>"}},
     {k_key_fim_pad, "", {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"}},
     {k_key_fim_rep, "", {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"}},
     {k_key_fim_sep, "", {"<|file_sep|>"}},
@@ -84,11 +97,9 @@ vocab::vocab(vocab_data d) : data_(std::move(d)) {
   if (n > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
     fail(data_, "tokenizer.ggml.tokens", std::to_string(n) + " tokens do not fit 32-bit ids");
   if (!data_.scores.empty() && data_.scores.size() != n)
-    fail(data_, "tokenizer.ggml.scores",
-         std::to_string(data_.scores.size()) + " scores for " + std::to_string(n) + " tokens");
+    fail(data_, "tokenizer.ggml.scores", std::to_string(data_.scores.size()) + " scores for " + std::to_string(n) + " tokens");
   if (!data_.types.empty() && data_.types.size() != n)
-    fail(data_, "tokenizer.ggml.token_type",
-         std::to_string(data_.types.size()) + " types for " + std::to_string(n) + " tokens");
+    fail(data_, "tokenizer.ggml.token_type", std::to_string(data_.types.size()) + " types for " + std::to_string(n) + " tokens");
 
   types_.assign(n, token_type::normal);
   for (size_t i = 0; i < data_.types.size(); ++i) {
@@ -110,7 +121,10 @@ vocab::vocab(vocab_data d) : data_(std::move(d)) {
   pad_ = read_id(k_key_pad);
   if (eot_ < 0)
     for (auto t : k_eot_texts)
-      if (auto id = find(t)) { eot_ = *id; break; }
+      if (auto id = find(t)) {
+        eot_ = *id;
+        break;
+      }
   if (eom_ < 0)
     if (auto id = find("<|eom_id|>")) eom_ = *id;
 
@@ -128,8 +142,7 @@ vocab::vocab(vocab_data d) : data_(std::move(d)) {
     // As CONTROL they are only matched when special tokens are parsed. llama.cpp does the
     // same for markers it finds by text; doing it for ids from keys too closes the same hole
     // in files whose converter wrote the key but left the type.
-    if (id >= 0 && (types_[static_cast<size_t>(id)] == token_type::normal ||
-                    types_[static_cast<size_t>(id)] == token_type::user_defined))
+    if (id >= 0 && (types_[static_cast<size_t>(id)] == token_type::normal || types_[static_cast<size_t>(id)] == token_type::user_defined))
       types_[static_cast<size_t>(id)] = token_type::control;
   }
 

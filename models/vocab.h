@@ -24,21 +24,27 @@ inline constexpr size_t k_fim_roles = 6;
 
 // tokenizer.ggml.token_type values, numbered as in llama.cpp.
 enum class token_type : int32_t {
-  undefined = 0, normal = 1, unknown = 2, control = 3, user_defined = 4, unused = 5, byte = 6,
+  undefined = 0,
+  normal = 1,
+  unknown = 2,
+  control = 3,
+  user_defined = 4,
+  unused = 5,
+  byte = 6,
 };
 
 // Tokenizer metadata as stored, before validation. Keys are the GGUF key names so that
 // every validation error can name the key it is about.
 struct vocab_data {
-  std::string source;               // file path (or a label), used in error messages
-  std::string model;                // tokenizer.ggml.model: "llama", "gpt2", ...
-  std::string pre;                  // tokenizer.ggml.pre, "" when absent
-  std::vector<std::string> tokens;  // tokenizer.ggml.tokens
-  std::vector<float> scores;        // tokenizer.ggml.scores: empty or one per token
-  std::vector<int64_t> types;       // tokenizer.ggml.token_type: empty or one per token
-  std::vector<std::string> merges;  // tokenizer.ggml.merges ("left right", rank = index)
-  std::map<std::string, int64_t> ids;       // "tokenizer.ggml.bos_token_id" -> value as stored
-  std::map<std::string, bool> flags;        // "tokenizer.ggml.add_bos_token" -> value
+  std::string source;                  // file path (or a label), used in error messages
+  std::string model;                   // tokenizer.ggml.model: "llama", "gpt2", ...
+  std::string pre;                     // tokenizer.ggml.pre, "" when absent
+  std::vector<std::string> tokens;     // tokenizer.ggml.tokens
+  std::vector<float> scores;           // tokenizer.ggml.scores: empty or one per token
+  std::vector<int64_t> types;          // tokenizer.ggml.token_type: empty or one per token
+  std::vector<std::string> merges;     // tokenizer.ggml.merges ("left right", rank = index)
+  std::map<std::string, int64_t> ids;  // "tokenizer.ggml.bos_token_id" -> value as stored
+  std::map<std::string, bool> flags;   // "tokenizer.ggml.add_bos_token" -> value
 };
 
 // Reads the tokenizer keys of a GGUF file. Throws gguf_error naming the file and key when a
@@ -133,8 +139,8 @@ class vocab {
   std::vector<token_type> types_;
   std::unordered_map<std::string, int32_t, string_hash, std::equal_to<>> by_text_;
   int32_t bos_ = -1, eos_ = -1, eot_ = -1, eom_ = -1, unk_ = -1, pad_ = -1;
-  std::vector<int32_t> eog_;                      // sorted
-  std::vector<std::vector<int32_t>> specials_;    // by first byte; longest text first
+  std::vector<int32_t> eog_;                                      // sorted
+  std::vector<std::vector<int32_t>> specials_;                    // by first byte; longest text first
   std::array<int32_t, k_fim_roles> fim_{-1, -1, -1, -1, -1, -1};  // by fim_role
 };
 

@@ -60,8 +60,8 @@ class segment_builder {
 
 // A table cut into pieces of whole 16-row panels of at most `cap` bytes each (at least one
 // panel), one segment per piece, appended to the plan.
-std::vector<matrix_piece> pieces(const gguf_file& f, const load_options& o, const std::string& tensor, const std::string& name,
-                                 uint64_t cap, weight_plan& p) {
+std::vector<matrix_piece> pieces(const gguf_file& f, const load_options& o, const std::string& tensor, const std::string& name, uint64_t cap,
+                                 weight_plan& p) {
   const auto& t = f.tensor(tensor);
   const int64_t rows = t.ne.size() > 1 ? t.ne[1] : 1;
   const auto whole = form_of(t, rows, o);
@@ -145,9 +145,15 @@ void fill_segment(const segment_layout& s, std::byte* dst) {
     const gguf_tensor& src = *t.src;
     const std::byte* rows = src.data.data() + t.row0 * kernels::row_bytes(src.type, src.ne[0]);
     switch (t.form) {
-      case tensor_form::copy: std::memcpy(out, rows, t.bytes); break;
-      case tensor_form::packed: kernels::cpu::pack_weights(src.type, rows, t.rows, src.ne[0], out); break;
-      case tensor_form::f32: kernels::cpu::dequantize_row(src.type, src.data.data(), reinterpret_cast<float*>(out), src.elements()); break;
+      case tensor_form::copy:
+        std::memcpy(out, rows, t.bytes);
+        break;
+      case tensor_form::packed:
+        kernels::cpu::pack_weights(src.type, rows, t.rows, src.ne[0], out);
+        break;
+      case tensor_form::f32:
+        kernels::cpu::dequantize_row(src.type, src.data.data(), reinterpret_cast<float*>(out), src.elements());
+        break;
     }
   }
 }

@@ -27,7 +27,7 @@ struct placed_tensor {
   size_t offset = 0;                 // within the segment, 64-byte aligned
   size_t bytes = 0;                  // of the device form
   tensor_form form = tensor_form::copy;
-  int64_t row0 = 0, rows = 1;        // the rows of a matrix it holds (a piece of a table)
+  int64_t row0 = 0, rows = 1;  // the rows of a matrix it holds (a piece of a table)
 };
 
 struct segment_layout {
@@ -43,8 +43,7 @@ struct matrix_at {
 };
 
 struct layer_at {
-  size_t attn_norm = k_absent, bq = k_absent, bk = k_absent, bv = k_absent, q_norm = k_absent, k_norm = k_absent,
-         ffn_norm = k_absent;
+  size_t attn_norm = k_absent, bq = k_absent, bk = k_absent, bv = k_absent, q_norm = k_absent, k_norm = k_absent, ffn_norm = k_absent;
   matrix_at wq, wk, wv, wo, w_gate, w_up, w_down;
 };
 
@@ -60,8 +59,8 @@ struct weight_plan {
   std::vector<matrix_piece> token_embd;  // the first segments
   std::vector<layer_at> layers;          // segment first_layer + l
   int first_layer = 0;
-  size_t output_norm = k_absent;         // in the last layer's segment
-  std::vector<matrix_piece> output;      // the last segments; token_embd's when tied
+  size_t output_norm = k_absent;     // in the last layer's segment
+  std::vector<matrix_piece> output;  // the last segments; token_embd's when tied
 
   int layer_segment(int64_t l) const { return first_layer + static_cast<int>(l); }
   int last_segment() const { return static_cast<int>(segments.size()) - 1; }

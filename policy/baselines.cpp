@@ -14,9 +14,7 @@ struct view {
   bool busy() const { return st.running > 0 || queued() > 0; }
   // Weights and KV allocated up front for the whole context of one sequence (Ollama's default
   // OLLAMA_NUM_PARALLEL is 1; a static split reserves the same).
-  uint64_t full_need() const {
-    return st.weight_bytes + (e->kv_bytes_per_token ? *e->kv_bytes_per_token * static_cast<uint64_t>(e->context) : 0);
-  }
+  uint64_t full_need() const { return st.weight_bytes + (e->kv_bytes_per_token ? *e->kv_bytes_per_token * static_cast<uint64_t>(e->context) : 0); }
 };
 
 std::vector<view> join(const configs::roster& r, const snapshot& s, const demand& d) {

@@ -15,17 +15,17 @@ using clock = std::chrono::steady_clock;
 using time_point = clock::time_point;
 
 struct model_state {
-  std::string name;          // a roster entry's name
-  uint64_t weight_bytes = 0;  // of its device form
-  bool on_device = false;     // on the device (or landing), wholly or in part
-  uint64_t device_bytes = 0;  // of the weights on the device; 0 with on_device: all of them
-                              // (the rest is streamed through stream slots each pass)
-  bool on_host = false;       // a host copy of every segment (or landing)
+  std::string name;              // a roster entry's name
+  uint64_t weight_bytes = 0;     // of its device form
+  bool on_device = false;        // on the device (or landing), wholly or in part
+  uint64_t device_bytes = 0;     // of the weights on the device; 0 with on_device: all of them
+                                 // (the rest is streamed through stream slots each pass)
+  bool on_host = false;          // a host copy of every segment (or landing)
   uint64_t kv_device_bytes = 0;  // KV its sequences hold on the device now
-  int running = 0;            // sequences being generated (their KV is on the device)
-  int preempted = 0;          // sequences whose KV waits on the host
-  time_point last_used{};     // last time a request of it ran
-  time_point loaded_at{};     // when it last came onto the device
+  int running = 0;               // sequences being generated (their KV is on the device)
+  int preempted = 0;             // sequences whose KV waits on the host
+  time_point last_used{};        // last time a request of it ran
+  time_point loaded_at{};        // when it last came onto the device
 };
 
 struct snapshot {

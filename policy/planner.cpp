@@ -10,12 +10,18 @@ namespace tandem::policy {
 
 const char* action_name(action_kind k) {
   switch (k) {
-    case action_kind::stage: return "stage";
-    case action_kind::load: return "load";
-    case action_kind::evict_device: return "evict-device";
-    case action_kind::evict_host: return "evict-host";
-    case action_kind::preempt: return "preempt";
-    case action_kind::resume: return "resume";
+    case action_kind::stage:
+      return "stage";
+    case action_kind::load:
+      return "load";
+    case action_kind::evict_device:
+      return "evict-device";
+    case action_kind::evict_host:
+      return "evict-host";
+    case action_kind::preempt:
+      return "preempt";
+    case action_kind::resume:
+      return "resume";
   }
   return "?";
 }
@@ -110,8 +116,7 @@ struct world {
   // by_base: rank by base priority, aged only among equals (see plan_tandem: aging has a model
   // that can stream served beside a higher-priority one, so it does not take the device from
   // it in the middle of its burst, nor hold it off).
-  bool make_room(size_t i, uint64_t need_bytes, bool allow_preempt, const std::string& why, bool any_priority = false,
-                 bool by_base = false) {
+  bool make_room(size_t i, uint64_t need_bytes, bool allow_preempt, const std::string& why, bool any_priority = false, bool by_base = false) {
     if (device_free() >= need_bytes) return true;
     const double pi = prio(i);
     std::vector<size_t> idle, running;
@@ -163,8 +168,7 @@ double effective_priority(const configs::roster& r, const configs::model_entry& 
   return p;
 }
 
-bool may_interleave(const configs::roster& r, const configs::model_entry& outer, const configs::model_entry& inner,
-                    std::chrono::nanoseconds paused) {
+bool may_interleave(const configs::roster& r, const configs::model_entry& outer, const configs::model_entry& inner, std::chrono::nanoseconds paused) {
   return r.policy.name == "tandem" && r.policy.interleave && inner.priority > outer.priority && paused < r.policy.max_wait;
 }
 
@@ -192,8 +196,7 @@ plan plan_tandem(const configs::roster& r, const snapshot& s, const demand& d, t
 
   // 1. Pinned models on the device, whatever it takes.
   for (size_t i = 0; i < n; ++i)
-    if (w.e[i]->pinned && !w.m[i].on_device && w.make_room(i, w.need(i), true, "make room for pinned " + w.m[i].name, true))
-      w.bring(i, "pinned");
+    if (w.e[i]->pinned && !w.m[i].on_device && w.make_room(i, w.need(i), true, "make room for pinned " + w.m[i].name, true)) w.bring(i, "pinned");
 
   // 2-4. Demanded models by effective priority.
   std::vector<size_t> order;
@@ -262,9 +265,8 @@ plan plan_tandem(const configs::roster& r, const snapshot& s, const demand& d, t
       std::vector<size_t> idle;
       for (size_t v = 0; v < n; ++v)
         if (v != home && w.m[v].on_device && !w.e[v]->pinned) idle.push_back(v);
-      std::sort(idle.begin(), idle.end(), [&](size_t a, size_t b) {
-        return victim_score(*w.e[a], w.m[a], s, now) < victim_score(*w.e[b], w.m[b], s, now);
-      });
+      std::sort(idle.begin(), idle.end(),
+                [&](size_t a, size_t b) { return victim_score(*w.e[a], w.m[a], s, now) < victim_score(*w.e[b], w.m[b], s, now); });
       uint64_t freed = w.device_free();
       std::vector<size_t> chosen;
       for (const size_t v : idle) {

@@ -53,8 +53,7 @@ double effective_priority(const configs::roster& r, const configs::model_entry& 
 // priority, and the pause still within policy.max_wait (the outer pass's own requests age
 // like any others). The caller checks that `inner` needs no memory action (all its weights
 // on the device): a pass in flight holds its leases, so nothing may be planned meanwhile.
-bool may_interleave(const configs::roster& r, const configs::model_entry& outer, const configs::model_entry& inner,
-                    std::chrono::nanoseconds paused);
+bool may_interleave(const configs::roster& r, const configs::model_entry& outer, const configs::model_entry& inner, std::chrono::nanoseconds paused);
 
 // Eviction score of an idle model: lower is evicted first (rule 2).
 double victim_score(const configs::model_entry& m, const model_state& st, const snapshot& s, time_point now);

@@ -63,9 +63,7 @@ std::vector<sim_request> expand_trace(const configs::trace_spec& t, uint64_t see
   const double length = secs(t.length);
   for (const auto& st : t.streams) {
     rng g{seed * 0x100000001B3ull + st.seed};
-    auto add = [&](double at) {
-      out.push_back({at, st.model, g.between(st.prompt.min, st.prompt.max), g.between(st.output.min, st.output.max)});
-    };
+    auto add = [&](double at) { out.push_back({at, st.model, g.between(st.prompt.min, st.prompt.max), g.between(st.output.min, st.output.max)}); };
     if (!st.bursts) {
       for (double at = g.exponential(1 / st.rate_per_s); at < length; at += g.exponential(1 / st.rate_per_s)) add(at);
       continue;
@@ -78,9 +76,8 @@ std::vector<sim_request> expand_trace(const configs::trace_spec& t, uint64_t see
     }
   }
   for (const auto& e : t.requests) out.push_back({secs(e.at), e.model, e.prompt, e.output});
-  std::stable_sort(out.begin(), out.end(), [](const sim_request& a, const sim_request& b) {
-    return a.arrive != b.arrive ? a.arrive < b.arrive : a.model < b.model;
-  });
+  std::stable_sort(out.begin(), out.end(),
+                   [](const sim_request& a, const sim_request& b) { return a.arrive != b.arrive ? a.arrive < b.arrive : a.model < b.model; });
   return out;
 }
 
@@ -197,7 +194,8 @@ sim_result simulate(const configs::roster& r, const configs::trace_spec& t, cons
       // (Preempted sequences need their KV copied back: a memory action, the plan's business.)
       if (!m.preempted.empty()) continue;
       const bool work = !m.running.empty() || (!m.queue.empty() && static_cast<int>(m.running.size()) < m.e->max_sequences);
-      if (!work || !may_interleave(r, *ms[outer].e, *m.e, std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(paused_s))))
+      if (!work ||
+          !may_interleave(r, *ms[outer].e, *m.e, std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(paused_s))))
         continue;
       if (!best || m.e->priority > ms[*best].e->priority) best = j;
     }
@@ -206,8 +204,10 @@ sim_result simulate(const configs::roster& r, const configs::trace_spec& t, cons
   while ((finished < rs.size() || paused_on) && now <= horizon) {
     while (next_arrival < rs.size() && rs[next_arrival].r->arrive <= now) {
       const auto it = index.find(rs[next_arrival].r->model);
-      if (it != index.end()) ms[it->second].queue.push_back(next_arrival);
-      else ++finished;  // a model the roster does not have: dropped (the loader refuses such traces)
+      if (it != index.end())
+        ms[it->second].queue.push_back(next_arrival);
+      else
+        ++finished;  // a model the roster does not have: dropped (the loader refuses such traces)
       ++next_arrival;
     }
     double wake = next_arrival < rs.size() ? rs[next_arrival].r->arrive : std::numeric_limits<double>::infinity();
@@ -276,7 +276,9 @@ sim_result simulate(const configs::roster& r, const configs::trace_spec& t, cons
             m.on_device = false;
             m.device_bytes = 0;
             break;
-          case action_kind::evict_host: m.on_host = false; break;
+          case action_kind::evict_host:
+            m.on_host = false;
+            break;
           case action_kind::stage:
             m.on_host = true;
             disk_free = std::max(now, disk_free) + gb / c.disk_gb_s;
@@ -340,8 +342,10 @@ sim_result simulate(const configs::roster& r, const configs::trace_spec& t, cons
         // swapped in starts its pass at once; a process-per-model server loads it first, and
         // swapped-in KV is needed from the first layer on.
         const bool pipelined = !process_per_model && m.device_ready == m.weights_ready;
-        if (m.on_device && m.device_ready > now && !pipelined) wake = std::min(wake, m.device_ready);
-        else if (m.on_device) run_step(index.at(p.run));
+        if (m.on_device && m.device_ready > now && !pipelined)
+          wake = std::min(wake, m.device_ready);
+        else if (m.on_device)
+          run_step(index.at(p.run));
       }
       if (device_free > now) wake = std::min(wake, device_free);
       // Copies in flight finish later: look again then.
@@ -350,7 +354,8 @@ sim_result simulate(const configs::roster& r, const configs::trace_spec& t, cons
       if (wake == std::numeric_limits<double>::infinity()) {
         // Nothing will change by itself: keep-alive expiries and the home model still may.
         wake = now + 1.0;
-        if (next_arrival >= rs.size() && std::all_of(ms.begin(), ms.end(), [](const model_sim& m) { return m.queue.empty() && m.running.empty() && m.preempted.empty(); }))
+        if (next_arrival >= rs.size() &&
+            std::all_of(ms.begin(), ms.end(), [](const model_sim& m) { return m.queue.empty() && m.running.empty() && m.preempted.empty(); }))
           break;
       }
     } else {

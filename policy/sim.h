@@ -27,21 +27,21 @@ std::vector<sim_request> expand_trace(const configs::trace_spec& t, uint64_t see
 
 struct model_result {
   int requests = 0;
-  int served = 0;            // got a first token before the simulation ended
+  int served = 0;                                            // got a first token before the simulation ended
   double ttft_p50_ms = 0, ttft_p95_ms = 0, ttft_p99_ms = 0;  // unserved requests count as infinitely late
   double e2e_p95_ms = 0;
-  double slo_ttft_ms = 0;    // 0: no objective
-  double slo_attainment = 1;  // share of requests with TTFT within the objective
-  int swaps = 0;             // loads onto the device
-  double gb_moved = 0;       // staged and loaded bytes
+  double slo_ttft_ms = 0;       // 0: no objective
+  double slo_attainment = 1;    // share of requests with TTFT within the objective
+  int swaps = 0;                // loads onto the device
+  double gb_moved = 0;          // staged and loaded bytes
   std::vector<double> ttft_ms;  // every served request's, sorted (for the CDF plot)
 };
 
 struct sim_result {
   std::string policy;
   std::map<std::string, model_result> models;  // by model name
-  double device_busy = 0;  // share of the simulated time the device computed
-  double end_s = 0;        // when the last request finished
+  double device_busy = 0;                      // share of the simulated time the device computed
+  double end_s = 0;                            // when the last request finished
 };
 
 // Replays `requests` under the roster's policy.name. Models' sizes are the roster's stated

@@ -11,8 +11,10 @@ namespace {
 std::string ms_text(double ms) {
   if (std::isinf(ms)) return "never";
   char b[32];
-  if (ms >= 10000) std::snprintf(b, sizeof b, "%.1f s", ms / 1000);
-  else std::snprintf(b, sizeof b, "%.0f ms", ms);
+  if (ms >= 10000)
+    std::snprintf(b, sizeof b, "%.1f s", ms / 1000);
+  else
+    std::snprintf(b, sizeof b, "%.0f ms", ms);
   return b;
 }
 
@@ -23,17 +25,19 @@ double finite_or(double v, double instead) { return std::isfinite(v) ? v : inste
 std::string format_sim_table(const std::vector<sim_result>& results) {
   std::string out;
   char line[256];
-  std::snprintf(line, sizeof line, "%-14s %-12s %6s %9s %9s %9s %10s %8s %6s %8s %6s\n", "policy", "model", "reqs", "ttft p50",
-                "ttft p95", "ttft p99", "e2e p95", "slo", "swaps", "GB moved", "busy");
+  std::snprintf(line, sizeof line, "%-14s %-12s %6s %9s %9s %9s %10s %8s %6s %8s %6s\n", "policy", "model", "reqs", "ttft p50", "ttft p95",
+                "ttft p99", "e2e p95", "slo", "swaps", "GB moved", "busy");
   out += line;
   for (const auto& r : results)
     for (const auto& [name, m] : r.models) {
       char slo[32];
-      if (m.slo_ttft_ms > 0) std::snprintf(slo, sizeof slo, "%.1f%%", m.slo_attainment * 100);
-      else std::snprintf(slo, sizeof slo, "-");
+      if (m.slo_ttft_ms > 0)
+        std::snprintf(slo, sizeof slo, "%.1f%%", m.slo_attainment * 100);
+      else
+        std::snprintf(slo, sizeof slo, "-");
       std::snprintf(line, sizeof line, "%-14s %-12s %6d %9s %9s %9s %10s %8s %6d %8.1f %5.0f%%\n", r.policy.c_str(), name.c_str(), m.requests,
-                    ms_text(m.ttft_p50_ms).c_str(), ms_text(m.ttft_p95_ms).c_str(), ms_text(m.ttft_p99_ms).c_str(),
-                    ms_text(m.e2e_p95_ms).c_str(), slo, m.swaps, m.gb_moved, r.device_busy * 100);
+                    ms_text(m.ttft_p50_ms).c_str(), ms_text(m.ttft_p95_ms).c_str(), ms_text(m.ttft_p99_ms).c_str(), ms_text(m.e2e_p95_ms).c_str(),
+                    slo, m.swaps, m.gb_moved, r.device_busy * 100);
       out += line;
     }
   return out;
@@ -46,11 +50,16 @@ nlohmann::json sim_to_json(const std::vector<sim_result>& results) {
     for (const auto& [name, m] : r.models) {
       // JSON has no infinity: a request never served reads as null.
       auto num = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
-      p[name] = {{"requests", m.requests},          {"served", m.served},
-                 {"ttft_p50_ms", num(m.ttft_p50_ms)}, {"ttft_p95_ms", num(m.ttft_p95_ms)},
-                 {"ttft_p99_ms", num(m.ttft_p99_ms)}, {"e2e_p95_ms", num(m.e2e_p95_ms)},
-                 {"slo_ttft_ms", m.slo_ttft_ms},     {"slo_attainment", m.slo_attainment},
-                 {"swaps", m.swaps},                 {"gb_moved", m.gb_moved},
+      p[name] = {{"requests", m.requests},
+                 {"served", m.served},
+                 {"ttft_p50_ms", num(m.ttft_p50_ms)},
+                 {"ttft_p95_ms", num(m.ttft_p95_ms)},
+                 {"ttft_p99_ms", num(m.ttft_p99_ms)},
+                 {"e2e_p95_ms", num(m.e2e_p95_ms)},
+                 {"slo_ttft_ms", m.slo_ttft_ms},
+                 {"slo_attainment", m.slo_attainment},
+                 {"swaps", m.swaps},
+                 {"gb_moved", m.gb_moved},
                  {"device_busy", r.device_busy}};
     }
     j[r.policy] = p;
@@ -82,21 +91,24 @@ std::string sim_plot_svg(const std::vector<sim_result>& results, const std::stri
   s += b;
   for (size_t mi = 0; mi < models.size(); ++mi) {
     const int ox = ml + static_cast<int>(mi) * (pw + gap), oy = mt;
-    std::snprintf(b, sizeof b, "<g transform=\"translate(%d,%d)\">\n<rect width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#888\"/>\n", ox, oy, pw, ph);
+    std::snprintf(b, sizeof b, "<g transform=\"translate(%d,%d)\">\n<rect width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#888\"/>\n", ox, oy, pw,
+                  ph);
     s += b;
     std::snprintf(b, sizeof b, "<text x=\"0\" y=\"-8\" font-size=\"14\">%s: share of requests with TTFT below x</text>\n", models[mi].c_str());
     s += b;
     for (double l = lo_l; l <= hi_l + 1e-9; l += 1) {
       const double x = (l - lo_l) / (hi_l - lo_l) * pw;
       const double ms = std::pow(10.0, l);
-      std::snprintf(b, sizeof b, "<line x1=\"%.1f\" y1=\"0\" x2=\"%.1f\" y2=\"%d\" stroke=\"#eee\"/><text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%s</text>\n", x, x,
-                    ph, x, ph + 16, ms_text(ms).c_str());
+      std::snprintf(b, sizeof b,
+                    "<line x1=\"%.1f\" y1=\"0\" x2=\"%.1f\" y2=\"%d\" stroke=\"#eee\"/><text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%s</text>\n",
+                    x, x, ph, x, ph + 16, ms_text(ms).c_str());
       s += b;
     }
     for (int k = 0; k <= 4; ++k) {
       const double y = ph - k * ph / 4.0;
-      std::snprintf(b, sizeof b, "<line x1=\"0\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#eee\"/><text x=\"-6\" y=\"%.1f\" text-anchor=\"end\">%d%%</text>\n", y, pw, y,
-                    y + 4, k * 25);
+      std::snprintf(b, sizeof b,
+                    "<line x1=\"0\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#eee\"/><text x=\"-6\" y=\"%.1f\" text-anchor=\"end\">%d%%</text>\n",
+                    y, pw, y, y + 4, k * 25);
       s += b;
     }
     for (size_t ri = 0; ri < results.size(); ++ri) {

@@ -24,18 +24,18 @@ struct admission_state {
     bool waited_long = false;   // past the patience after which nothing is preferred over it
   };
   std::vector<waiting_request> waiting;
-  int running = 0;             // sequences running now
-  int free_slots = 0;          // sequence slots a waiting request may take
-  int32_t free_blocks = 0;     // free in the pool
-  int32_t cached_blocks = 0;   // prefix-cache blocks the pool could free (shared by no sequence)
+  int running = 0;            // sequences running now
+  int free_slots = 0;         // sequence slots a waiting request may take
+  int32_t free_blocks = 0;    // free in the pool
+  int32_t cached_blocks = 0;  // prefix-cache blocks the pool could free (shared by no sequence)
   int64_t block_tokens = 16;
-  int64_t prefill_chunk = 1;   // a new sequence reserves its first chunk's blocks
+  int64_t prefill_chunk = 1;  // a new sequence reserves its first chunk's blocks
 };
 
 struct admission_plan {
-  size_t resume = 0;            // preempted sequences that come back, from the front
-  std::vector<size_t> admit;    // waiting requests that start (indices into waiting), in this order
-  int32_t drop_cached = 0;      // prefix-cache blocks released for them (before the last of them)
+  size_t resume = 0;          // preempted sequences that come back, from the front
+  std::vector<size_t> admit;  // waiting requests that start (indices into waiting), in this order
+  int32_t drop_cached = 0;    // prefix-cache blocks released for them (before the last of them)
 };
 
 // Looked this far down the queue for a request whose prompt starts with cached blocks.

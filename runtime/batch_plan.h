@@ -40,11 +40,11 @@ struct batch_state {
 
 // Rows of one sequence in the pass.
 struct batch_entry {
-  size_t seq = 0;        // index into batch_state::running
-  int64_t first = 0;     // position of its first row (prompt: prefilled; decode: pos)
-  int64_t rows = 0;      // 1 for a decode row; a prompt chunk's tokens
-  bool prompt = false;   // prompt rows (its last gives logits only when it ends the prompt)
-  bool whole = false;    // a short prompt that went in whole, outside the ITL budget
+  size_t seq = 0;       // index into batch_state::running
+  int64_t first = 0;    // position of its first row (prompt: prefilled; decode: pos)
+  int64_t rows = 0;     // 1 for a decode row; a prompt chunk's tokens
+  bool prompt = false;  // prompt rows (its last gives logits only when it ends the prompt)
+  bool whole = false;   // a short prompt that went in whole, outside the ITL budget
 };
 
 struct batch_plan {

@@ -22,10 +22,8 @@ engine::engine(std::vector<engine_model> models, const engine_config& config)
     : config_(config), pool_(config.threads > 0 ? config.threads : kernels::cpu::default_thread_count()) {
   if (config.roster) roster_ = *config.roster;
   config_.roster = nullptr;  // roster_ is the one read from here on
-  if (config.max_batch_tokens < 1 || config.prefill_chunk < 1)
-    throw std::invalid_argument("engine: max_batch_tokens and prefill_chunk must be >= 1");
-  if (!(config.itl_budget >= 0) || !(config.itl_target.count() >= 0))
-    throw std::invalid_argument("engine: itl_budget and itl_target must be >= 0");
+  if (config.max_batch_tokens < 1 || config.prefill_chunk < 1) throw std::invalid_argument("engine: max_batch_tokens and prefill_chunk must be >= 1");
+  if (!(config.itl_budget >= 0) || !(config.itl_target.count() >= 0)) throw std::invalid_argument("engine: itl_budget and itl_target must be >= 0");
   itl_ = {config.itl_budget, config.itl_target.count()};
   for (auto& cfg : models) {
     if (!cfg.model || !cfg.tokenizer) throw std::invalid_argument("engine: model '" + cfg.name + "' has no model or tokenizer");
@@ -53,8 +51,8 @@ engine::engine(std::vector<engine_model> models, const engine_config& config)
     if (cfg.kv_pool) {
       if (cfg.kv_pool->block_bytes() != block || cfg.kv_pool->block_tokens() != bt)
         throw std::invalid_argument("engine: the KV pool of model '" + cfg.name + "' has blocks of " + std::to_string(cfg.kv_pool->block_tokens()) +
-                                    " positions and " + std::to_string(cfg.kv_pool->block_bytes()) + " bytes; it needs " + std::to_string(bt) + " and " +
-                                    std::to_string(block));
+                                    " positions and " + std::to_string(cfg.kv_pool->block_bytes()) + " bytes; it needs " + std::to_string(bt) +
+                                    " and " + std::to_string(block));
       // One sequence of the whole context must fit, or a preempted one could never come back.
       if (static_cast<int64_t>(cfg.kv_pool->total_blocks()) * bt < cfg.context)
         throw std::invalid_argument("engine: the KV pool of model '" + cfg.name + "' holds " + std::to_string(cfg.kv_pool->total_blocks() * bt) +
@@ -93,7 +91,8 @@ engine::engine(std::vector<engine_model> models, const engine_config& config)
       gp.owner = cfg.name;
       s->ctx = std::make_unique<models::gpu_forward>(*cfg.model, gp, cfg.residency);
 #else
-      throw std::invalid_argument("engine: model '" + cfg.name + "' is placed in device memory the CPU kernels cannot read, and this build has no CUDA backend");
+      throw std::invalid_argument("engine: model '" + cfg.name +
+                                  "' is placed in device memory the CPU kernels cannot read, and this build has no CUDA backend");
 #endif
     } else {
       s->ctx = std::make_unique<models::forward_context>(*cfg.model, cp, &pool_, cfg.residency);
@@ -121,7 +120,8 @@ std::shared_ptr<request_handle> engine::submit(engine_request r) {
                                 std::to_string(cfg.context) + " tokens of model '" + cfg.name + "'");
   const int64_t vocab = cfg.model->config().n_vocab;
   for (const int32_t t : r.prompt)
-    if (t < 0 || t >= vocab) throw std::invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(vocab) + ")");
+    if (t < 0 || t >= vocab)
+      throw std::invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(vocab) + ")");
   if (r.params.max_tokens < 0) throw std::invalid_argument("max_tokens must be >= 0");
   for (const auto& stop : r.params.stop)
     if (stop.empty()) throw std::invalid_argument("a stop string is empty");
@@ -160,13 +160,9 @@ const engine::served& engine::known(const std::string& name) const {
   throw std::invalid_argument("unknown model '" + name + "'");
 }
 
-int32_t engine::kv_blocks_cached(const std::string& model) const {
-  return known(model).kv_cached.load();
-}
+int32_t engine::kv_blocks_cached(const std::string& model) const { return known(model).kv_cached.load(); }
 
-int32_t engine::kv_blocks_cached_on_host(const std::string& model) const {
-  return known(model).kv_cached_host.load();
-}
+int32_t engine::kv_blocks_cached_on_host(const std::string& model) const { return known(model).kv_cached_host.load(); }
 
 int64_t engine::prefix_blocks_restored() const {
   int64_t n = 0;
@@ -174,9 +170,7 @@ int64_t engine::prefix_blocks_restored() const {
   return n;
 }
 
-int32_t engine::kv_blocks_in_use(const std::string& model) const {
-  return known(model).kv_in_use.load();
-}
+int32_t engine::kv_blocks_in_use(const std::string& model) const { return known(model).kv_in_use.load(); }
 
 void engine::run() {
   std::unique_lock lock(m_);
@@ -188,8 +182,7 @@ void engine::run() {
     } else {
       auto ready = [&] {
         if (stop_ || !submitted_.empty() || !controls_.empty()) return true;
-        return std::any_of(models_.begin(), models_.end(),
-                           [](const auto& s) { return !s->queues.idle(); });
+        return std::any_of(models_.begin(), models_.end(), [](const auto& s) { return !s->queues.idle(); });
       };
       // With a roster the plan also runs when idle: keep-alive expiry, prefetch, the home model.
       if (roster_)

@@ -69,7 +69,7 @@ struct engine_model {
   int64_t context = 2048;  // positions per sequence
   kernels::cpu::kv_type kv = kernels::cpu::kv_type::f16;
   models::weight_residency* residency = nullptr;  // null: the model's own weights
-  memory::kv_pool* kv_pool = nullptr;            // null: the engine makes one in RAM for every slot
+  memory::kv_pool* kv_pool = nullptr;             // null: the engine makes one in RAM for every slot
   // With engine_config::roster: the model's segments in the arbiter, registered under `name`;
   // the engine moves them by the plan (and reads weights through them when residency is null).
   models::arbiter_residency* placement = nullptr;
@@ -107,7 +107,7 @@ struct model_stats {
   bool pinned = false;
   configs::keep_alive_setting keep_alive;
   std::chrono::steady_clock::time_point last_used{};  // last pass (or load)
-  int64_t prefix_queries = 0, prefix_hits = 0;  // admissions, and those that adopted cached blocks
+  int64_t prefix_queries = 0, prefix_hits = 0;        // admissions, and those that adopted cached blocks
   int64_t preemptions = 0;
   int64_t interleaved_passes = 0;  // its passes run between the layers of another model's pass
   // Weights brought to the device (swap-ins) and taken off it (swap-outs) by the plan or an
@@ -130,8 +130,8 @@ struct engine_config {
   // chunks of prefill_chunk whatever they cost (itl_estimator.h).
   double itl_budget = 2.0;
   std::chrono::duration<double> itl_target = std::chrono::milliseconds(50);
-  double aging_per_s = 10;         // priority a waiting request gains per second of waiting
-  bool prefix_cache = true;        // keep finished sequences' full KV blocks for later prompts
+  double aging_per_s = 10;   // priority a waiting request gains per second of waiting
+  bool prefix_cache = true;  // keep finished sequences' full KV blocks for later prompts
   // Most prefix-cache blocks kept on the host tier once they leave the device (when the
   // model's KV pool has an arbiter with a host tier); 0: dropped instead; below 0: as many
   // as the model's KV pool has blocks. Host copies give way whenever the host tier is needed
@@ -222,7 +222,7 @@ class engine {
   // (engine_interleave.cpp).
   void interleave(served& outer) noexcept;
   served* interleavable(const served& outer, std::chrono::steady_clock::duration paused);
-  served* find(const std::string& name) const;        // null when no model has that name
+  served* find(const std::string& name) const;         // null when no model has that name
   const served& known(const std::string& name) const;  // throws std::invalid_argument for an unknown name
   served* pick();
   served* plan_and_pick();
@@ -244,7 +244,7 @@ class engine {
   void end_all(served& s, finish_reason why, const std::string& error);
 
   engine_config config_;
-  itl_limits itl_;  // from config_: the per-pass budget beside decoding streams
+  itl_limits itl_;                         // from config_: the per-pass budget beside decoding streams
   std::optional<configs::roster> roster_;  // the engine's own copy: operators change it (control)
   kernels::cpu::thread_pool pool_;
   std::vector<std::unique_ptr<served>> models_;

@@ -118,9 +118,12 @@ void engine::apply(served& s, const batch_plan& plan, const step_result& r) {
     ++a.generated;
     auto released = a.text.push(id);
     a.handle->push(id, std::move(released.text));
-    if (released.stopped) a.ending = finish_reason::stop;
-    else if (a.generated >= a.params.max_tokens) a.ending = finish_reason::length;
-    else if (s.ctx->pos(a.seq) + 1 > s.cfg.context) a.ending = finish_reason::context;
+    if (released.stopped)
+      a.ending = finish_reason::stop;
+    else if (a.generated >= a.params.max_tokens)
+      a.ending = finish_reason::length;
+    else if (s.ctx->pos(a.seq) + 1 > s.cfg.context)
+      a.ending = finish_reason::context;
   }
 }
 

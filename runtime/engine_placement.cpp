@@ -38,8 +38,8 @@ void engine::check_placeable() const {
     const uint64_t need = roster_->policy.stream ? std::min(weights, std::max(slots, weights / 2)) : weights;
     if (other + need > snap.device.capacity)
       throw std::invalid_argument("engine: model '" + s->cfg.name + "' cannot run on a device of " + std::to_string(snap.device.capacity) +
-                                  " bytes: it needs " + std::to_string(need) + (need < weights ? " (stream slots)" : " (weights)") +
-                                  " beside " + std::to_string(other) + " of KV pools and scratch");
+                                  " bytes: it needs " + std::to_string(need) + (need < weights ? " (stream slots)" : " (weights)") + " beside " +
+                                  std::to_string(other) + " of KV pools and scratch");
   }
 }
 
@@ -72,7 +72,7 @@ engine::served* engine::plan_and_pick() {
     f.arrivals_per_s = m->arrivals.at(now);
     facts.push_back(std::move(f));
   }
-  const double link = config_.link_gb_s > 0 ? config_.link_gb_s
+  const double link = config_.link_gb_s > 0                       ? config_.link_gb_s
                       : arb.device_backend().info().link_gbps > 0 ? arb.device_backend().info().link_gbps
                                                                   : 25.0;
   const auto snap_now = arb.snapshot();

@@ -35,10 +35,10 @@ struct engine::active {
   int64_t seq = -1;       // sequence slot while running
   int64_t prefilled = 0;  // prompt tokens in the KV
   int64_t generated = 0;
-  int32_t next = -1;      // the last generated token, fed in the next pass
+  int32_t next = -1;                           // the last generated token, fed in the next pass
   finish_reason ending = finish_reason::none;  // set by the pass; retired right after it
-  bool preempt = false;    // preempted by the pass being formed: set aside after it
-  bool recompute = false;  // preempted without a host copy: its tokens are evaluated again
+  bool preempt = false;                        // preempted by the pass being formed: set aside after it
+  bool recompute = false;                      // preempted without a host copy: its tokens are evaluated again
 
   active(engine_request r, size_t m, const models::tokenizer& tok)
       : handle(std::make_shared<request_handle>()),
@@ -95,7 +95,7 @@ struct engine::served {
   std::atomic<int64_t> restored{0};
   clock_type::time_point last_pass = clock_type::now();
   clock_type::time_point loaded_at{};  // when the engine last started loading it (placement by plan)
-  int in_flight = 0;  // submitted and not finished (engine::m_): the queue limit
+  int in_flight = 0;                   // submitted and not finished (engine::m_): the queue limit
   // For model_stats (engine::m_).
   int64_t prefix_queries = 0, prefix_hits = 0, preemptions = 0;
   void publish() {

@@ -16,8 +16,8 @@ const memory::model_snapshot* find_model(const memory::arbiter_snapshot& a, cons
 
 }  // namespace
 
-policy::snapshot planner_snapshot(const memory::arbiter_snapshot& a, size_t block_bytes, std::span<const model_facts> facts,
-                                  double link_gb_s, double disk_gb_s) {
+policy::snapshot planner_snapshot(const memory::arbiter_snapshot& a, size_t block_bytes, std::span<const model_facts> facts, double link_gb_s,
+                                  double disk_gb_s) {
   policy::snapshot s;
   s.device_capacity = a.device.capacity;
   s.host_capacity = a.host.capacity;
@@ -83,8 +83,10 @@ memory::status apply_memory_action(models::arbiter_residency& r, const policy::a
   auto& a = r.arbiter();
   const auto id = r.id();
   switch (act.kind) {
-    case policy::action_kind::stage: return a.stage(id).st;
-    case policy::action_kind::evict_host: return a.evict(id, memory::tier::host);
+    case policy::action_kind::stage:
+      return a.stage(id).st;
+    case policy::action_kind::evict_host:
+      return a.evict(id, memory::tier::host);
     case policy::action_kind::evict_device: {
       const auto st = a.reserve_stream_slots(id, 0);
       if (st != memory::status::ok) return st;
@@ -116,7 +118,8 @@ memory::status apply_memory_action(models::arbiter_residency& r, const policy::a
       return memory::status::ok;
     }
     case policy::action_kind::preempt:
-    case policy::action_kind::resume: return memory::status::ok;
+    case policy::action_kind::resume:
+      return memory::status::ok;
   }
   return memory::status::ok;
 }

@@ -32,8 +32,8 @@ struct model_facts {
 // and per model its weights' residency, a streamed model's stream slots counted as its own
 // device bytes (it is on the device in part). Models unknown to the arbiter are left out.
 // Sizes count whole arbiter blocks, as the pools do.
-policy::snapshot planner_snapshot(const memory::arbiter_snapshot& a, size_t block_bytes, std::span<const model_facts> facts,
-                                  double link_gb_s, double disk_gb_s);
+policy::snapshot planner_snapshot(const memory::arbiter_snapshot& a, size_t block_bytes, std::span<const model_facts> facts, double link_gb_s,
+                                  double disk_gb_s);
 policy::demand planner_demand(std::span<const model_facts> facts);
 
 // Carries out a stage, load or evict action on one model; other kinds are the engine's and

@@ -29,7 +29,8 @@ std::unique_ptr<placed_model> place_model(const models::model& m, const std::str
   // takes its own activations from the arbiter; the CPU kernels read the device tier directly.
   const bool gpu = !p->backend->device_host_addressable();
   if (gpu && m.options().pack_weights)
-    throw std::runtime_error("backend " + p->backend->info().name + ": the model must be loaded unpacked (pack_weights off) for the CUDA forward pass");
+    throw std::runtime_error("backend " + p->backend->info().name +
+                             ": the model must be loaded unpacked (pack_weights off) for the CUDA forward pass");
   p->arbiter = std::make_unique<memory::arbiter>(*p->backend, memory::arbiter_config{o.device_bytes, o.host_bytes});
   auto& a = *p->arbiter;
   p->residency = std::make_unique<models::arbiter_residency>(a, m, name, o.prefetch_depth);

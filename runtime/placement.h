@@ -30,8 +30,8 @@ struct placement_options {
   int64_t n_seq = 1;
   kernels::cpu::kv_type kv = kernels::cpu::kv_type::f16;
   int64_t kv_block_tokens = 16;
-  int64_t max_batch = 512;      // prompt tokens per forward pass (sizes the activation scratch)
-  bool wait = false;            // wait for every copy before returning (else they land while the first pass runs)
+  int64_t max_batch = 512;  // prompt tokens per forward pass (sizes the activation scratch)
+  bool wait = false;        // wait for every copy before returning (else they land while the first pass runs)
 };
 
 // Owns what it placed; destroy before the model.
@@ -42,8 +42,8 @@ struct placed_model {
   std::unique_ptr<memory::kv_pool> kv;
   std::optional<memory::allocation> scratch;  // the forward pass's activations, device tier
   int segments = 0;
-  int on_device = 0;    // segments with a device copy of their own
-  int staged = 0;       // segments with a host copy
+  int on_device = 0;     // segments with a device copy of their own
+  int staged = 0;        // segments with a host copy
   int stream_slots = 0;  // 0 when every segment is on the device
   memory::event loaded;  // the device copies started here
   ~placed_model();

@@ -51,8 +51,8 @@ class prefix_cache {
   // (a sequence's swap-out, a model's staging); returns how many went.
   int drop_host(int32_t n);
 
-  int32_t blocks() const { return blocks_; }             // on the device
-  int32_t host_blocks() const { return host_blocks_; }   // copies waiting on the host
+  int32_t blocks() const { return blocks_; }            // on the device
+  int32_t host_blocks() const { return host_blocks_; }  // copies waiting on the host
   int64_t hits() const { return hits_; }
   int64_t misses() const { return misses_; }
   int64_t restored() const { return restored_; }  // blocks copied back from the host by matches

@@ -4,13 +4,20 @@ namespace tandem::runtime {
 
 const char* finish_name(finish_reason r) {
   switch (r) {
-    case finish_reason::none: return "running";
-    case finish_reason::length: return "length";
-    case finish_reason::eog: return "stop";
-    case finish_reason::stop: return "stop";
-    case finish_reason::context: return "context";
-    case finish_reason::cancelled: return "cancelled";
-    case finish_reason::error: return "error";
+    case finish_reason::none:
+      return "running";
+    case finish_reason::length:
+      return "length";
+    case finish_reason::eog:
+      return "stop";
+    case finish_reason::stop:
+      return "stop";
+    case finish_reason::context:
+      return "context";
+    case finish_reason::cancelled:
+      return "cancelled";
+    case finish_reason::error:
+      return "error";
   }
   return "?";
 }

@@ -24,13 +24,10 @@ void validate(const sampling_params& p) {
   if (!(p.top_p >= 0.0f && p.top_p <= 1.0f)) bad_param("top_p", "in [0, 1]", p.top_p);
   if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) bad_param("min_p", "in [0, 1]", p.min_p);
   // 0 divides positive logits by zero (a repeated token becomes certain); below 0 flips signs.
-  if (!(std::isfinite(p.repeat_penalty) && p.repeat_penalty > 0.0f))
-    bad_param("repeat_penalty", "finite and > 0", p.repeat_penalty);
+  if (!(std::isfinite(p.repeat_penalty) && p.repeat_penalty > 0.0f)) bad_param("repeat_penalty", "finite and > 0", p.repeat_penalty);
   if (p.repeat_last_n < -1) bad_param("repeat_last_n", ">= -1", p.repeat_last_n);
-  if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f))
-    bad_param("presence_penalty", "in [-2, 2]", p.presence_penalty);
-  if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f))
-    bad_param("frequency_penalty", "in [-2, 2]", p.frequency_penalty);
+  if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f)) bad_param("presence_penalty", "in [-2, 2]", p.presence_penalty);
+  if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f)) bad_param("frequency_penalty", "in [-2, 2]", p.frequency_penalty);
 }
 
 }  // namespace
@@ -109,12 +106,10 @@ int32_t sampler::sample(std::span<float> logits, std::span<const int32_t> histor
   auto cut = [&](size_t k) {
     if (k >= pool) return;
     if (k > sorted && k <= 1024) {
-      std::partial_sort(first + static_cast<ptrdiff_t>(sorted), first + static_cast<ptrdiff_t>(k),
-                        first + static_cast<ptrdiff_t>(pool), by_logit);
+      std::partial_sort(first + static_cast<ptrdiff_t>(sorted), first + static_cast<ptrdiff_t>(k), first + static_cast<ptrdiff_t>(pool), by_logit);
       sorted = k;
     } else if (k > sorted) {
-      std::nth_element(first + static_cast<ptrdiff_t>(sorted), first + static_cast<ptrdiff_t>(k),
-                       first + static_cast<ptrdiff_t>(pool), by_logit);
+      std::nth_element(first + static_cast<ptrdiff_t>(sorted), first + static_cast<ptrdiff_t>(k), first + static_cast<ptrdiff_t>(pool), by_logit);
     }
     pool = k;
     sorted = std::min(sorted, k);
@@ -123,8 +118,8 @@ int32_t sampler::sample(std::span<float> logits, std::span<const int32_t> histor
   // step selects from the whole rest, so few and growing steps keep the total near one pass.
   auto order_more = [&] {
     const size_t k = std::min(pool, std::max<size_t>(256, 8 * sorted));
-    if (k < pool) std::nth_element(first + static_cast<ptrdiff_t>(sorted), first + static_cast<ptrdiff_t>(k),
-                                   first + static_cast<ptrdiff_t>(pool), by_logit);
+    if (k < pool)
+      std::nth_element(first + static_cast<ptrdiff_t>(sorted), first + static_cast<ptrdiff_t>(k), first + static_cast<ptrdiff_t>(pool), by_logit);
     std::sort(first + static_cast<ptrdiff_t>(sorted), first + static_cast<ptrdiff_t>(k), by_logit);
     sorted = k;
   };
@@ -184,7 +179,6 @@ int32_t sampler::sample(std::span<float> logits, std::span<const int32_t> histor
   }
   return last;
 }
-
 
 int32_t sampler::sample_infinite(std::span<const float> logits) {
   // Every +inf token is infinitely more likely than any finite one and equally likely among

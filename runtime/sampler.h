@@ -13,12 +13,12 @@ namespace tandem::runtime {
 // Defaults follow llama.cpp's CLI (temp 0.8, top-k 40, top-p 0.95, min-p 0.05, no penalty).
 // The sampler constructor rejects values outside the stated ranges (NaN included).
 struct sampling_params {
-  float temperature = 0.8f;    // finite, >= 0; 0: greedy (argmax, ties to the lowest id)
-  int top_k = 40;              // <= 0: disabled
-  float top_p = 0.95f;         // in [0, 1]; 1: disabled; 0 keeps only the best token
-  float min_p = 0.05f;         // in [0, 1]; 0: disabled
-  float repeat_penalty = 1.0f; // finite, > 0; 1: disabled; applied to the last repeat_last_n tokens
-  int repeat_last_n = 64;      // >= -1; -1: the whole history, 0: none
+  float temperature = 0.8f;     // finite, >= 0; 0: greedy (argmax, ties to the lowest id)
+  int top_k = 40;               // <= 0: disabled
+  float top_p = 0.95f;          // in [0, 1]; 1: disabled; 0 keeps only the best token
+  float min_p = 0.05f;          // in [0, 1]; 0: disabled
+  float repeat_penalty = 1.0f;  // finite, > 0; 1: disabled; applied to the last repeat_last_n tokens
+  int repeat_last_n = 64;       // >= -1; -1: the whole history, 0: none
   // Each in [-2, 2]; 0: disabled. Over the same last repeat_last_n tokens, a token seen c times
   // loses c * frequency_penalty + presence_penalty from its logit (OpenAI's definition;
   // negative values favour repeats).
@@ -55,7 +55,7 @@ class sampler {
   sampling_params params_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> candidates_;  // reused across calls
-  std::vector<float> weights_;                          // the unfiltered draw's, reused
+  std::vector<float> weights_;                         // the unfiltered draw's, reused
   std::unordered_map<int32_t, int32_t> counts_;        // penalty window: token -> occurrences; reused
 };
 

@@ -24,9 +24,12 @@ constexpr int64_t k_block_tokens = 16;  // the engine's KV block size
 
 memory::backend_kind backend_kind_of(configs::backend_choice c) {
   switch (c) {
-    case configs::backend_choice::cuda: return memory::backend_kind::cuda;
-    case configs::backend_choice::cpu: return memory::backend_kind::cpu;
-    case configs::backend_choice::automatic: break;
+    case configs::backend_choice::cuda:
+      return memory::backend_kind::cuda;
+    case configs::backend_choice::cpu:
+      return memory::backend_kind::cpu;
+    case configs::backend_choice::automatic:
+      break;
   }
   return memory::backend_kind::automatic;
 }
@@ -51,7 +54,8 @@ int32_t kv_blocks_for(const configs::model_entry& e) {
 served_roster::served_roster(const configs::roster& r, const serve_options& o) : roster_(r) {
   using configs::format_byte_size;
   if (roster_.devices.size() != 1)
-    throw std::invalid_argument(roster_.source + ": tandem serves one device per process; the roster lists " + std::to_string(roster_.devices.size()));
+    throw std::invalid_argument(roster_.source + ": tandem serves one device per process; the roster lists " +
+                                std::to_string(roster_.devices.size()));
   const auto& dev = roster_.devices.front();
   backend_ = memory::make_backend({backend_kind_of(dev.backend), dev.link_gbps});
   // A backend whose device memory the host cannot read is a GPU: the engine computes its
@@ -71,8 +75,8 @@ served_roster::served_roster(const configs::roster& r, const serve_options& o) :
     }
     if (why.empty()) continue;
     runtime::logger().error("serve: model '{}' cannot run on {}: {}", e.name, backend_->info().name, why);
-    throw std::runtime_error(roster_.source + ": model '" + e.name + "' cannot run on " + backend_->info().name + " (devices[0].backend: " +
-                             (dev.backend == configs::backend_choice::cuda ? "cuda" : "auto") + "): " + why +
+    throw std::runtime_error(roster_.source + ": model '" + e.name + "' cannot run on " + backend_->info().name +
+                             " (devices[0].backend: " + (dev.backend == configs::backend_choice::cuda ? "cuda" : "auto") + "): " + why +
                              "; set devices[0].backend: cpu to serve the roster on the CPU");
   }
 #endif
@@ -105,13 +109,15 @@ served_roster::served_roster(const configs::roster& r, const serve_options& o) :
     }
     // The roster may state sizes for `tandem sim`; say so when the file disagrees.
     if (e.size_bytes && std::abs(static_cast<double>(*e.size_bytes) - static_cast<double>(m->file_bytes)) > 0.05 * static_cast<double>(m->file_bytes))
-      runtime::logger().warn("serve: model '{}' states size {} but {} is {}", e.name, format_byte_size(*e.size_bytes), e.file, format_byte_size(m->file_bytes));
+      runtime::logger().warn("serve: model '{}' states size {} but {} is {}", e.name, format_byte_size(*e.size_bytes), e.file,
+                             format_byte_size(m->file_bytes));
     const auto kv = kv_type_of(e.kv_type);
     const uint64_t per_token = models::kv_bytes_per_token(m->model->config(), kv);
     if (e.kv_bytes_per_token && *e.kv_bytes_per_token != per_token)
       runtime::logger().warn("serve: model '{}' states {} KV bytes per token; its file needs {}", e.name, *e.kv_bytes_per_token, per_token);
     if (e.context > m->model->config().n_ctx_train && m->model->config().n_ctx_train > 0)
-      runtime::logger().warn("serve: model '{}' runs a context of {} beyond the {} it was trained with", e.name, e.context, m->model->config().n_ctx_train);
+      runtime::logger().warn("serve: model '{}' runs a context of {} beyond the {} it was trained with", e.name, e.context,
+                             m->model->config().n_ctx_train);
     const int32_t blocks = kv_blocks_for(e);
     memory::status st = memory::status::ok;
     m->kv = memory::kv_pool::make(*arbiter_, e.name, blocks, k_block_tokens, static_cast<size_t>(per_token * k_block_tokens), &st);
@@ -120,13 +126,11 @@ served_roster::served_roster(const configs::roster& r, const serve_options& o) :
                                " positions, " + format_byte_size(static_cast<uint64_t>(blocks) * per_token * k_block_tokens) +
                                ") does not fit beside the others in the device budget of " + format_byte_size(dev.vram));
     m->placement = std::make_unique<models::arbiter_residency>(*arbiter_, *m->model, e.name);
-    if (e.preload != configs::preload_tier::none)
-      apply_memory_action(*m->placement, {policy::action_kind::stage, e.name, "preload", 0});
-    if (e.preload == configs::preload_tier::device || e.pinned)
-      apply_memory_action(*m->placement, {policy::action_kind::load, e.name, "preload", 0});
-    runtime::logger().info("serve: {} ({}, {} {}, {} x {} positions) opened in {:.0f} ms", e.name, e.file, models::architecture_name(m->model->config().arch),
-                 format_byte_size(m->file_bytes), e.max_sequences, e.context,
-                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    if (e.preload != configs::preload_tier::none) apply_memory_action(*m->placement, {policy::action_kind::stage, e.name, "preload", 0});
+    if (e.preload == configs::preload_tier::device || e.pinned) apply_memory_action(*m->placement, {policy::action_kind::load, e.name, "preload", 0});
+    runtime::logger().info("serve: {} ({}, {} {}, {} x {} positions) opened in {:.0f} ms", e.name, e.file,
+                           models::architecture_name(m->model->config().arch), format_byte_size(m->file_bytes), e.max_sequences, e.context,
+                           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     engine_model em;
     em.name = e.name;
     em.model = m->model.get();

@@ -24,9 +24,7 @@ std::string configured_path(const char* name, const char* built_in) {
 
 }  // namespace
 
-std::filesystem::path data_path(const std::string& rel) {
-  return std::filesystem::path(configured_path("TANDEM_TEST_DATA", TANDEM_TEST_DATA)) / rel;
-}
+std::filesystem::path data_path(const std::string& rel) { return std::filesystem::path(configured_path("TANDEM_TEST_DATA", TANDEM_TEST_DATA)) / rel; }
 
 std::filesystem::path smollm_path() {
   return std::filesystem::path(configured_path("TANDEM_MODELS_DIR", TANDEM_MODELS_DIR)) / "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -40,8 +38,7 @@ void require_smollm() {
 
 scratch_dir::scratch_dir() {
   static std::atomic<int> counter{0};
-  path_ = std::filesystem::temp_directory_path() /
-          ("tandem-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+  path_ = std::filesystem::temp_directory_path() / ("tandem-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
   std::filesystem::create_directories(path_);
 }
 

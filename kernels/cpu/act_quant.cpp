@@ -86,18 +86,23 @@ weight_type activation_type(weight_type weights) {
   switch (weights) {
     case weight_type::q4_0:
     case weight_type::q5_0:
-    case weight_type::q8_0: return weight_type::q8_0;
+    case weight_type::q8_0:
+      return weight_type::q8_0;
     case weight_type::q4_1:
-    case weight_type::q5_1: return weight_type::q8_1;
+    case weight_type::q5_1:
+      return weight_type::q8_1;
     case weight_type::q4_k:
     case weight_type::q5_k:
-    case weight_type::q6_k: return weight_type::q8_k;
-    case weight_type::f16: return weight_type::f16;
-    case weight_type::bf16: return weight_type::bf16;
-    case weight_type::f32: return weight_type::f32;
+    case weight_type::q6_k:
+      return weight_type::q8_k;
+    case weight_type::f16:
+      return weight_type::f16;
+    case weight_type::bf16:
+      return weight_type::bf16;
+    case weight_type::f32:
+      return weight_type::f32;
     default:
-      throw std::invalid_argument("activation_type: weight type " + display_name(weights) +
-                                  " has no CPU dot product");
+      throw std::invalid_argument("activation_type: weight type " + display_name(weights) + " has no CPU dot product");
   }
 }
 
@@ -105,26 +110,48 @@ void quantize_activation_row(weight_type act, const float* src, void* dst, int64
   const isa path = active_isa();
   if (path == isa::avx512) {
     switch (act) {
-      case weight_type::q8_0: quantize_q8_0_act_avx512(src, dst, n); return;
-      case weight_type::q8_1: quantize_q8_1_avx512(src, dst, n); return;
-      case weight_type::q8_k: quantize_q8_k_avx512(src, dst, n); return;
-      default: break;
+      case weight_type::q8_0:
+        quantize_q8_0_act_avx512(src, dst, n);
+        return;
+      case weight_type::q8_1:
+        quantize_q8_1_avx512(src, dst, n);
+        return;
+      case weight_type::q8_k:
+        quantize_q8_k_avx512(src, dst, n);
+        return;
+      default:
+        break;
     }
   } else if (path == isa::avx2) {
     switch (act) {
-      case weight_type::q8_0: quantize_q8_0_act_avx2(src, dst, n); return;
-      case weight_type::q8_1: quantize_q8_1_avx2(src, dst, n); return;
-      case weight_type::q8_k: quantize_q8_k_avx2(src, dst, n); return;
-      default: break;
+      case weight_type::q8_0:
+        quantize_q8_0_act_avx2(src, dst, n);
+        return;
+      case weight_type::q8_1:
+        quantize_q8_1_avx2(src, dst, n);
+        return;
+      case weight_type::q8_k:
+        quantize_q8_k_avx2(src, dst, n);
+        return;
+      default:
+        break;
     }
   }
   switch (act) {
-    case weight_type::q8_0: quantize_q8_0_act(src, dst, n); return;
-    case weight_type::q8_1: quantize_q8_1(src, dst, n); return;
-    case weight_type::q8_k: quantize_q8_k(src, dst, n); return;
+    case weight_type::q8_0:
+      quantize_q8_0_act(src, dst, n);
+      return;
+    case weight_type::q8_1:
+      quantize_q8_1(src, dst, n);
+      return;
+    case weight_type::q8_k:
+      quantize_q8_k(src, dst, n);
+      return;
     case weight_type::f16:
     case weight_type::bf16:
-    case weight_type::f32: quantize_row(act, src, dst, n); return;
+    case weight_type::f32:
+      quantize_row(act, src, dst, n);
+      return;
     default:
       throw std::invalid_argument("quantize_activation_row: " + display_name(act) + " is not an activation type");
   }
@@ -149,7 +176,9 @@ void dequantize_activation_row(weight_type act, const void* src, float* dst, int
     case weight_type::q8_0:
     case weight_type::f16:
     case weight_type::bf16:
-    case weight_type::f32: dequantize_row(act, src, dst, n); return;
+    case weight_type::f32:
+      dequantize_row(act, src, dst, n);
+      return;
     default:
       throw std::invalid_argument("dequantize_activation_row: " + display_name(act) + " is not an activation type");
   }

@@ -35,8 +35,8 @@ void quantize_q8_k_avx512(const float* x, void* dst, int64_t n);
 // of columns [32c, 32c + 32) go to codes + c * code_stride and the aux floats of sub-block s to
 // aux + s * aux_stride: 32 and k_panel_aux_per_sub for the row's own form, a group's for the
 // tiled form (tiled_act_row, panel.cpp).
-void panel_act_row_avx512(weight_type act, int sub, int offset, const float* x, int64_t cols, int8_t* codes, float* aux,
-                          int64_t code_stride, int64_t aux_stride);
+void panel_act_row_avx512(weight_type act, int sub, int offset, const float* x, int64_t cols, int8_t* codes, float* aux, int64_t code_stride,
+                          int64_t aux_stride);
 // act_quant_avx2.cpp: the same, for the AVX2 path.
 void quantize_q8_0_act_avx2(const float* x, void* dst, int64_t n);
 void quantize_q8_1_avx2(const float* x, void* dst, int64_t n);

@@ -108,8 +108,7 @@ void quantize_q8_k_avx2(const float* x, void* dst, int64_t n) {
     const __m256i cap = _mm256_set1_epi32(127);
     for (int g = 0; g < 8; ++g) {  // 32 codes, two bsums a pass
       __m256i q[4];
-      for (int k = 0; k < 4; ++k)
-        q[k] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(vs, _mm256_loadu_ps(x + 32 * g + 8 * k))), cap);
+      for (int k = 0; k < 4; ++k) q[k] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(vs, _mm256_loadu_ps(x + 32 * g + 8 * k))), cap);
       store_codes32(y[i].qs + 32 * g, q[0], q[1], q[2], q[3]);
       y[i].bsums[2 * g] = static_cast<int16_t>(lane_sum(_mm256_add_epi32(q[0], q[1])));
       y[i].bsums[2 * g + 1] = static_cast<int16_t>(lane_sum(_mm256_add_epi32(q[2], q[3])));

@@ -61,11 +61,10 @@ static inline __m512i reduce16(const __m512i* v, Op op) {
   for (int k = 0; k < 2; ++k)
     w[k] = op(_mm512_maskz_shuffle_i32x4(k_all16, u[2 * k], u[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
               _mm512_maskz_shuffle_i32x4(k_all16, u[2 * k], u[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-  return op(_mm512_maskz_shuffle_i32x4(k_all16, w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)), _mm512_maskz_shuffle_i32x4(k_all16, w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return op(_mm512_maskz_shuffle_i32x4(k_all16, w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
+            _mm512_maskz_shuffle_i32x4(k_all16, w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
-static inline __m512i max_bits(__m512i a, __m512i b) {
-  return _mm512_castps_si512(max_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b)));
-}
+static inline __m512i max_bits(__m512i a, __m512i b) { return _mm512_castps_si512(max_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b))); }
 static inline __m512i add_i32(__m512i a, __m512i b) { return _mm512_add_epi32(a, b); }
 
 // q = round(x * id) into 32 int8 at out; returns the 16 lanes' partial sums of the codes.
@@ -144,13 +143,12 @@ static inline float block_q8_k_codes(const float* x, int8_t* qs, int16_t* bsums,
 // and write nothing. A tail of 8 blocks (2,816 or 768 columns) took as long one block at a
 // time as 48 blocks did in groups.
 template <int N>
-static inline void legacy_group(bool q8_1, int offset, const float* x, int8_t* codes, int64_t cs, float* aux, int64_t as,
-                                int nb) {
+static inline void legacy_group(bool q8_1, int offset, const float* x, int8_t* codes, int64_t cs, float* aux, int64_t as, int nb) {
   auto live = [&](int b) { return N == 16 || b < nb; };
   __m512i v[16];
   for (int b = 0; b < 16; ++b)
-    v[b] = live(b) ? _mm512_castps_si512(max_ps(abs_ps(_mm512_loadu_ps(x + 32 * b)), abs_ps(_mm512_loadu_ps(x + 32 * b + 16))))
-                   : _mm512_setzero_si512();
+    v[b] =
+        live(b) ? _mm512_castps_si512(max_ps(abs_ps(_mm512_loadu_ps(x + 32 * b)), abs_ps(_mm512_loadu_ps(x + 32 * b + 16)))) : _mm512_setzero_si512();
   const __m512 amax = _mm512_castsi512_ps(reduce16(v, max_bits));
   const __m512 d = _mm512_div_ps(amax, _mm512_set1_ps(127.0f));
   const __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(amax, _mm512_setzero_ps(), _CMP_NEQ_OQ), _mm512_set1_ps(127.0f), amax);
@@ -160,8 +158,8 @@ static inline void legacy_group(bool q8_1, int offset, const float* x, int8_t* c
   const __m512i sum = reduce16(v, add_i32);
   const __m512 sumf = _mm512_maskz_cvtepi32_ps(k_all16, sum);
   const __m512 da = avx512::cvt_f16(_mm512_maskz_cvtps_ph(k_all16, d, _MM_FROUND_TO_NEAREST_INT));
-  const __m512 ds = q8_1 ? avx512::cvt_f16(_mm512_maskz_cvtps_ph(k_all16, _mm512_mul_ps(sumf, d), _MM_FROUND_TO_NEAREST_INT))
-                         : _mm512_mul_ps(da, sumf);
+  const __m512 ds =
+      q8_1 ? avx512::cvt_f16(_mm512_maskz_cvtps_ph(k_all16, _mm512_mul_ps(sumf, d), _MM_FROUND_TO_NEAREST_INT)) : _mm512_mul_ps(da, sumf);
   alignas(64) float das[16], dss[16];
   alignas(64) int32_t terms[16];
   _mm512_store_ps(das, da);
@@ -193,8 +191,8 @@ void quantize_q8_k_avx512(const float* x, void* dst, int64_t n) {
   for (int64_t i = 0; i < n / k_qk_k; ++i, x += k_qk_k) y[i].d = block_q8_k_codes(x, y[i].qs, y[i].bsums);
 }
 
-void panel_act_row_avx512(weight_type act, int sub, int offset, const float* x, int64_t cols, int8_t* codes, float* aux,
-                          int64_t code_stride, int64_t aux_stride) {
+void panel_act_row_avx512(weight_type act, int sub, int offset, const float* x, int64_t cols, int8_t* codes, float* aux, int64_t code_stride,
+                          int64_t aux_stride) {
   const int64_t cs = code_stride, as = aux_stride;
   if (act == weight_type::q8_0 || act == weight_type::q8_1) {
     const bool q8_1 = act == weight_type::q8_1;

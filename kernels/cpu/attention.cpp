@@ -115,9 +115,12 @@ using attend_fn = void (*)(const attention_task&, const attention_scratch&);
 
 attend_fn select_attend(isa path) {
   switch (path) {
-    case isa::avx512: return attend_avx512;
-    case isa::avx2: return attend_avx2;
-    default: return attend_scalar;
+    case isa::avx512:
+      return attend_avx512;
+    case isa::avx2:
+      return attend_avx2;
+    default:
+      return attend_scalar;
   }
 }
 
@@ -140,8 +143,8 @@ size_t prompt_scratch_floats(int padded_dim) {
   return dp * L * 2 + 2 * L * dp * P + dp * P + L * L + L + 16;
 }
 
-void attention(const float* q, int64_t n_q, int64_t pos0, const void* k_cache, const void* v_cache, kv_type kt,
-               int n_heads, int n_kv_heads, int head_dim, float scale, float* out, thread_pool* pool) {
+void attention(const float* q, int64_t n_q, int64_t pos0, const void* k_cache, const void* v_cache, kv_type kt, int n_heads, int n_kv_heads,
+               int head_dim, float scale, float* out, thread_pool* pool) {
   const attention_run run{q, n_q, pos0, k_cache, v_cache, out};
   attention_many(&run, 1, kt, n_heads, n_kv_heads, head_dim, scale, pool);
 }
@@ -149,8 +152,8 @@ void attention(const float* q, int64_t n_q, int64_t pos0, const void* k_cache, c
 namespace {
 
 // attention_many, or with part (pool then unused) only that member's share of the tasks.
-void attend_runs(const attention_run* runs, int64_t n_runs, kv_type kt, int n_heads, int n_kv_heads, int head_dim,
-                 float scale, thread_pool* pool, const team_part* part) {
+void attend_runs(const attention_run* runs, int64_t n_runs, kv_type kt, int n_heads, int n_kv_heads, int head_dim, float scale, thread_pool* pool,
+                 const team_part* part) {
   if (part && (part->count < 1 || part->index < 0 || part->index >= part->count))
     throw std::invalid_argument("attention: team part " + std::to_string(part->index) + " of " + std::to_string(part->count));
   if (n_runs <= 0 || n_heads <= 0) return;
@@ -195,8 +198,7 @@ void attend_runs(const attention_run* runs, int64_t n_runs, kv_type kt, int n_he
   // as fill the lanes, but never so few tiles that threads would idle.
   int kv_period = 1;
   if (p_parts == 1) {
-    while (kv_period * 2 <= k_prompt_max_kv_period && kv_period * 2 * group <= lanes && kv_period < n_kv_heads)
-      kv_period *= 2;
+    while (kv_period * 2 <= k_prompt_max_kv_period && kv_period * 2 * group <= lanes && kv_period < n_kv_heads) kv_period *= 2;
   }
   auto grouped = [&](const attention_run& r) {
     const int64_t rows = prompt_rows(r);
@@ -233,8 +235,7 @@ void attend_runs(const attention_run* runs, int64_t n_runs, kv_type kt, int n_he
   thread_local std::vector<int64_t> first;
   first.assign(static_cast<size_t>(n_runs + 1), 0);
   for (int64_t i = 0; i < n_runs; ++i)
-    first[static_cast<size_t>(i + 1)] =
-        first[static_cast<size_t>(i)] + prompt_units(runs[i]) + other_tiles(runs[i]) * per_row;
+    first[static_cast<size_t>(i + 1)] = first[static_cast<size_t>(i)] + prompt_units(runs[i]) + other_tiles(runs[i]) * per_row;
   const int64_t units = first[static_cast<size_t>(n_runs)];
   const int64_t* firsts = first.data();
 
@@ -253,10 +254,10 @@ void attend_runs(const attention_run* runs, int64_t n_runs, kv_type kt, int n_he
   const bool head_shares = part && n_runs == 1 && total_rows == 1 && prompt_rows(runs[0]) == 0;
   const int64_t head_begin = head_shares ? share_start(n_heads, part->count, part->index) : 0;
   const int64_t head_end = head_shares ? share_start(n_heads, part->count, part->index + 1) : 0;
-  const int64_t heads = std::max(kt == kv_type::f16 ? int64_t{per_task} * task_rows : int64_t{per_task},
-                                 std::min<int64_t>(group, head_end - head_begin));
-  const size_t scratch_floats = static_cast<size_t>(2 * heads * dp + 2 * k_attention_key_block * dp +
-                                                    heads * (score_len + 2 * k_attention_key_block) + 2 * heads);
+  const int64_t heads =
+      std::max(kt == kv_type::f16 ? int64_t{per_task} * task_rows : int64_t{per_task}, std::min<int64_t>(group, head_end - head_begin));
+  const size_t scratch_floats =
+      static_cast<size_t>(2 * heads * dp + 2 * k_attention_key_block * dp + heads * (score_len + 2 * k_attention_key_block) + 2 * heads);
 
   // The task of `n_group` heads from `head` (all of KV head kv_head's, or a run of them) for
   // `n_rows` rows from `row` of a run.
@@ -376,13 +377,13 @@ void attend_runs(const attention_run* runs, int64_t n_runs, kv_type kt, int n_he
 
 }  // namespace
 
-void attention_many(const attention_run* runs, int64_t n_runs, kv_type kt, int n_heads, int n_kv_heads, int head_dim,
-                    float scale, thread_pool* pool) {
+void attention_many(const attention_run* runs, int64_t n_runs, kv_type kt, int n_heads, int n_kv_heads, int head_dim, float scale,
+                    thread_pool* pool) {
   attend_runs(runs, n_runs, kt, n_heads, n_kv_heads, head_dim, scale, pool, nullptr);
 }
 
-void attention_many_part(const attention_run* runs, int64_t n_runs, kv_type kt, int n_heads, int n_kv_heads,
-                         int head_dim, float scale, team_part part) {
+void attention_many_part(const attention_run* runs, int64_t n_runs, kv_type kt, int n_heads, int n_kv_heads, int head_dim, float scale,
+                         team_part part) {
   attend_runs(runs, n_runs, kt, n_heads, n_kv_heads, head_dim, scale, nullptr, &part);
 }
 

@@ -51,15 +51,14 @@ struct avx2_lanes {
       const __m256 x = avx2::expf_exact(arg);
       _mm256_storeu_ps(ms + b0, _mm256_blendv_ps(one, x, fresh));
       _mm256_storeu_ps(w + b0, _mm256_and_ps(valid, _mm256_blendv_ps(x, one, fresh)));  // 0 past nb
-      m = _mm256_cvtss_f32(_mm256_permutevar8x32_ps(p, _mm256_set1_epi32(7)));  // past nb: -inf, so the max
+      m = _mm256_cvtss_f32(_mm256_permutevar8x32_ps(p, _mm256_set1_epi32(7)));          // past nb: -inf, so the max
     }
   }
 
   // a shifted up by K lanes, the K lowest lanes taken from fill's (all alike here).
   template <int K>
   static __m256 shift_in(__m256 a, __m256 fill) {
-    const __m256i up = _mm256_setr_epi32(0, 1 - K < 0 ? 0 : 1 - K, 2 - K < 0 ? 0 : 2 - K, 3 - K < 0 ? 0 : 3 - K, 4 - K,
-                                         5 - K, 6 - K, 7 - K);
+    const __m256i up = _mm256_setr_epi32(0, 1 - K < 0 ? 0 : 1 - K, 2 - K < 0 ? 0 : 2 - K, 3 - K < 0 ? 0 : 3 - K, 4 - K, 5 - K, 6 - K, 7 - K);
     return _mm256_blend_ps(_mm256_permutevar8x32_ps(a, up), fill, (1 << K) - 1);
   }
 };
@@ -122,17 +121,19 @@ struct avx2_prompt_lanes {
   // alias them (a double load may not).
   template <int P>
   static vec key_lanes(const float* x) {
-    if constexpr (P == 1) return _mm256_set1_ps(x[0]);
-    else if constexpr (P == 2) return _mm256_castsi256_ps(_mm256_broadcastq_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x))));
-    else return _mm256_broadcast_ps(reinterpret_cast<const __m128*>(x));
+    if constexpr (P == 1)
+      return _mm256_set1_ps(x[0]);
+    else if constexpr (P == 2)
+      return _mm256_castsi256_ps(_mm256_broadcastq_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x))));
+    else
+      return _mm256_broadcast_ps(reinterpret_cast<const __m128*>(x));
   }
 
   // P registers holding elements e .. e+7 of KV heads 0..P-1 (r[h]: head h's) to o[P * k + h]
   // for k < 8, by unpacks, shuffles and 128-bit permutes (the plain loop stored a float at a
   // time).
   template <int P>
-    requires(P == 2 || P == 4)
-  static void interleave_regs(const __m256* r, float* o) {
+  requires(P == 2 || P == 4) static void interleave_regs(const __m256* r, float* o) {
     const __m256 ab_lo = _mm256_unpacklo_ps(r[0], r[1]), ab_hi = _mm256_unpackhi_ps(r[0], r[1]);
     if constexpr (P == 2) {
       // ab_lo: a0 b0 a1 b1 | a4 b4 a5 b5; ab_hi: a2 b2 a3 b3 | a6 b6 a7 b7.

@@ -24,12 +24,8 @@ struct avx512_lanes {
   static vec set1(float x) { return _mm512_set1_ps(x); }
   static vec add(vec a, vec b) { return _mm512_add_ps(a, b); }
   static vec mul(vec a, vec b) { return _mm512_mul_ps(a, b); }
-  static vec round_f16(vec a) {
-    return _mm512_maskz_cvtph_ps(k_all, _mm512_maskz_cvtps_ph(k_all, a, _MM_FROUND_TO_NEAREST_INT));
-  }
-  static vec load_f16(const uint16_t* p) {
-    return _mm512_maskz_cvtph_ps(k_all, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  }
+  static vec round_f16(vec a) { return _mm512_maskz_cvtph_ps(k_all, _mm512_maskz_cvtps_ph(k_all, a, _MM_FROUND_TO_NEAREST_INT)); }
+  static vec load_f16(const uint16_t* p) { return _mm512_maskz_cvtph_ps(k_all, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
   static vec unfused(vec a) {
     asm("" : "+v"(a));
     return a;
@@ -119,10 +115,14 @@ struct avx512_lanes {
   }
   static __m512 shift_in(__m512 a, __m512 fill, int k) {
     switch (k) {
-      case 1: return shift_in_k<1>(a, fill);
-      case 2: return shift_in_k<2>(a, fill);
-      case 4: return shift_in_k<4>(a, fill);
-      default: return shift_in_k<8>(a, fill);
+      case 1:
+        return shift_in_k<1>(a, fill);
+      case 2:
+        return shift_in_k<2>(a, fill);
+      case 4:
+        return shift_in_k<4>(a, fill);
+      default:
+        return shift_in_k<8>(a, fill);
     }
   }
 };

@@ -28,9 +28,9 @@
 
 namespace tandem::kernels::cpu {
 
-inline constexpr int k_attention_pad = 16;        // rows are padded to a multiple of this
-inline constexpr int k_attention_key_block = 16;  // keys widened and scored per step
-inline constexpr int k_attention_task_rows = 8;   // query rows per task on an f16 cache (4: 5% slower a key)
+inline constexpr int k_attention_pad = 16;                  // rows are padded to a multiple of this
+inline constexpr int k_attention_key_block = 16;            // keys widened and scored per step
+inline constexpr int k_attention_task_rows = 8;             // query rows per task on an f16 cache (4: 5% slower a key)
 inline constexpr int k_attention_min_units_per_thread = 4;  // else tasks keep one row
 
 // Elements from the task's k (or v) to the row of position p.
@@ -53,10 +53,10 @@ struct attention_task {
   int64_t n_keys;     // the first row attends positions 0 .. n_keys-1, row r n_keys + r of them
   int n_rows = 1;     // query rows, each row_stride floats after the last in q and out
   int64_t row_stride = 0;
-  int n_group;        // heads in q / out
+  int n_group;  // heads in q / out
   int head_dim;
-  int padded_dim;     // head_dim rounded up to a multiple of k_attention_pad
-  float scale;        // applied to every dot product
+  int padded_dim;  // head_dim rounded up to a multiple of k_attention_pad
+  float scale;     // applied to every dot product
   kv_type kt;
 };
 
@@ -100,16 +100,16 @@ void attend_avx512(const attention_task& t, const attention_scratch& s);
 // prompt_kernel). Each lane's result depends on its own row and head only, never on the
 // tile's other lanes or on the path.
 struct prompt_tile {
-  const float* q;         // the tile's first row, its first KV head's first head
-  float* out;             // same layout as q
-  int64_t q_row_stride;   // floats from one row's queries to the next's
-  int n_heads;            // heads per KV head in the tile
-  int n_rows;             // n_rows * n_heads * kv_period <= the path's lanes
-  int kv_period = 1;      // 1, 2 or 4: lanes per round of KV heads
-  int n_kv = 1;           // KV heads in the tile, 1 .. kv_period
-  int group = 0;          // heads from one KV head's first to the next's (with n_kv > 1)
-  int64_t row0_pos;       // position of the first row
-  const void* k;          // the first KV head's key at position 0 (as attention_task)
+  const float* q;        // the tile's first row, its first KV head's first head
+  float* out;            // same layout as q
+  int64_t q_row_stride;  // floats from one row's queries to the next's
+  int n_heads;           // heads per KV head in the tile
+  int n_rows;            // n_rows * n_heads * kv_period <= the path's lanes
+  int kv_period = 1;     // 1, 2 or 4: lanes per round of KV heads
+  int n_kv = 1;          // KV heads in the tile, 1 .. kv_period
+  int group = 0;         // heads from one KV head's first to the next's (with n_kv > 1)
+  int64_t row0_pos;      // position of the first row
+  const void* k;         // the first KV head's key at position 0 (as attention_task)
   const void* v;
   int64_t kv_stride;
   kv_pages pages;
@@ -119,7 +119,7 @@ struct prompt_tile {
   kv_type kt;
 };
 inline constexpr int k_prompt_max_kv_period = 4;
-inline constexpr int k_prompt_lanes = 16;      // AVX-512's, and both paths' keys per block
+inline constexpr int k_prompt_lanes = 16;  // AVX-512's, and both paths' keys per block
 inline constexpr int k_prompt_lanes_avx2 = 8;
 size_t prompt_scratch_floats(int padded_dim);  // for either path
 void attend_prompt_avx512(const prompt_tile& t, float* scratch);

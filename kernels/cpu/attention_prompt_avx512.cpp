@@ -47,8 +47,10 @@ struct avx512_prompt_lanes {
   static __m512 key_lanes(const float* x) {
     if constexpr (P == 1) return _mm512_set1_ps(x[0]);
     // Two floats through loadl_epi64, whose pointer type may alias them (a double load may not).
-    else if constexpr (P == 2) return _mm512_broadcast_f32x2(_mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x))));
-    else return _mm512_broadcast_f32x4(_mm_loadu_ps(x));
+    else if constexpr (P == 2)
+      return _mm512_broadcast_f32x2(_mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(x))));
+    else
+      return _mm512_broadcast_f32x4(_mm_loadu_ps(x));
   }
 
   // P = 4 registers holding elements e .. e+15 of KV heads 0..3 (r[h]: head h's) to o[4 * k + h]
@@ -56,8 +58,7 @@ struct avx512_prompt_lanes {
   // 16, and was the tile's largest cost in a decode row's tile): pairs of heads a, b
   // interleaved element by element, then the pairs' 64-bit (a, b) and (c, d) units alternated.
   template <int P>
-    requires(P == 4)
-  static void interleave_regs(const __m512* r, float* o) {
+  requires(P == 4) static void interleave_regs(const __m512* r, float* o) {
     const __m512i first = _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11), second = _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15);
     // ab_lo: a0 b0 a1 b1 .. a7 b7; ab_hi: a8 b8 .. a15 b15; cd_* likewise.
     __m512 ab[2], cd[2];
@@ -74,8 +75,7 @@ struct avx512_prompt_lanes {
 
   // P = 2: elements e .. e+15 of KV heads 0 and 1 to o[2 * k + h], two two-source permutes.
   template <int P>
-    requires(P == 2)
-  static void interleave_regs(const __m512* r, float* o) {
+  requires(P == 2) static void interleave_regs(const __m512* r, float* o) {
     __m512 ab[2];
     interleave_pair(r[0], r[1], ab);
     _mm512_store_ps(o, ab[0]);       // elements e .. e+7

@@ -113,14 +113,29 @@ struct simd_attention {
     int b = 0;
     for (; b + 8 <= n; b += 8) dot_keys<8, Halves>(q, rows + b * stride, stride, d, scale, scores + b);
     switch (n - b) {
-      case 7: dot_keys<7, Halves>(q, rows + b * stride, stride, d, scale, scores + b); break;
-      case 6: dot_keys<6, Halves>(q, rows + b * stride, stride, d, scale, scores + b); break;
-      case 5: dot_keys<5, Halves>(q, rows + b * stride, stride, d, scale, scores + b); break;
-      case 4: dot_keys<4, Halves>(q, rows + b * stride, stride, d, scale, scores + b); break;
-      case 3: dot_keys<3, Halves>(q, rows + b * stride, stride, d, scale, scores + b); break;
-      case 2: dot_keys<2, Halves>(q, rows + b * stride, stride, d, scale, scores + b); break;
-      case 1: dot_keys<1, Halves>(q, rows + b * stride, stride, d, scale, scores + b); break;
-      default: break;
+      case 7:
+        dot_keys<7, Halves>(q, rows + b * stride, stride, d, scale, scores + b);
+        break;
+      case 6:
+        dot_keys<6, Halves>(q, rows + b * stride, stride, d, scale, scores + b);
+        break;
+      case 5:
+        dot_keys<5, Halves>(q, rows + b * stride, stride, d, scale, scores + b);
+        break;
+      case 4:
+        dot_keys<4, Halves>(q, rows + b * stride, stride, d, scale, scores + b);
+        break;
+      case 3:
+        dot_keys<3, Halves>(q, rows + b * stride, stride, d, scale, scores + b);
+        break;
+      case 2:
+        dot_keys<2, Halves>(q, rows + b * stride, stride, d, scale, scores + b);
+        break;
+      case 1:
+        dot_keys<1, Halves>(q, rows + b * stride, stride, d, scale, scores + b);
+        break;
+      default:
+        break;
     }
   }
 
@@ -240,8 +255,7 @@ struct simd_attention {
       const int per_call = k_fold / ns;
       for (int h = h_begin; h < h_end; h += per_call) {
         const int nh = h_end - h < per_call ? h_end - h : per_call;
-        k_folds[static_cast<size_t>((ns - 1) * k_fold + nh - 1)](s.acc + h * dp + i0 * W, s.v + i0 * W, s.ms + h * B,
-                                                                 s.w + h * B, nb, dp);
+        k_folds[static_cast<size_t>((ns - 1) * k_fold + nh - 1)](s.acc + h * dp + i0 * W, s.v + i0 * W, s.ms + h * B, s.w + h * B, nb, dp);
       }
     }
   }
@@ -322,8 +336,7 @@ struct simd_attention {
       }
       // Keys past a row's last have ms 1 and w 0, which leave its sum as it is, so every
       // active head's sum takes the block's keys up to a multiple of four.
-      update_sums(s.sum + r_begin * G, s.ms + r_begin * G * B, s.w + r_begin * G * B, H - r_begin * G,
-                  (nb_all + 3) & ~3);
+      update_sums(s.sum + r_begin * G, s.ms + r_begin * G * B, s.w + r_begin * G * B, H - r_begin * G, (nb_all + 3) & ~3);
 
       for (int r = r_begin; r < t.n_rows; ++r) {
         const int64_t keys = t.n_keys + r;
@@ -476,7 +489,9 @@ struct prompt_kernel {
 
   // Whether V transposes P registers of keys straight into the interleaved block.
   template <int P>
-  static constexpr bool k_interleaves_regs = requires(const vec* r, float* o) { V::template interleave_regs<P>(r, o); };
+  static constexpr bool k_interleaves_regs = requires(const vec* r, float* o) {
+    V::template interleave_regs<P>(r, o);
+  };
 
   // Key row p of the tile's KV heads from the cache into the interleaved block, without the
   // widened rows in between (their stores and loads back took as long as the transpose).
@@ -532,14 +547,30 @@ struct prompt_kernel {
   static void fold_any(float* acc, const float* w, float alpha, const float* vb, int nb, int dp) {
     for (int c0 = 0; c0 < dp; c0 += 8 * L) {
       switch (dp - c0 < 8 * L ? (dp - c0) / L : 8) {
-        case 1: fold<1>(acc + c0, w, alpha, vb + c0, nb, dp); break;
-        case 2: fold<2>(acc + c0, w, alpha, vb + c0, nb, dp); break;
-        case 3: fold<3>(acc + c0, w, alpha, vb + c0, nb, dp); break;
-        case 4: fold<4>(acc + c0, w, alpha, vb + c0, nb, dp); break;
-        case 5: fold<5>(acc + c0, w, alpha, vb + c0, nb, dp); break;
-        case 6: fold<6>(acc + c0, w, alpha, vb + c0, nb, dp); break;
-        case 7: fold<7>(acc + c0, w, alpha, vb + c0, nb, dp); break;
-        default: fold<8>(acc + c0, w, alpha, vb + c0, nb, dp); break;
+        case 1:
+          fold<1>(acc + c0, w, alpha, vb + c0, nb, dp);
+          break;
+        case 2:
+          fold<2>(acc + c0, w, alpha, vb + c0, nb, dp);
+          break;
+        case 3:
+          fold<3>(acc + c0, w, alpha, vb + c0, nb, dp);
+          break;
+        case 4:
+          fold<4>(acc + c0, w, alpha, vb + c0, nb, dp);
+          break;
+        case 5:
+          fold<5>(acc + c0, w, alpha, vb + c0, nb, dp);
+          break;
+        case 6:
+          fold<6>(acc + c0, w, alpha, vb + c0, nb, dp);
+          break;
+        case 7:
+          fold<7>(acc + c0, w, alpha, vb + c0, nb, dp);
+          break;
+        default:
+          fold<8>(acc + c0, w, alpha, vb + c0, nb, dp);
+          break;
       }
     }
   }
@@ -571,8 +602,7 @@ struct prompt_kernel {
   // registers through the block. Every lane takes fold<C>'s steps for all nb keys (a decode
   // row's lanes see every key of each block), so the bits are the same.
   template <int C, int G>
-  static void fold_lanes(float* acc, const int* lane, const float* w, const float* alpha, const prompt_tile& t, int64_t t0,
-                         int nb, int h) {
+  static void fold_lanes(float* acc, const int* lane, const float* w, const float* alpha, const prompt_tile& t, int64_t t0, int nb, int h) {
     vec a[G][C];
     for (int g = 0; g < G; ++g) {
       const vec al = V::set1(alpha[lane[g]]);
@@ -609,10 +639,18 @@ struct prompt_kernel {
         const int n = t.n_heads - q0 < G ? t.n_heads - q0 : G;
         for (int g = 0; g < n; ++g) lane[g] = (q0 + g) * P + h;
         switch (n) {
-          case 1: fold_lanes<C, 1>(acc, lane, w, alpha, t, t0, nb, h); break;
-          case 2: if constexpr (G >= 2) fold_lanes<C, 2>(acc, lane, w, alpha, t, t0, nb, h); break;
-          case 3: if constexpr (G >= 3) fold_lanes<C, 3>(acc, lane, w, alpha, t, t0, nb, h); break;
-          default: if constexpr (G >= 4) fold_lanes<C, 4>(acc, lane, w, alpha, t, t0, nb, h); break;
+          case 1:
+            fold_lanes<C, 1>(acc, lane, w, alpha, t, t0, nb, h);
+            break;
+          case 2:
+            if constexpr (G >= 2) fold_lanes<C, 2>(acc, lane, w, alpha, t, t0, nb, h);
+            break;
+          case 3:
+            if constexpr (G >= 3) fold_lanes<C, 3>(acc, lane, w, alpha, t, t0, nb, h);
+            break;
+          default:
+            if constexpr (G >= 4) fold_lanes<C, 4>(acc, lane, w, alpha, t, t0, nb, h);
+            break;
         }
       }
     }
@@ -625,20 +663,27 @@ struct prompt_kernel {
   // Whether a tile takes fold_row_block: one row (every lane sees every key), rows without
   // padding (the cache rows are read as they are), up to 8 registers a row, AVX-512.
   static bool folds_from_cache(const prompt_tile& t) {
-    return V::k_fold_from_cache && t.n_rows == 1 && t.head_dim == t.padded_dim && t.padded_dim % L == 0 &&
-           t.padded_dim <= 8 * L;
+    return V::k_fold_from_cache && t.n_rows == 1 && t.head_dim == t.padded_dim && t.padded_dim % L == 0 && t.padded_dim <= 8 * L;
   }
 
   static void fold_row_any(float* acc, const float* w, const float* alpha, const prompt_tile& t, int P, int64_t t0, int nb) {
     switch (t.padded_dim / L) {
-      case 1: return fold_row_block<1>(acc, w, alpha, t, P, t0, nb);
-      case 2: return fold_row_block<2>(acc, w, alpha, t, P, t0, nb);
-      case 3: return fold_row_block<3>(acc, w, alpha, t, P, t0, nb);
-      case 4: return fold_row_block<4>(acc, w, alpha, t, P, t0, nb);
-      case 5: return fold_row_block<5>(acc, w, alpha, t, P, t0, nb);
-      case 6: return fold_row_block<6>(acc, w, alpha, t, P, t0, nb);
-      case 7: return fold_row_block<7>(acc, w, alpha, t, P, t0, nb);
-      default: return fold_row_block<8>(acc, w, alpha, t, P, t0, nb);
+      case 1:
+        return fold_row_block<1>(acc, w, alpha, t, P, t0, nb);
+      case 2:
+        return fold_row_block<2>(acc, w, alpha, t, P, t0, nb);
+      case 3:
+        return fold_row_block<3>(acc, w, alpha, t, P, t0, nb);
+      case 4:
+        return fold_row_block<4>(acc, w, alpha, t, P, t0, nb);
+      case 5:
+        return fold_row_block<5>(acc, w, alpha, t, P, t0, nb);
+      case 6:
+        return fold_row_block<6>(acc, w, alpha, t, P, t0, nb);
+      case 7:
+        return fold_row_block<7>(acc, w, alpha, t, P, t0, nb);
+      default:
+        return fold_row_block<8>(acc, w, alpha, t, P, t0, nb);
     }
   }
 
@@ -748,9 +793,12 @@ struct prompt_kernel {
 
   static void run(const prompt_tile& t, float* scratch) {
     switch (t.kv_period) {
-      case 4: return attend_tile<4>(t, scratch);
-      case 2: return attend_tile<2>(t, scratch);
-      default: return attend_tile<1>(t, scratch);
+      case 4:
+        return attend_tile<4>(t, scratch);
+      case 2:
+        return attend_tile<2>(t, scratch);
+      default:
+        return attend_tile<1>(t, scratch);
     }
   }
 };

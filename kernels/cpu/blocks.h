@@ -11,8 +11,8 @@
 
 namespace tandem::kernels::cpu {
 
-inline constexpr int k_qk_legacy = 32;  // elements per Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q8_1 block
-inline constexpr int k_qk_k = 256;      // elements per K-quant super-block
+inline constexpr int k_qk_legacy = 32;      // elements per Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q8_1 block
+inline constexpr int k_qk_k = 256;          // elements per K-quant super-block
 inline constexpr int k_k_scale_bytes = 12;  // packed 6-bit scales + mins of Q4_K / Q5_K
 
 using half_bytes = uint8_t[2];
@@ -25,18 +25,18 @@ static inline uint16_t load_half(const half_bytes& h) {
 static inline void store_half(half_bytes& h, uint16_t v) { std::memcpy(h, &v, sizeof v); }
 
 struct block_q4_0 {
-  half_bytes d;           // scale
-  uint8_t qs[16];         // element j in low nibble of qs[j], element j+16 in the high nibble
+  half_bytes d;    // scale
+  uint8_t qs[16];  // element j in low nibble of qs[j], element j+16 in the high nibble
 };
 struct block_q4_1 {
-  half_bytes d;           // scale
-  half_bytes m;           // offset (value of quant 0)
-  uint8_t qs[16];         // as Q4_0
+  half_bytes d;    // scale
+  half_bytes m;    // offset (value of quant 0)
+  uint8_t qs[16];  // as Q4_0
 };
 struct block_q5_0 {
   half_bytes d;
-  uint8_t qh[4];          // bit j = 5th bit of element j (little-endian uint32)
-  uint8_t qs[16];         // low 4 bits, as Q4_0
+  uint8_t qh[4];   // bit j = 5th bit of element j (little-endian uint32)
+  uint8_t qs[16];  // low 4 bits, as Q4_0
 };
 struct block_q5_1 {
   half_bytes d;
@@ -55,29 +55,29 @@ struct block_q8_1 {
   int8_t qs[32];
 };
 struct block_q4_k {
-  half_bytes d;                    // super-block scale of the 6-bit sub-block scales
-  half_bytes dmin;                 // super-block scale of the 6-bit sub-block mins
-  uint8_t scales[k_k_scale_bytes]; // 8 scales + 8 mins, 6 bits each (see unpack_k_scales)
-  uint8_t qs[128];                 // 64-element chunk c: qs[32c+l] = elem 64c+l | elem 64c+32+l << 4
+  half_bytes d;                     // super-block scale of the 6-bit sub-block scales
+  half_bytes dmin;                  // super-block scale of the 6-bit sub-block mins
+  uint8_t scales[k_k_scale_bytes];  // 8 scales + 8 mins, 6 bits each (see unpack_k_scales)
+  uint8_t qs[128];                  // 64-element chunk c: qs[32c+l] = elem 64c+l | elem 64c+32+l << 4
 };
 struct block_q5_k {
   half_bytes d;
   half_bytes dmin;
   uint8_t scales[k_k_scale_bytes];
-  uint8_t qh[32];                  // bit 2c of qh[l]: 5th bit of elem 64c+l; bit 2c+1: of 64c+32+l
-  uint8_t qs[128];                 // low 4 bits, as Q4_K
+  uint8_t qh[32];   // bit 2c of qh[l]: 5th bit of elem 64c+l; bit 2c+1: of 64c+32+l
+  uint8_t qs[128];  // low 4 bits, as Q4_K
 };
 struct block_q6_k {
-  uint8_t ql[128];                 // low 4 bits (see quants.cpp for the order)
-  uint8_t qh[64];                  // high 2 bits
-  int8_t scales[16];               // one signed 8-bit scale per 16 elements
-  half_bytes d;                    // super-block scale
+  uint8_t ql[128];    // low 4 bits (see quants.cpp for the order)
+  uint8_t qh[64];     // high 2 bits
+  int8_t scales[16];  // one signed 8-bit scale per 16 elements
+  half_bytes d;       // super-block scale
 };
 // Activation block for K-quant weights; only ever in buffers tandem allocates (aligned).
 struct block_q8_k {
   float d;
   int8_t qs[256];
-  int16_t bsums[16];               // sum of qs over each group of 16
+  int16_t bsums[16];  // sum of qs over each group of 16
 };
 
 static_assert(sizeof(block_q4_0) == 18 && alignof(block_q4_0) == 1);

@@ -14,15 +14,13 @@ namespace tandem::kernels::cpu {
 namespace {
 
 bool cpu_has_avx2() {
-  static const bool ok =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   return ok;
 }
 
 bool cpu_has_avx512() {
   static const bool ok = cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                         __builtin_cpu_supports("avx512vnni");
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
   return ok;
 }
 
@@ -41,18 +39,24 @@ unsigned long long xcr0() {
 
 const char* isa_requirement(isa which) {
   switch (which) {
-    case isa::avx512: return "AVX-512 F/BW/VL/DQ and VNNI";
-    case isa::avx2: return "AVX2, FMA and F16C";
-    default: return "nothing";
+    case isa::avx512:
+      return "AVX-512 F/BW/VL/DQ and VNNI";
+    case isa::avx2:
+      return "AVX2, FMA and F16C";
+    default:
+      return "nothing";
   }
 }
 
 bool isa_supported(isa which) {
   switch (which) {
-    case isa::avx2: return cpu_has_avx2();
-    case isa::avx512: return cpu_has_avx512();
+    case isa::avx2:
+      return cpu_has_avx2();
+    case isa::avx512:
+      return cpu_has_avx512();
     case isa::scalar:
-    case isa::best: return true;
+    case isa::best:
+      return true;
   }
   return false;
 }
@@ -118,8 +122,7 @@ const char* active_path_name() {
 
 void set_isa(isa which) {
   if (!isa_supported(which))
-    throw std::invalid_argument(std::string("set_isa: this CPU cannot run the ") + isa_name(which) + " path (needs " +
-                                isa_requirement(which) + ")");
+    throw std::invalid_argument(std::string("set_isa: this CPU cannot run the ") + isa_name(which) + " path (needs " + isa_requirement(which) + ")");
   g_isa.store(which, std::memory_order_relaxed);
 }
 
@@ -147,10 +150,14 @@ cpu_identity this_cpu() {
 
 const char* isa_name(isa which) {
   switch (which) {
-    case isa::scalar: return "scalar";
-    case isa::avx2: return "avx2";
-    case isa::avx512: return "avx512";
-    case isa::best: return "best";
+    case isa::scalar:
+      return "scalar";
+    case isa::avx2:
+      return "avx2";
+    case isa::avx512:
+      return "avx512";
+    case isa::best:
+      return "best";
   }
   return "unknown";
 }

@@ -35,8 +35,8 @@ int64_t matmul_chunk_groups(int64_t cols, int64_t n_x, int64_t group_rows) {
   return std::max<int64_t>(1, k_min_chunk_work / std::max<int64_t>(1, cols * n_x * std::max<int64_t>(1, group_rows)));
 }
 
-void matmul(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
-            thread_pool* pool, weight_layout layout, sum_order order) {
+void matmul(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y, thread_pool* pool, weight_layout layout,
+            sum_order order) {
   const matmul_job job{wt, w, rows, y, layout, order};
   matmul_many(&job, 1, cols, x, n_x, pool);
 }
@@ -71,8 +71,8 @@ row_span zero_outputs(const matmul_job* jobs, int n_jobs, int64_t n_x, const tea
 // One product call: the plan, then the activations converted where the plan and the threads
 // need them, then the row groups split over the pool (or one member's share with part, on
 // this thread; pool is then ignored), each chunk running every job's runner over its groups.
-row_span multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, int64_t n_x, thread_pool* pool,
-                  epilogue gate, const team_part* part = nullptr) {
+row_span multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, int64_t n_x, thread_pool* pool, epilogue gate,
+                  const team_part* part = nullptr) {
   if (part && (part->count < 1 || part->index < 0 || part->index >= part->count))
     throw std::invalid_argument("matmul: team part " + std::to_string(part->index) + " of " + std::to_string(part->count));
   const matmul_plan plan = plan_matmul(jobs, n_jobs, cols, n_x, gate != epilogue::none);
@@ -191,8 +191,7 @@ row_span multiply(const matmul_job* jobs, int n_jobs, int64_t cols, const float*
   // them when one call mixes the two.
   int64_t total_rows = 0;
   for (int j = 0; j < n_jobs; ++j) total_rows += jobs[j].rows;
-  run_split(pool, plan.total_groups, matmul_chunk_groups(cols, n_x, std::max<int64_t>(1, total_rows / plan.total_groups)),
-            body);
+  run_split(pool, plan.total_groups, matmul_chunk_groups(cols, n_x, std::max<int64_t>(1, total_rows / plan.total_groups)), body);
   if (gate != epilogue::none && !plan.paired) apply_epilogue(gate, jobs[0].y, jobs[1].y, jobs[0].rows * n_x, pool);
   return {0, jobs[0].rows};
 }
@@ -203,8 +202,7 @@ void matmul_many(const matmul_job* jobs, int n_jobs, int64_t cols, const float* 
   multiply(jobs, n_jobs, cols, x, n_x, pool, epilogue::none);
 }
 
-void matmul_swiglu(const matmul_job& gate, const matmul_job& up, int64_t cols, const float* x, int64_t n_x,
-                   thread_pool* pool, swiglu_exp exp) {
+void matmul_swiglu(const matmul_job& gate, const matmul_job& up, int64_t cols, const float* x, int64_t n_x, thread_pool* pool, swiglu_exp exp) {
   if (gate.rows != up.rows)
     throw std::invalid_argument("matmul_swiglu: gate has " + std::to_string(gate.rows) + " rows, up " + std::to_string(up.rows));
   const matmul_job jobs[2] = {gate, up};
@@ -215,13 +213,11 @@ row_span matmul_many_part(const matmul_job* jobs, int n_jobs, int64_t cols, cons
   return multiply(jobs, n_jobs, cols, x, n_x, nullptr, epilogue::none, &part);
 }
 
-row_span matmul_swiglu_part(const matmul_job& gate, const matmul_job& up, int64_t cols, const float* x, int64_t n_x,
-                            team_part part, swiglu_exp exp) {
+row_span matmul_swiglu_part(const matmul_job& gate, const matmul_job& up, int64_t cols, const float* x, int64_t n_x, team_part part, swiglu_exp exp) {
   if (gate.rows != up.rows)
     throw std::invalid_argument("matmul_swiglu: gate has " + std::to_string(gate.rows) + " rows, up " + std::to_string(up.rows));
   const matmul_job jobs[2] = {gate, up};
-  return multiply(jobs, 2, cols, x, n_x, nullptr, exp == swiglu_exp::expf ? epilogue::swiglu_expf : epilogue::swiglu_vector,
-                  &part);
+  return multiply(jobs, 2, cols, x, n_x, nullptr, exp == swiglu_exp::expf ? epilogue::swiglu_expf : epilogue::swiglu_vector, &part);
 }
 
 }  // namespace tandem::kernels::cpu

@@ -28,8 +28,8 @@ namespace tandem::kernels::cpu {
 // layout: weight_layout::packed when w holds pack_weights' panels instead of GGUF rows
 // (packed.h; results as the packed kernels round them). order: packed Q4_1/Q5_1 float order on
 // the AVX-512 and AVX2 paths (packed.h, sum_order; the portable reference kernel has one order).
-void matmul(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
-            thread_pool* pool, weight_layout layout = weight_layout::rows, sum_order order = sum_order::ggml);
+void matmul(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y, thread_pool* pool,
+            weight_layout layout = weight_layout::rows, sum_order order = sum_order::ggml);
 
 // One weight matrix of a matmul_many call: `rows` rows of type wt at w; output y as in matmul.
 struct matmul_job {
@@ -61,8 +61,7 @@ enum class swiglu_exp { expf, vector };
 // no pass of its own and is split over the cores. Results equal matmul_many of the two jobs
 // followed by swiglu (exp: expf) or swiglu_fast (vector) bit for bit. Throws
 // std::invalid_argument as matmul_many does, or when gate and up differ in rows.
-void matmul_swiglu(const matmul_job& gate, const matmul_job& up, int64_t cols, const float* x, int64_t n_x,
-                   thread_pool* pool, swiglu_exp exp);
+void matmul_swiglu(const matmul_job& gate, const matmul_job& up, int64_t cols, const float* x, int64_t n_x, thread_pool* pool, swiglu_exp exp);
 
 // Team parts (team_part, ops.h) of the products: member `index` of `count` computes a fixed
 // share of the rows on its own thread, converting the activations itself into buffers of its
@@ -77,8 +76,7 @@ struct row_span {
 // matmul_many, one member's part; rows of jobs[0] it wrote. Throws as matmul_many does.
 row_span matmul_many_part(const matmul_job* jobs, int n_jobs, int64_t cols, const float* x, int64_t n_x, team_part part);
 // matmul_swiglu, one member's part: the same rows of gate and up, and their SwiGLU.
-row_span matmul_swiglu_part(const matmul_job& gate, const matmul_job& up, int64_t cols, const float* x, int64_t n_x,
-                            team_part part, swiglu_exp exp);
+row_span matmul_swiglu_part(const matmul_job& gate, const matmul_job& up, int64_t cols, const float* x, int64_t n_x, team_part part, swiglu_exp exp);
 
 // The smallest share of a matmul_many call a pool chunk takes, in row groups of group_rows
 // rows (k_panel_rows on the packed and panel paths, k_max_weight_rows on the row kernels):

@@ -21,13 +21,13 @@ namespace tandem::kernels::cpu {
 // it reads, and where its row groups start in the call's joint numbering.
 struct matmul_job_plan {
   const dot_kernel* kernel;
-  dot_fn dot;      // the row-tile kernel of the active path (row tiles only)
-  size_t w_row;    // bytes of one weight row in the file layout
-  size_t a_row;    // bytes of one activation row converted to kernel->act
-  int act_slot;    // which converted copy of x it reads
-  bool packed;     // the weights are packed panels (packed.h)
-  bool panel;      // panels of k_panel_rows rows (packed, or packed per call) instead of row tiles
-  int panel_slot;  // which panel form of that copy (panel paths only)
+  dot_fn dot;                   // the row-tile kernel of the active path (row tiles only)
+  size_t w_row;                 // bytes of one weight row in the file layout
+  size_t a_row;                 // bytes of one activation row converted to kernel->act
+  int act_slot;                 // which converted copy of x it reads
+  bool packed;                  // the weights are packed panels (packed.h)
+  bool panel;                   // panels of k_panel_rows rows (packed, or packed per call) instead of row tiles
+  int panel_slot;               // which panel form of that copy (panel paths only)
   int64_t first_group, groups;  // groups of k_panel_rows (panels) or k_max_weight_rows rows
 };
 
@@ -87,18 +87,14 @@ void convert_activations(const matmul_plan& plan, const float* x, uint8_t* at, m
 
 // Asks at once for the start of a job's row groups [g_begin, g_end) that the kernels' own
 // requests would leave to demand misses (matmul_run.cpp says which bytes, at which level).
-void prefetch_groups(const matmul_plan& plan, const matmul_job& job, const matmul_job_plan& p, int64_t g_begin,
-                     int64_t g_end);
+void prefetch_groups(const matmul_plan& plan, const matmul_job& job, const matmul_job_plan& p, int64_t g_begin, int64_t g_end);
 
 // The runners: row groups [g_begin, g_end) of one job, against every activation row, writing
 // their rows of job.y. One per weight layout: packed panels (packed.h), panels packed per call
 // (panel.h), row tiles (vec_dot.h).
-void run_packed(const matmul_plan& plan, const matmul_job& job, const matmul_job_plan& p, const matmul_forms& f,
-                int64_t g_begin, int64_t g_end);
-void run_panels(const matmul_plan& plan, const matmul_job& job, const matmul_job_plan& p, const matmul_forms& f,
-                int64_t g_begin, int64_t g_end);
-void run_rows(const matmul_plan& plan, const matmul_job& job, const matmul_job_plan& p, const matmul_forms& f,
-              int64_t g_begin, int64_t g_end);
+void run_packed(const matmul_plan& plan, const matmul_job& job, const matmul_job_plan& p, const matmul_forms& f, int64_t g_begin, int64_t g_end);
+void run_panels(const matmul_plan& plan, const matmul_job& job, const matmul_job_plan& p, const matmul_forms& f, int64_t g_begin, int64_t g_end);
+void run_rows(const matmul_plan& plan, const matmul_job& job, const matmul_job_plan& p, const matmul_forms& f, int64_t g_begin, int64_t g_end);
 
 // body over [0, n) on the pool, or on this thread when pool is null. range_fn refers to the
 // caller's lambda without copying it, so no call allocates here.

@@ -19,15 +19,12 @@ constexpr int64_t k_min_chunk_convert = 16 * 1024;
 
 }  // namespace
 
-size_t matmul_plan::aux_bytes(int k) const {
-  return (panel_act_aux_floats(panel_types[k], cols, n_x) * sizeof(float) + 63) / 64 * 64;
-}
+size_t matmul_plan::aux_bytes(int k) const { return (panel_act_aux_floats(panel_types[k], cols, n_x) * sizeof(float) + 63) / 64 * 64; }
 
 matmul_plan plan_matmul(const matmul_job* jobs, int n_jobs, int64_t cols, int64_t n_x, bool gated) {
   if (n_jobs < 0 || n_jobs > k_max_matmul_jobs)
     throw std::invalid_argument("matmul: " + std::to_string(n_jobs) + " jobs, at most " + std::to_string(k_max_matmul_jobs));
-  if (cols < 0 || n_x < 0)
-    throw std::invalid_argument("matmul: negative shape (cols " + std::to_string(cols) + ", n_x " + std::to_string(n_x) + ")");
+  if (cols < 0 || n_x < 0) throw std::invalid_argument("matmul: negative shape (cols " + std::to_string(cols) + ", n_x " + std::to_string(n_x) + ")");
 
   matmul_plan c{};
   c.path = active_isa();
@@ -45,8 +42,8 @@ matmul_plan plan_matmul(const matmul_job* jobs, int n_jobs, int64_t cols, int64_
     const dot_kernel& kernel = find_dot_kernel(job.wt);
     const int64_t block = std::max(info(job.wt).block_elems, info(kernel.act).block_elems);
     if (cols % block != 0)
-      throw std::invalid_argument("matmul: " + display_name(job.wt) + " weights need cols to be a multiple of " +
-                                  std::to_string(block) + ", got " + std::to_string(cols));
+      throw std::invalid_argument("matmul: " + display_name(job.wt) + " weights need cols to be a multiple of " + std::to_string(block) + ", got " +
+                                  std::to_string(cols));
     matmul_job_plan& p = c.jobs[j];
     p.kernel = &kernel;
     p.dot = select_dot(kernel, c.path);
@@ -60,16 +57,14 @@ matmul_plan plan_matmul(const matmul_job* jobs, int n_jobs, int64_t cols, int64_
       ++c.n_act_types;
     }
     p.packed = job.layout == weight_layout::packed;
-    if (p.packed && !packable(job.wt))
-      throw std::invalid_argument("matmul: " + display_name(job.wt) + " weights have no packed layout");
+    if (p.packed && !packable(job.wt)) throw std::invalid_argument("matmul: " + display_name(job.wt) + " weights have no packed layout");
     p.panel = p.packed || (panel_path && panel_supported(job.wt) && n_x >= panel_min_act_rows(job.wt));
     p.panel_slot = 0;
     if (p.panel) {
       // The offset term panel_acts writes depends on the weight type (Q4_0 8, Q8_0 128, ...):
       // a Q8_0 job reading a Q4_0 job's form would start every integer dot wrong.
       auto same_form = [&](weight_type o) {
-        return activation_type(o) == kernel.act && panel_sub_elems(o) == panel_sub_elems(job.wt) &&
-               panel_code_offset(o) == panel_code_offset(job.wt);
+        return activation_type(o) == kernel.act && panel_sub_elems(o) == panel_sub_elems(job.wt) && panel_code_offset(o) == panel_code_offset(job.wt);
       };
       while (p.panel_slot < c.n_panel_slots && !same_form(c.panel_types[p.panel_slot])) ++p.panel_slot;
       if (p.panel_slot == c.n_panel_slots) c.panel_types[c.n_panel_slots++] = job.wt;
@@ -94,14 +89,16 @@ matmul_plan plan_matmul(const matmul_job* jobs, int n_jobs, int64_t cols, int64_
   // AVX-512 tile kernel with several rows and no expansion.
   auto tiled_job = [&](const matmul_job& job) {
     const bool tile_order = has_ggml_order(job.wt) && job.order == sum_order::tile;
-    return job.layout == weight_layout::packed && c.path == isa::avx512 && n_x > 1 &&
-           (!has_ggml_order(job.wt) || tile_order) && (n_x < k_expand_min_act_rows || (tile_order && !c.amx));
+    return job.layout == weight_layout::packed && c.path == isa::avx512 && n_x > 1 && (!has_ggml_order(job.wt) || tile_order) &&
+           (n_x < k_expand_min_act_rows || (tile_order && !c.amx));
   };
   // Where no job reads a slot's panel form row by row (panel_acts' layout), the rows go
   // straight into the tiled form.
   for (int j = 0; j < n_jobs; ++j) {
-    if (tiled_job(jobs[j])) c.tiled_slot[c.jobs[j].panel_slot] = true;
-    else if (c.jobs[j].panel) c.row_panel[c.jobs[j].panel_slot] = true;
+    if (tiled_job(jobs[j]))
+      c.tiled_slot[c.jobs[j].panel_slot] = true;
+    else if (c.jobs[j].panel)
+      c.row_panel[c.jobs[j].panel_slot] = true;
   }
   // On AVX-512 the panel forms come straight from x (panel_act_row: one pass instead of the
   // quantizer's and panel_acts'), so an activation type is converted to its row form only for
@@ -161,8 +158,7 @@ void convert_activations(const matmul_plan& c, const float* x, uint8_t* at, matm
       const int64_t g0 = r / k_packed_max_act_rows * k_packed_max_act_rows;
       const int n_group = static_cast<int>(std::min<int64_t>(k_packed_max_act_rows, n_x - g0));
       if (c.panels_from_x && c.tiled_slot[k] && !c.row_panel[k]) {
-        tiled_act_row(wt, x + r * cols, cols, static_cast<int>(r - g0), n_group, f.tiled_codes[k] + g0 * cols,
-                      f.tiled_aux[k] + g0 * aux_per_row);
+        tiled_act_row(wt, x + r * cols, cols, static_cast<int>(r - g0), n_group, f.tiled_codes[k] + g0 * cols, f.tiled_aux[k] + g0 * aux_per_row);
         continue;
       }
       if (c.panels_from_x) {
@@ -174,8 +170,8 @@ void convert_activations(const matmul_plan& c, const float* x, uint8_t* at, matm
         panel_acts(wt, f.act[slot] + r * a_row, a_row, 1, cols, f.panel_codes[k] + r * cols, f.panel_aux[k] + r * aux_per_row);
       }
       if (c.tiled_slot[k]) {
-        tile_packed_act_row(wt, cols, f.panel_codes[k] + r * cols, f.panel_aux[k] + r * aux_per_row, static_cast<int>(r - g0),
-                            n_group, f.tiled_codes[k] + g0 * cols, f.tiled_aux[k] + g0 * aux_per_row);
+        tile_packed_act_row(wt, cols, f.panel_codes[k] + r * cols, f.panel_aux[k] + r * aux_per_row, static_cast<int>(r - g0), n_group,
+                            f.tiled_codes[k] + g0 * cols, f.tiled_aux[k] + g0 * aux_per_row);
       }
     }
   });

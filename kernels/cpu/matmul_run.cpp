@@ -31,8 +31,7 @@ uint8_t* panel_scratch(size_t bytes) {
 // ask only near ahead (packed.h): the core's stream prefetcher needs a few misses to start,
 // and a short piece is over before it runs far ahead (decode 1-2% faster than asking only near
 // ahead here too).
-void prefetch_groups(const matmul_plan& plan, const matmul_job& job, const matmul_job_plan& p, int64_t g_begin,
-                     int64_t g_end) {
+void prefetch_groups(const matmul_plan& plan, const matmul_job& job, const matmul_job_plan& p, int64_t g_begin, int64_t g_end) {
   const size_t group_bytes = p.packed ? packed_panel_bytes(job.wt, plan.cols) : p.w_row * k_max_weight_rows;
   const char* first = static_cast<const char*>(job.w) + static_cast<size_t>(g_begin) * group_bytes;
   const size_t run = static_cast<size_t>(g_end - g_begin) * group_bytes;
@@ -47,8 +46,7 @@ void prefetch_groups(const matmul_plan& plan, const matmul_job& job, const matmu
 // activation rows on the path's packed kernel (avx512: tiled passes of up to
 // k_packed_max_act_rows rows, or from k_expand_min_act_rows rows the panel expanded for the
 // panel kernel or the AMX tiles).
-void run_packed(const matmul_plan& plan, const matmul_job& job, const matmul_job_plan& p, const matmul_forms& f,
-                int64_t g_begin, int64_t g_end) {
+void run_packed(const matmul_plan& plan, const matmul_job& job, const matmul_job_plan& p, const matmul_forms& f, int64_t g_begin, int64_t g_end) {
   const int64_t cols = plan.cols, n_x = plan.n_x;
   const int8_t* codes = f.panel_codes[p.panel_slot];
   const float* aux = f.panel_aux[p.panel_slot];
@@ -91,8 +89,7 @@ void run_packed(const matmul_plan& plan, const matmul_job& job, const matmul_job
       }
       for (int64_t r0 = 0; r0 < n_x; r0 += k_panel_max_act_rows) {
         const int nr = static_cast<int>(std::min<int64_t>(k_panel_max_act_rows, n_x - r0));
-        panel_dot_avx512(job.wt, wide, cols, codes + r0 * cols, aux + r0 * aux_per_row, nr, job.y + r0 * job.rows + o,
-                         job.rows, n_w);
+        panel_dot_avx512(job.wt, wide, cols, codes + r0 * cols, aux + r0 * aux_per_row, nr, job.y + r0 * job.rows + o, job.rows, n_w);
       }
       continue;
     }
@@ -106,9 +103,8 @@ void run_packed(const matmul_plan& plan, const matmul_job& job, const matmul_job
     }
     for (int64_t r0 = 0; r0 < n_x; r0 += k_packed_max_act_rows) {
       const int nr = static_cast<int>(std::min<int64_t>(k_packed_max_act_rows, n_x - r0));
-      packed_dot_tiled_avx512(job.wt, panel, cols, f.tiled_codes[p.panel_slot] + r0 * cols,
-                              f.tiled_aux[p.panel_slot] + r0 * aux_per_row, nr, job.y + r0 * job.rows + o, job.rows, n_w,
-                              job.order);
+      packed_dot_tiled_avx512(job.wt, panel, cols, f.tiled_codes[p.panel_slot] + r0 * cols, f.tiled_aux[p.panel_slot] + r0 * aux_per_row, nr,
+                              job.y + r0 * job.rows + o, job.rows, n_w, job.order);
     }
   }
 }
@@ -116,8 +112,7 @@ void run_packed(const matmul_plan& plan, const matmul_job& job, const matmul_job
 // Panels packed per call (avx512, GGUF rows): each group's k_panel_rows weight rows packed
 // once and run against every activation row, k_panel_max_act_rows at a time, or on the AMX
 // tiles.
-void run_panels(const matmul_plan& plan, const matmul_job& job, const matmul_job_plan& p, const matmul_forms& f,
-                int64_t g_begin, int64_t g_end) {
+void run_panels(const matmul_plan& plan, const matmul_job& job, const matmul_job_plan& p, const matmul_forms& f, int64_t g_begin, int64_t g_end) {
   const int64_t cols = plan.cols, n_x = plan.n_x;
   uint8_t* panel = panel_scratch(panel_bytes(job.wt, cols));
   const int8_t* codes = f.panel_codes[p.panel_slot];
@@ -134,8 +129,7 @@ void run_panels(const matmul_plan& plan, const matmul_job& job, const matmul_job
     }
     for (int64_t r0 = 0; r0 < n_x; r0 += k_panel_max_act_rows) {
       const int nr = static_cast<int>(std::min<int64_t>(k_panel_max_act_rows, n_x - r0));
-      panel_dot_avx512(job.wt, panel, cols, codes + r0 * cols, aux + r0 * aux_per_row, nr, job.y + r0 * job.rows + o,
-                       job.rows, n_w);
+      panel_dot_avx512(job.wt, panel, cols, codes + r0 * cols, aux + r0 * aux_per_row, nr, job.y + r0 * job.rows + o, job.rows, n_w);
     }
   }
 }
@@ -144,8 +138,7 @@ void run_panels(const matmul_plan& plan, const matmul_job& job, const matmul_job
 // groups in tiles small enough to stay in cache while every group of k_max_act_rows
 // activation rows passes over the tile, each kernel call decoding a group of weight rows once
 // for the whole activation group.
-void run_rows(const matmul_plan& plan, const matmul_job& job, const matmul_job_plan& p, const matmul_forms& f,
-              int64_t g_begin, int64_t g_end) {
+void run_rows(const matmul_plan& plan, const matmul_job& job, const matmul_job_plan& p, const matmul_forms& f, int64_t g_begin, int64_t g_end) {
   const int64_t cols = plan.cols, n_x = plan.n_x;
   const int64_t rows = job.rows;
   const auto* wb = static_cast<const uint8_t*>(job.w);
@@ -159,8 +152,8 @@ void run_rows(const matmul_plan& plan, const matmul_job& job, const matmul_job_p
     }
     return;
   }
-  const int64_t tile = std::clamp<int64_t>(k_tile_weight_bytes / static_cast<int64_t>(p.w_row * k_max_weight_rows), 1,
-                                           k_max_tile_rows / k_max_weight_rows);
+  const int64_t tile =
+      std::clamp<int64_t>(k_tile_weight_bytes / static_cast<int64_t>(p.w_row * k_max_weight_rows), 1, k_max_tile_rows / k_max_weight_rows);
   for (int64_t g0 = g_begin; g0 < g_end; g0 += tile) {
     const int64_t g1 = std::min(g_end, g0 + tile);
     for (int64_t r0 = 0; r0 < n_x; r0 += k_max_act_rows) {

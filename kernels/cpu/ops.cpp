@@ -150,9 +150,12 @@ void swiglu(float* gate, const float* up, int64_t n) {
   // these same bits (avx2::expf_exact, avx512::expf_exact). Large calls (batched decode,
   // prefill) are split over the pool too, and the rows the server computes take swiglu_fast.
   switch (active_isa()) {
-    case isa::avx512: return swiglu_avx512(gate, up, n);
-    case isa::avx2: return swiglu_exact_avx2(gate, up, n);
-    default: break;
+    case isa::avx512:
+      return swiglu_avx512(gate, up, n);
+    case isa::avx2:
+      return swiglu_exact_avx2(gate, up, n);
+    default:
+      break;
   }
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];

@@ -28,18 +28,18 @@ enum class rope_pairing {
 // between the correction dims of beta_fast and beta_slow, and cos/sin multiplied by
 // attn_factor * (1 + 0.1 ln(1/freq_scale)). Without YaRN cos/sin are multiplied by attn_factor.
 struct rope_params {
-  int n_rot = 0;                       // rotated dims per head, even, <= head_dim (rest pass
-                                       // through); <= 0 means all of head_dim
+  int n_rot = 0;  // rotated dims per head, even, <= head_dim (rest pass
+                  // through); <= 0 means all of head_dim
   float freq_base = 10000.0f;
-  float freq_scale = 1.0f;             // 1/linear factor (linear and yarn scaling)
+  float freq_scale = 1.0f;  // 1/linear factor (linear and yarn scaling)
   rope_pairing pairing = rope_pairing::adjacent;
-  const float* freq_factors = nullptr; // llama3 rope_freqs: n_rot/2 divisors of theta_i, or null
+  const float* freq_factors = nullptr;  // llama3 rope_freqs: n_rot/2 divisors of theta_i, or null
   // YaRN (ext_factor 0 disables the ramp; attn_factor scales cos/sin as in ggml)
   float ext_factor = 0.0f;
   float attn_factor = 1.0f;
   float beta_fast = 32.0f;
   float beta_slow = 1.0f;
-  int n_ctx_orig = 0;                  // training context (yarn correction dims); > 0 with yarn
+  int n_ctx_orig = 0;  // training context (yarn correction dims); > 0 with yarn
 };
 
 // Rotates n_heads heads of head_dim floats each (contiguous) for token position pos, in place.
@@ -84,8 +84,8 @@ enum class kv_type { f32, f16 };
 // query heads sharing a KV head are split further only when that leaves threads idle.
 // Scratch is per thread and reused: no allocation once warm (for an f32 cache, once the
 // longest context has been seen).
-void attention(const float* q, int64_t n_q, int64_t pos0, const void* k_cache, const void* v_cache, kv_type kt,
-               int n_heads, int n_kv_heads, int head_dim, float scale, float* out, thread_pool* pool);
+void attention(const float* q, int64_t n_q, int64_t pos0, const void* k_cache, const void* v_cache, kv_type kt, int n_heads, int n_kv_heads,
+               int head_dim, float scale, float* out, thread_pool* pool);
 
 // Where a sequence's cache rows are when the cache is paged (blocks of positions from a
 // shared pool, the executor's KV): position p's row is at
@@ -119,8 +119,7 @@ struct attention_run {
 // attention() for several sequences at once (a batched decode step: one row each) in one pass
 // over the pool, so the step synchronises once rather than once per sequence. Each run's
 // results equal a separate attention() call bit for bit.
-void attention_many(const attention_run* runs, int64_t n_runs, kv_type kt, int n_heads, int n_kv_heads, int head_dim,
-                    float scale, thread_pool* pool);
+void attention_many(const attention_run* runs, int64_t n_runs, kv_type kt, int n_heads, int n_kv_heads, int head_dim, float scale, thread_pool* pool);
 
 // One member's part of a kernel call split by a team (thread_pool::run_team): member `index`
 // of `count` runs a fixed share of the call on its own thread.
@@ -133,8 +132,8 @@ struct team_part {
 // for a pool of `count` threads; for one decode row, a contiguous share of its query heads
 // (split where it falls, even inside a KV head's group). All parts together write what
 // attention_many writes, bit for bit.
-void attention_many_part(const attention_run* runs, int64_t n_runs, kv_type kt, int n_heads, int n_kv_heads,
-                         int head_dim, float scale, team_part part);
+void attention_many_part(const attention_run* runs, int64_t n_runs, kv_type kt, int n_heads, int n_kv_heads, int head_dim, float scale,
+                         team_part part);
 
 // Writes n rows of row_elems (= n_kv_heads * head_dim) floats into a cache at positions
 // pos .. pos+n-1, converting to the cache type (f16: round to nearest even).

@@ -115,9 +115,7 @@ void exp_avx2(const float* x, float* out, int64_t n) {
 void swiglu_avx2(float* gate, const float* up, int64_t n) {
   // g / (1 + e^-g) * u, in the scalar op's order: the same clean -0 for very negative g.
   const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
-  auto silu_mul = [&](__m256 g, __m256 u) {
-    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, exp_ps(_mm256_xor_ps(g, neg)))), u);
-  };
+  auto silu_mul = [&](__m256 g, __m256 u) { return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, exp_ps(_mm256_xor_ps(g, neg)))), u); };
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(gate + i, silu_mul(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
   if (i < n) {

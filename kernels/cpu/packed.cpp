@@ -27,7 +27,6 @@ namespace {
 constexpr int R = k_panel_rows;
 static_assert(k_panel_rows == 16, "packed_unit_bytes (packed.h) counts 16-row panels");
 
-
 void require_packable(weight_type wt) {
   if (!packable(wt)) throw std::invalid_argument("packed weights: no packed form for " + display_name(wt));
 }
@@ -52,9 +51,7 @@ size_t packed_panel_bytes(weight_type wt, int64_t cols) {
   return static_cast<size_t>(cols / packed_unit_cols(wt)) * packed_unit_bytes(wt);
 }
 
-size_t packed_bytes(weight_type wt, int64_t rows, int64_t cols) {
-  return static_cast<size_t>((rows + R - 1) / R) * packed_panel_bytes(wt, cols);
-}
+size_t packed_bytes(weight_type wt, int64_t rows, int64_t cols) { return static_cast<size_t>((rows + R - 1) / R) * packed_panel_bytes(wt, cols); }
 
 void pack_weights(weight_type wt, const void* src, int64_t rows, int64_t cols, void* dst) {
   require_packable(wt);
@@ -92,8 +89,7 @@ void pack_weights(weight_type wt, const void* src, int64_t rows, int64_t cols, v
         }
         uint8_t* nib = unit + ch * 4 * 64;
         for (int q = 0; q < 4; ++q)
-          for (int i = 0; i < 64; ++i)
-            nib[64 * q + i] = static_cast<uint8_t>((group(q)[i] & 0xF) | (group(q + 4)[i] & 0xF) << 4);
+          for (int i = 0; i < 64; ++i) nib[64 * q + i] = static_cast<uint8_t>((group(q)[i] & 0xF) | (group(q + 4)[i] & 0xF) << 4);
         if (packed_has_fifth_bit(wt)) {
           uint8_t* fifth = unit + packed_fifth_at(wt, static_cast<int>(ch));
           for (int k = 0; k < 8; ++k)
@@ -215,8 +211,8 @@ void dequantize_packed_row(weight_type wt, const void* packed, int64_t cols, int
   }
 }
 
-void packed_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
-                    int n_act, float* out, int64_t out_stride, int n_w) {
+void packed_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act, float* out,
+                    int64_t out_stride, int n_w) {
   require_packable(wt);
   const int sub = panel_sub_elems(wt);
   const int64_t nsub = cols / sub;
@@ -257,7 +253,8 @@ void packed_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const in
             min = -32.0f * scale;
             break;
           }
-          default: break;
+          default:
+            break;
         }
         int32_t dot = 0;
         for (int e = 0; e < sub; ++e) {
@@ -272,20 +269,17 @@ void packed_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const in
   }
 }
 
-void tile_packed_act_row(weight_type wt, int64_t cols, const int8_t* codes, const float* aux, int r, int n_group,
-                         int8_t* tiled_codes, float* tiled_aux) {
+void tile_packed_act_row(weight_type wt, int64_t cols, const int8_t* codes, const float* aux, int r, int n_group, int8_t* tiled_codes,
+                         float* tiled_aux) {
   for (int64_t c = 0; c < cols / 32; ++c) std::memcpy(tiled_codes + (c * n_group + r) * 32, codes + c * 32, 32);
   const int64_t nsub = cols / panel_sub_elems(wt);
   for (int64_t s = 0; s < nsub; ++s)
-    std::memcpy(tiled_aux + (s * n_group + r) * k_panel_aux_per_sub, aux + s * k_panel_aux_per_sub,
-                k_panel_aux_per_sub * sizeof(float));
+    std::memcpy(tiled_aux + (s * n_group + r) * k_panel_aux_per_sub, aux + s * k_panel_aux_per_sub, k_panel_aux_per_sub * sizeof(float));
 }
 
-void tile_packed_acts(weight_type wt, int64_t cols, const int8_t* codes, const float* aux, int n_group,
-                      int8_t* tiled_codes, float* tiled_aux) {
+void tile_packed_acts(weight_type wt, int64_t cols, const int8_t* codes, const float* aux, int n_group, int8_t* tiled_codes, float* tiled_aux) {
   const auto aux_per_row = static_cast<int64_t>(panel_act_aux_floats(wt, cols, 1));
-  for (int r = 0; r < n_group; ++r)
-    tile_packed_act_row(wt, cols, codes + r * cols, aux + r * aux_per_row, r, n_group, tiled_codes, tiled_aux);
+  for (int r = 0; r < n_group; ++r) tile_packed_act_row(wt, cols, codes + r * cols, aux + r * aux_per_row, r, n_group, tiled_codes, tiled_aux);
 }
 
 }  // namespace tandem::kernels::cpu

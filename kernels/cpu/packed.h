@@ -47,15 +47,24 @@ enum class weight_layout { rows, packed };
 static constexpr size_t packed_unit_bytes(weight_type wt) {
   constexpr size_t R = 16;  // k_panel_rows (panel.h)
   switch (wt) {
-    case weight_type::q4_0: return 4 * 64 + 2 * R;
-    case weight_type::q4_1: return 4 * 64 + 4 * R;
-    case weight_type::q5_0: return 4 * 64 + 64 + 2 * R;
-    case weight_type::q5_1: return 4 * 64 + 64 + 4 * R;
-    case weight_type::q8_0: return 8 * 64 + 2 * R;
-    case weight_type::q4_k: return 8 * 4 * 64 + 4 * R + 16 * R;
-    case weight_type::q5_k: return 8 * 4 * 64 + 8 * 64 + 4 * R + 16 * R;
-    case weight_type::q6_k: return 8 * 4 * 64 + 8 * 2 * 64 + 2 * R + 16 * R;
-    default: return 0;
+    case weight_type::q4_0:
+      return 4 * 64 + 2 * R;
+    case weight_type::q4_1:
+      return 4 * 64 + 4 * R;
+    case weight_type::q5_0:
+      return 4 * 64 + 64 + 2 * R;
+    case weight_type::q5_1:
+      return 4 * 64 + 64 + 4 * R;
+    case weight_type::q8_0:
+      return 8 * 64 + 2 * R;
+    case weight_type::q4_k:
+      return 8 * 4 * 64 + 4 * R + 16 * R;
+    case weight_type::q5_k:
+      return 8 * 4 * 64 + 8 * 64 + 4 * R + 16 * R;
+    case weight_type::q6_k:
+      return 8 * 4 * 64 + 8 * 2 * 64 + 2 * R + 16 * R;
+    default:
+      return 0;
   }
 }
 // Columns per unit: 256 for the K-quants (one super-block), 32 for the rest.
@@ -65,21 +74,25 @@ static constexpr int64_t packed_unit_cols(weight_type wt) {
 // The offset of its scales (after the codes).
 static constexpr size_t packed_scales_at(weight_type wt) {
   switch (wt) {
-    case weight_type::q4_0: case weight_type::q4_1: return 256;
-    case weight_type::q5_0: case weight_type::q5_1: return 320;
-    case weight_type::q8_0: return 512;
-    case weight_type::q4_k: return 2048;
-    case weight_type::q5_k: return 2560;
-    default: return 3072;  // q6_k
+    case weight_type::q4_0:
+    case weight_type::q4_1:
+      return 256;
+    case weight_type::q5_0:
+    case weight_type::q5_1:
+      return 320;
+    case weight_type::q8_0:
+      return 512;
+    case weight_type::q4_k:
+      return 2048;
+    case weight_type::q5_k:
+      return 2560;
+    default:
+      return 3072;  // q6_k
   }
 }
 // Whether codes have a fifth bit (Q5_0, Q5_1, Q5_K), and the offset of chunk ch's 8 masks.
-static constexpr bool packed_has_fifth_bit(weight_type wt) {
-  return wt == weight_type::q5_0 || wt == weight_type::q5_1 || wt == weight_type::q5_k;
-}
-static constexpr size_t packed_fifth_at(weight_type wt, int ch) {
-  return (wt == weight_type::q5_k ? 2048 : 256) + static_cast<size_t>(ch) * 64;
-}
+static constexpr bool packed_has_fifth_bit(weight_type wt) { return wt == weight_type::q5_0 || wt == weight_type::q5_1 || wt == weight_type::q5_k; }
+static constexpr size_t packed_fifth_at(weight_type wt, int ch) { return (wt == weight_type::q5_k ? 2048 : 256) + static_cast<size_t>(ch) * 64; }
 
 // How far ahead of its reads a packed product asks for each line, and how much of a piece's
 // start it asks for at once (matmul.cpp), on every SIMD path: two threads' decode ran 3-9%
@@ -108,9 +121,7 @@ inline constexpr size_t k_packed_q4_0_near_ahead_zen3 = 1536;
 size_t packed_near_ahead_avx2_for(weight_type wt, const cpu_identity& cpu);
 // The same for this CPU, chosen once at start-up (a constant to the kernels' loops).
 extern const size_t g_packed_q4_0_near_ahead_avx2;
-inline size_t packed_near_ahead_avx2(weight_type wt) {
-  return wt == weight_type::q4_0 ? g_packed_q4_0_near_ahead_avx2 : k_packed_near_ahead_avx2;
-}
+inline size_t packed_near_ahead_avx2(weight_type wt) { return wt == weight_type::q4_0 ? g_packed_q4_0_near_ahead_avx2 : k_packed_near_ahead_avx2; }
 
 // Whether `wt` has a packed form (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
 bool packable(weight_type wt);
@@ -152,8 +163,7 @@ enum class avx512_requests { none, l1, l2_and_l1 };
 // The AVX2 kernels' distances (other distances measured no faster).
 inline constexpr size_t k_packed_l1_ahead_avx512 = k_packed_l1_ahead_avx2;
 inline constexpr size_t k_packed_l2_ahead_avx512 = k_packed_l2_ahead_avx2;
-static constexpr avx512_requests packed_avx512_requests(weight_type wt, int act_rows, sum_order order,
-                                                        bool self_streaming) {
+static constexpr avx512_requests packed_avx512_requests(weight_type wt, int act_rows, sum_order order, bool self_streaming) {
   if (act_rows != 1) {
     if (self_streaming || wt == weight_type::q4_k || wt == weight_type::q4_1 || wt == weight_type::q5_1) return avx512_requests::l1;
     return avx512_requests::l2_and_l1;
@@ -178,9 +188,7 @@ inline avx512_requests packed_avx512_requests(weight_type wt, int act_rows, sum_
 // before the conversion. On a Zen 4 one chain of 8 vpdpbusd per row outlasted a pass over 8
 // rows and the core waited on it (split, batched decode of 16 ran 9% faster); on an Intel
 // Xeon passes of 8 rows ran 3-8% faster with one sum per row, passes of 2-4 did not.
-static constexpr bool packed_avx512_split_sums(int act_rows, const cpu_identity& cpu) {
-  return cpu.amd || act_rows < 8;
-}
+static constexpr bool packed_avx512_split_sums(int act_rows, const cpu_identity& cpu) { return cpu.amd || act_rows < 8; }
 // packed_avx512_split_sums(8, this_cpu()), read once.
 extern const bool g_packed_split_sums8;
 
@@ -195,9 +203,7 @@ static constexpr bool packed_avx2_two_levels(weight_type wt, sum_order order, bo
   return !(wt == weight_type::q4_1 && order == sum_order::tile);
 }
 // packed_avx2_two_levels for this CPU.
-inline bool packed_avx2_two_levels(weight_type wt, sum_order order) {
-  return packed_avx2_two_levels(wt, order, g_packed_self_streaming);
-}
+inline bool packed_avx2_two_levels(weight_type wt, sum_order order) { return packed_avx2_two_levels(wt, order, g_packed_self_streaming); }
 // Whether `wt` has both orders (Q4_1, Q5_1: the types with a min whose kernel is not repacked
 // in llama.cpp, so its plain kernel's order is what llama.cpp computes).
 static constexpr bool has_ggml_order(weight_type wt) { return wt == weight_type::q4_1 || wt == weight_type::q5_1; }
@@ -212,13 +218,13 @@ inline constexpr int k_packed_max_act_rows = 16;
 // activation row r) for r < n_act, o < n_w (1..16). Activations in panel.h's form
 // (panel_acts: int8 codes, per sub-block {da, da * sum, offset term}). Both take any number of
 // rows.
-void packed_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
-                    int n_act, float* out, int64_t out_stride, int n_w);
+void packed_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act, float* out,
+                    int64_t out_stride, int n_w);
 // order: see sum_order. Any n_act: groups of up to
 // k_packed_max_act_rows rows go through tile_packed_acts and packed_dot_tiled_avx512 (a copy
 // per call; matmul tiles each activation row once instead).
-void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
-                       int n_act, float* out, int64_t out_stride, int n_w, sum_order order = sum_order::ggml);
+void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act, float* out,
+                       int64_t out_stride, int n_w, sum_order order = sum_order::ggml);
 
 // The AVX2 form (packed_avx2.cpp) for CPUs without AVX-512: panel_acts rows, any n_act, in
 // passes of up to 4 rows. The same bits as packed_dot_avx512 in both orders (its integer sums
@@ -226,11 +232,11 @@ void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const
 // of the two paths computes it.
 // allow_vnni: take the AVX-VNNI kernels where avx_vnni_active() (the same bits; tests turn it
 // off to compare).
-void packed_dot_avx2(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act,
-                     float* out, int64_t out_stride, int n_w, sum_order order = sum_order::ggml, bool allow_vnni = true);
+void packed_dot_avx2(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act, float* out,
+                     int64_t out_stride, int n_w, sum_order order = sum_order::ggml, bool allow_vnni = true);
 // The AVX-VNNI kernels (packed_vnni_avx2.cpp); only call when avx_vnni_active().
-void packed_dot_avxvnni(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
-                        int n_act, float* out, int64_t out_stride, int n_w, sum_order order = sum_order::ggml);
+void packed_dot_avxvnni(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act, float* out,
+                        int64_t out_stride, int n_w, sum_order order = sum_order::ggml);
 
 // The tiled form of a group of n_group (1..k_packed_max_act_rows) activation rows, what the
 // AVX-512 tile kernel reads: codes chunk by chunk, code (r, c) at ((c / 32) * n_group + r) *
@@ -238,16 +244,14 @@ void packed_dot_avxvnni(weight_type wt, const uint8_t* panel, int64_t cols, cons
 // (s * n_group + r) * k_panel_aux_per_sub. One row's tiled form is its panel_acts form.
 // tile_packed_act_row writes row r of the group from its panel_acts row (codes: cols bytes,
 // aux: panel_act_aux_floats(wt, cols, 1) floats); tile_packed_acts every row.
-void tile_packed_act_row(weight_type wt, int64_t cols, const int8_t* codes, const float* aux, int r, int n_group,
-                         int8_t* tiled_codes, float* tiled_aux);
-void tile_packed_acts(weight_type wt, int64_t cols, const int8_t* codes, const float* aux, int n_group,
-                      int8_t* tiled_codes, float* tiled_aux);
+void tile_packed_act_row(weight_type wt, int64_t cols, const int8_t* codes, const float* aux, int r, int n_group, int8_t* tiled_codes,
+                         float* tiled_aux);
+void tile_packed_acts(weight_type wt, int64_t cols, const int8_t* codes, const float* aux, int n_group, int8_t* tiled_codes, float* tiled_aux);
 // packed_dot_avx512 over the tiled form of a group of n_act (1..k_packed_max_act_rows) rows,
 // for every type and order except ggml-order Q4_1/Q5_1, whose kernel reads panel_acts rows (the
 // call then does nothing; matmul never makes it).
-void packed_dot_tiled_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* tiled_codes,
-                             const float* tiled_aux, int n_act, float* out, int64_t out_stride, int n_w,
-                             sum_order order = sum_order::ggml);
+void packed_dot_tiled_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* tiled_codes, const float* tiled_aux, int n_act,
+                             float* out, int64_t out_stride, int n_w, sum_order order = sum_order::ggml);
 // Widens one packed panel into panel.h's form (64-byte aligned panel, panel_bytes(wt, cols)):
 // the codes pack_panel_* writes from the GGUF rows and the same scale and min values (padded
 // rows: -0 where pack_panel_* writes +0), for products with many activation rows

@@ -85,21 +85,29 @@ void expand(const uint8_t* packed, int64_t cols, uint8_t* panel) {
 
 void expand_packed_avx512(weight_type wt, const uint8_t* packed, int64_t cols, uint8_t* panel) {
   switch (wt) {
-    case weight_type::q4_0: return expand<weight_type::q4_0>(packed, cols, panel);
-    case weight_type::q4_1: return expand<weight_type::q4_1>(packed, cols, panel);
-    case weight_type::q5_0: return expand<weight_type::q5_0>(packed, cols, panel);
-    case weight_type::q5_1: return expand<weight_type::q5_1>(packed, cols, panel);
-    case weight_type::q8_0: return expand<weight_type::q8_0>(packed, cols, panel);
-    case weight_type::q4_k: return expand<weight_type::q4_k>(packed, cols, panel);
-    case weight_type::q5_k: return expand<weight_type::q5_k>(packed, cols, panel);
-    case weight_type::q6_k: return expand<weight_type::q6_k>(packed, cols, panel);
-    default: return;
+    case weight_type::q4_0:
+      return expand<weight_type::q4_0>(packed, cols, panel);
+    case weight_type::q4_1:
+      return expand<weight_type::q4_1>(packed, cols, panel);
+    case weight_type::q5_0:
+      return expand<weight_type::q5_0>(packed, cols, panel);
+    case weight_type::q5_1:
+      return expand<weight_type::q5_1>(packed, cols, panel);
+    case weight_type::q8_0:
+      return expand<weight_type::q8_0>(packed, cols, panel);
+    case weight_type::q4_k:
+      return expand<weight_type::q4_k>(packed, cols, panel);
+    case weight_type::q5_k:
+      return expand<weight_type::q5_k>(packed, cols, panel);
+    case weight_type::q6_k:
+      return expand<weight_type::q6_k>(packed, cols, panel);
+    default:
+      return;
   }
 }
 
-void packed_dot_tiled_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* tiled_codes,
-                             const float* tiled_aux, int n_act, float* out, int64_t out_stride, int n_w,
-                             sum_order order) {
+void packed_dot_tiled_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* tiled_codes, const float* tiled_aux, int n_act,
+                             float* out, int64_t out_stride, int n_w, sum_order order) {
   assert(!(has_ggml_order(wt) && order == sum_order::ggml) && "ggml-order Q4_1/Q5_1 reads panel_acts rows");
   const __mmask16 lanes = avx512::first16(n_w);
   auto rows = [&]<weight_type WT>() {
@@ -115,20 +123,26 @@ void packed_dot_tiled_avx512(weight_type wt, const uint8_t* panel, int64_t cols,
       avx512::with_act_rows(std::min(k_panel_max_act_rows, n_act - r0), [&]<int R>() {
         with_requests<WT, R>([&]<avx512_requests REQ>() {
           with_split<R>([&]<bool Split>() {
-            packed_tile<WT, R, REQ, Split>(panel, cols, tiled_codes + r0 * 32, tiled_aux + r0 * k_panel_aux_per_sub,
-                                           n_act, out + r0 * out_stride, out_stride, lanes);
+            packed_tile<WT, R, REQ, Split>(panel, cols, tiled_codes + r0 * 32, tiled_aux + r0 * k_panel_aux_per_sub, n_act, out + r0 * out_stride,
+                                           out_stride, lanes);
           });
         });
       });
     }
   };
   switch (wt) {
-    case weight_type::q4_0: return rows.template operator()<weight_type::q4_0>();
-    case weight_type::q5_0: return rows.template operator()<weight_type::q5_0>();
-    case weight_type::q8_0: return rows.template operator()<weight_type::q8_0>();
-    case weight_type::q4_k: return rows.template operator()<weight_type::q4_k>();
-    case weight_type::q5_k: return rows.template operator()<weight_type::q5_k>();
-    case weight_type::q6_k: return rows.template operator()<weight_type::q6_k>();
+    case weight_type::q4_0:
+      return rows.template operator()<weight_type::q4_0>();
+    case weight_type::q5_0:
+      return rows.template operator()<weight_type::q5_0>();
+    case weight_type::q8_0:
+      return rows.template operator()<weight_type::q8_0>();
+    case weight_type::q4_k:
+      return rows.template operator()<weight_type::q4_k>();
+    case weight_type::q5_k:
+      return rows.template operator()<weight_type::q5_k>();
+    case weight_type::q6_k:
+      return rows.template operator()<weight_type::q6_k>();
     case weight_type::q4_1:
       if (order == sum_order::tile) return rows.template operator()<weight_type::q4_1>();
       return;
@@ -140,8 +154,8 @@ void packed_dot_tiled_avx512(weight_type wt, const uint8_t* panel, int64_t cols,
   }
 }
 
-void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
-                       int n_act, float* out, int64_t out_stride, int n_w, sum_order order) {
+void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act, float* out,
+                       int64_t out_stride, int n_w, sum_order order) {
   if (has_ggml_order(wt) && order == sum_order::ggml) {
     auto run = [&]<weight_type WT>() {
       constexpr size_t ub = packed_unit_bytes(WT);
@@ -171,8 +185,10 @@ void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const
             m = f16x16(unit + sc + 2 * R16);
           });
     };
-    if (wt == weight_type::q4_1) run.template operator()<weight_type::q4_1>();
-    else run.template operator()<weight_type::q5_1>();
+    if (wt == weight_type::q4_1)
+      run.template operator()<weight_type::q4_1>();
+    else
+      run.template operator()<weight_type::q5_1>();
     return;
   }
   if (n_act == 1) {  // one row's tiled form is its panel_acts form
@@ -187,8 +203,7 @@ void packed_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const
     tiled_codes.resize(static_cast<size_t>(n * cols));
     tiled_aux.resize(static_cast<size_t>(n * aux_per_row));
     tile_packed_acts(wt, cols, codes + r0 * cols, aux + r0 * aux_per_row, n, tiled_codes.data(), tiled_aux.data());
-    packed_dot_tiled_avx512(wt, panel, cols, tiled_codes.data(), tiled_aux.data(), n, out + r0 * out_stride, out_stride, n_w,
-                            order);
+    packed_dot_tiled_avx512(wt, panel, cols, tiled_codes.data(), tiled_aux.data(), n, out + r0 * out_stride, out_stride, n_w, order);
   }
 }
 

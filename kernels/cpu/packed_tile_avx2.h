@@ -42,12 +42,8 @@ constexpr int k_avx2_pass_rows = 4;
 
 static inline __m256i bcast4(const int8_t* p) { return _mm256_set1_epi32(panel_act4(p)); }
 static inline __m256 f16x8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-static inline __m256 u8x8(const uint8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
-static inline __m256 i8x8(const uint8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
+static inline __m256 u8x8(const uint8_t* p) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))); }
+static inline __m256 i8x8(const uint8_t* p) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))); }
 static inline __m256 negate(__m256 x) { return _mm256_xor_ps(x, _mm256_set1_ps(-0.0f)); }
 // Asks for the line `offset` bytes into p's stream ahead: twice, into L2 far and into L1 near,
 // or once close ahead as a non-temporal request (packed.h says which and why). Always
@@ -82,10 +78,14 @@ static inline __m256i dot_add(__m256i acc, __m256i u, __m256i s) {
 static inline __m256i q6_high_pair(__m256i h, int q) {
   const __m256i m30 = _mm256_set1_epi8(0x30);
   switch (q) {
-    case 0: return _mm256_and_si256(_mm256_slli_epi16(h, 4), m30);
-    case 1: return _mm256_and_si256(_mm256_slli_epi16(h, 2), m30);
-    case 2: return _mm256_and_si256(h, m30);
-    default: return _mm256_and_si256(_mm256_srli_epi16(h, 2), m30);
+    case 0:
+      return _mm256_and_si256(_mm256_slli_epi16(h, 4), m30);
+    case 1:
+      return _mm256_and_si256(_mm256_slli_epi16(h, 2), m30);
+    case 2:
+      return _mm256_and_si256(h, m30);
+    default:
+      return _mm256_and_si256(_mm256_srli_epi16(h, 2), m30);
   }
 }
 
@@ -135,31 +135,27 @@ static inline void store_lanes(float* p, __m256 v, int n) {
 // their tile order). Both halves in one pass (H = 2) keep 2R float sums live; one half per
 // pass (H = 1) leaves room for more rows, and the second pass reads the panel from cache.
 template <weight_type WT, int R, bool VNNI, int H>
-void packed_pass(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, float* out, int64_t out_stride,
-                 int n_w, int h0) {
+void packed_pass(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, float* out, int64_t out_stride, int n_w, int h0) {
   constexpr int64_t uc = packed_unit_cols(WT);
   constexpr int sub = WT == weight_type::q6_k ? 16 : 32;
   constexpr size_t ub = packed_unit_bytes(WT);
   constexpr size_t sc = packed_scales_at(WT);
   // Codes with an offset start from the activations' offset term (Q8_0's only with VNNI: without
   // it its codes are made signed).
-  constexpr bool k_offset = WT == weight_type::q4_0 || WT == weight_type::q5_0 || WT == weight_type::q6_k ||
-                            (WT == weight_type::q8_0 && VNNI);
+  constexpr bool k_offset = WT == weight_type::q4_0 || WT == weight_type::q5_0 || WT == weight_type::q6_k || (WT == weight_type::q8_0 && VNNI);
   constexpr int per16 = sums_per_int16<WT>();
   const int64_t nsub = cols / sub;
   const int64_t aux_row = nsub * k_panel_aux_per_sub;
   const size_t near_ahead = packed_near_ahead_avx2(WT);
   const bool two_levels = R > 2 || packed_avx2_two_levels(WT, sum_order::tile);
   __m256 f[H][R];
-  for (int h = 0; h < H; ++h)
-    TANDEM_UNROLL for (int r = 0; r < R; ++r) f[h][r] = _mm256_setzero_ps();
+  for (int h = 0; h < H; ++h) TANDEM_UNROLL for (int r = 0; r < R; ++r) f[h][r] = _mm256_setzero_ps();
   for (int64_t u = 0; u < cols / uc; ++u) {
     const uint8_t* unit = panel + u * ub;
     for (int ch = 0; ch < uc / 32; ++ch) {
       constexpr size_t share = ub / (uc / 32);
       if (h0 == 0)
-        for (size_t b = 0; b < share; b += 64)
-          prefetch(unit, ch * share + b, near_ahead, two_levels);
+        for (size_t b = 0; b < share; b += 64) prefetch(unit, ch * share + b, near_ahead, two_levels);
       const int64_t col0 = u * uc + ch * 32;
       for (int hh = 0; hh < H; ++hh) {
         const int h = h0 + hh;
@@ -175,8 +171,10 @@ void packed_pass(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
         TANDEM_UNROLL for (int r = 0; r < R; ++r) {
           const float* x = aux + r * aux_row + (col0 / sub) * k_panel_aux_per_sub;
           acc0[r] = k_offset ? _mm256_set1_epi32(panel_offset_term(x)) : _mm256_setzero_si256();
-          if constexpr (WT == weight_type::q6_k) acc1[r] = _mm256_set1_epi32(panel_offset_term(x + k_panel_aux_per_sub));
-          else if constexpr (k_split) acc1[r] = _mm256_setzero_si256();
+          if constexpr (WT == weight_type::q6_k)
+            acc1[r] = _mm256_set1_epi32(panel_offset_term(x + k_panel_aux_per_sub));
+          else if constexpr (k_split)
+            acc1[r] = _mm256_setzero_si256();
         }
         if constexpr (VNNI) {
           TANDEM_UNROLL for (int q = 0; q < (WT == weight_type::q8_0 ? 8 : 4); ++q) {
@@ -185,17 +183,20 @@ void packed_pass(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
             TANDEM_UNROLL for (int r = 0; r < R; ++r) {
               const int8_t* a = act + r * cols + col0;
               if constexpr (WT == weight_type::q8_0) {
-                if (k_split && q % 2 == 1) acc1[r] = dot_add<VNNI>(acc1[r], lo, bcast4(a + 4 * q));
-                else acc0[r] = dot_add<VNNI>(acc0[r], lo, bcast4(a + 4 * q));
+                if (k_split && q % 2 == 1)
+                  acc1[r] = dot_add<VNNI>(acc1[r], lo, bcast4(a + 4 * q));
+                else
+                  acc0[r] = dot_add<VNNI>(acc0[r], lo, bcast4(a + 4 * q));
               } else {
                 acc0[r] = dot_add<VNNI>(acc0[r], lo, bcast4(a + 4 * q));
-                if constexpr (k_split) acc1[r] = dot_add<VNNI>(acc1[r], hi, bcast4(a + 16 + 4 * q));
-                else acc0[r] = dot_add<VNNI>(acc0[r], hi, bcast4(a + 16 + 4 * q));
+                if constexpr (k_split)
+                  acc1[r] = dot_add<VNNI>(acc1[r], hi, bcast4(a + 16 + 4 * q));
+                else
+                  acc0[r] = dot_add<VNNI>(acc0[r], hi, bcast4(a + 16 + 4 * q));
               }
             }
           }
-          if constexpr (k_split && WT != weight_type::q6_k)
-            TANDEM_UNROLL for (int r = 0; r < R; ++r) acc0[r] = _mm256_add_epi32(acc0[r], acc1[r]);
+          if constexpr (k_split && WT != weight_type::q6_k) TANDEM_UNROLL for (int r = 0; r < R; ++r) acc0[r] = _mm256_add_epi32(acc0[r], acc1[r]);
         } else if constexpr (WT == weight_type::q8_0) {
           TANDEM_UNROLL for (int q = 0; q < 8; ++q) {
             __m256i w, unused;
@@ -236,7 +237,7 @@ void packed_pass(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
             }
           }
         }
-        auto update = [&](const __m256i (&acc)[R], __m256 scale, __m256 min, int64_t s) {
+        auto update = [&](const __m256i(&acc)[R], __m256 scale, __m256 min, int64_t s) {
           TANDEM_UNROLL for (int r = 0; r < R; ++r) {
             const float* x = aux + r * aux_row + s * k_panel_aux_per_sub;
             const __m256 t = _mm256_cvtepi32_ps(acc[r]);
@@ -271,8 +272,7 @@ void packed_pass(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
 // the pass over the panel streams it with every line's work next to its load; more rows one
 // half at a time.
 template <weight_type WT, int R, bool VNNI>
-void packed_rows(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, float* out, int64_t out_stride,
-                 int n_w) {
+void packed_rows(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, float* out, int64_t out_stride, int n_w) {
   if constexpr (R <= 2) {
     packed_pass<WT, R, VNNI, 2>(panel, cols, codes, aux, out, out_stride, n_w, 0);
   } else {
@@ -325,26 +325,33 @@ void packed_row_ggml(const uint8_t* panel, int64_t cols, const int8_t* codes, co
 }
 
 template <weight_type WT, bool VNNI>
-void packed_all_rows(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act, float* out,
-                     int64_t out_stride, int n_w) {
+void packed_all_rows(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act, float* out, int64_t out_stride, int n_w) {
   const auto aux_row = static_cast<int64_t>(cols / (WT == weight_type::q6_k ? 16 : 32)) * k_panel_aux_per_sub;
   for (int r0 = 0; r0 < n_act; r0 += k_avx2_pass_rows) {
     const int8_t* c = codes + r0 * cols;
     const float* x = aux + r0 * aux_row;
     float* o = out + r0 * out_stride;
     switch (n_act - r0 < k_avx2_pass_rows ? n_act - r0 : k_avx2_pass_rows) {  // no std::min: see simd_avx2.h
-      case 1: packed_rows<WT, 1, VNNI>(panel, cols, c, x, o, out_stride, n_w); break;
-      case 2: packed_rows<WT, 2, VNNI>(panel, cols, c, x, o, out_stride, n_w); break;
-      case 3: packed_rows<WT, 3, VNNI>(panel, cols, c, x, o, out_stride, n_w); break;
-      default: packed_rows<WT, 4, VNNI>(panel, cols, c, x, o, out_stride, n_w); break;
+      case 1:
+        packed_rows<WT, 1, VNNI>(panel, cols, c, x, o, out_stride, n_w);
+        break;
+      case 2:
+        packed_rows<WT, 2, VNNI>(panel, cols, c, x, o, out_stride, n_w);
+        break;
+      case 3:
+        packed_rows<WT, 3, VNNI>(panel, cols, c, x, o, out_stride, n_w);
+        break;
+      default:
+        packed_rows<WT, 4, VNNI>(panel, cols, c, x, o, out_stride, n_w);
+        break;
     }
   }
 }
 
 // packed_dot_avx2's contract (packed.h).
 template <bool VNNI>
-void packed_dot_avx2_impl(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
-                          int n_act, float* out, int64_t out_stride, int n_w, sum_order order) {
+void packed_dot_avx2_impl(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act, float* out,
+                          int64_t out_stride, int n_w, sum_order order) {
   if (has_ggml_order(wt) && order == sum_order::ggml) {
     const int64_t aux_row = cols / 32 * k_panel_aux_per_sub;
     for (int r = 0; r < n_act; ++r) {
@@ -357,15 +364,24 @@ void packed_dot_avx2_impl(weight_type wt, const uint8_t* panel, int64_t cols, co
   }
   auto all = [&]<weight_type WT>() { packed_all_rows<WT, VNNI>(panel, cols, codes, aux, n_act, out, out_stride, n_w); };
   switch (wt) {
-    case weight_type::q4_0: return all.template operator()<weight_type::q4_0>();
-    case weight_type::q4_1: return all.template operator()<weight_type::q4_1>();
-    case weight_type::q5_0: return all.template operator()<weight_type::q5_0>();
-    case weight_type::q5_1: return all.template operator()<weight_type::q5_1>();
-    case weight_type::q8_0: return all.template operator()<weight_type::q8_0>();
-    case weight_type::q4_k: return all.template operator()<weight_type::q4_k>();
-    case weight_type::q5_k: return all.template operator()<weight_type::q5_k>();
-    case weight_type::q6_k: return all.template operator()<weight_type::q6_k>();
-    default: return;
+    case weight_type::q4_0:
+      return all.template operator()<weight_type::q4_0>();
+    case weight_type::q4_1:
+      return all.template operator()<weight_type::q4_1>();
+    case weight_type::q5_0:
+      return all.template operator()<weight_type::q5_0>();
+    case weight_type::q5_1:
+      return all.template operator()<weight_type::q5_1>();
+    case weight_type::q8_0:
+      return all.template operator()<weight_type::q8_0>();
+    case weight_type::q4_k:
+      return all.template operator()<weight_type::q4_k>();
+    case weight_type::q5_k:
+      return all.template operator()<weight_type::q5_k>();
+    case weight_type::q6_k:
+      return all.template operator()<weight_type::q6_k>();
+    default:
+      return;
   }
 }
 

@@ -52,7 +52,6 @@ static inline __m512 i8x16(const uint8_t* p) {
   return _mm512_maskz_cvtepi32_ps(k_all16, _mm512_maskz_cvtepi8_epi32(k_all16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
-
 // Bit 4 of the codes of group g of a chunk whose fifth-bit masks start at `fifth` (Q5 types:
 // 8 masks of 64 bits, bit 4r + e of mask g for row r, column 4g + e) set in `codes`, whose bits
 // 4-7 are zero: one mask register load and one masked add.
@@ -73,8 +72,8 @@ static inline __m512i with_fifth_bit(__m512i codes, const uint8_t* fifth, int g)
 // asks for its lines ahead (packed_avx512_requests; with_requests picks this CPU's). Split:
 // two integer sums per row up to 8 rows (packed_avx512_split_sums; with_split picks this CPU's).
 template <weight_type WT, int R, avx512_requests REQ, bool Split = true>
-void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int group, float* out,
-                 int64_t out_stride, __mmask16 lanes) {
+void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int group, float* out, int64_t out_stride,
+                 __mmask16 lanes) {
   static_assert(R <= k_panel_max_act_rows || (R == k_packed_max_act_rows && WT != weight_type::q6_k));
   // Two integer sums per row up to 8 rows where the CPU wants them (Split); one at 16, where a
   // pass over all rows takes longer than one sum's chain of 8 latencies and the registers hold
@@ -83,14 +82,12 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
   // With split sums, the high nibbles of the plain 4-bit types go in unshifted (16 x code, up
   // to 240: vpdpbusd's unsigned operand takes it) and acc1 is shifted back once per chunk,
   // exactly, since it holds a multiple of 16: one shift per chunk instead of one per group.
-  constexpr bool k_high_unshifted = k_split && (WT == weight_type::q4_0 || WT == weight_type::q4_1 ||
-                                                WT == weight_type::q4_k);
+  constexpr bool k_high_unshifted = k_split && (WT == weight_type::q4_0 || WT == weight_type::q4_1 || WT == weight_type::q4_k);
   constexpr int64_t uc = packed_unit_cols(WT);
   constexpr int sub = WT == weight_type::q6_k ? 16 : 32;
   constexpr size_t ub = packed_unit_bytes(WT);
   constexpr size_t sc = packed_scales_at(WT);
-  constexpr bool k_offset = WT == weight_type::q4_0 || WT == weight_type::q5_0 || WT == weight_type::q8_0 ||
-                            WT == weight_type::q6_k;
+  constexpr bool k_offset = WT == weight_type::q4_0 || WT == weight_type::q5_0 || WT == weight_type::q8_0 || WT == weight_type::q6_k;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512i high4 = _mm512_set1_epi8(static_cast<char>(0xF0));
   __m512 f[R];
@@ -137,8 +134,10 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
         if constexpr (k_offset) {
           const float* x = xa + r * k_panel_aux_per_sub;
           acc0[r] = _mm512_set1_epi32(offset_term(x));
-          if constexpr (WT == weight_type::q6_k) acc1[r] = _mm512_set1_epi32(offset_term(x + group * k_panel_aux_per_sub));
-          else if constexpr (k_split) acc1[r] = _mm512_setzero_si512();
+          if constexpr (WT == weight_type::q6_k)
+            acc1[r] = _mm512_set1_epi32(offset_term(x + group * k_panel_aux_per_sub));
+          else if constexpr (k_split)
+            acc1[r] = _mm512_setzero_si512();
         } else {
           acc0[r] = _mm512_setzero_si512();
           if constexpr (k_split) acc1[r] = _mm512_setzero_si512();
@@ -166,21 +165,25 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
           const int8_t* a = ca + r * 32;
           if constexpr (WT == weight_type::q8_0) {
             if constexpr (k_split) {
-              if (q % 2 == 1) acc1[r] = dpbusd_bcast(acc1[r], lo, a + 4 * q);
-              else acc0[r] = dpbusd_bcast(acc0[r], lo, a + 4 * q);
+              if (q % 2 == 1)
+                acc1[r] = dpbusd_bcast(acc1[r], lo, a + 4 * q);
+              else
+                acc0[r] = dpbusd_bcast(acc0[r], lo, a + 4 * q);
             } else {
               acc0[r] = dpbusd_bcast(acc0[r], lo, a + 4 * q);
             }
           } else {
             acc0[r] = dpbusd_bcast(acc0[r], lo, a + 4 * q);
-            if constexpr (k_split || WT == weight_type::q6_k) acc1[r] = dpbusd_bcast(acc1[r], hi, a + 16 + 4 * q);
-            else acc0[r] = dpbusd_bcast(acc0[r], hi, a + 16 + 4 * q);
+            if constexpr (k_split || WT == weight_type::q6_k)
+              acc1[r] = dpbusd_bcast(acc1[r], hi, a + 16 + 4 * q);
+            else
+              acc0[r] = dpbusd_bcast(acc0[r], hi, a + 16 + 4 * q);
           }
         }
       }
       // Scales and mins of the chunk's sub-blocks, then the float update per row.
       // s: the sub-block's index within the chunk (Q6_K: 0 or 1).
-      auto update = [&](const __m512i (&acc)[R], __m512 scale, __m512 min, int64_t s) {
+      auto update = [&](const __m512i(&acc)[R], __m512 scale, __m512 min, int64_t s) {
         TANDEM_UNROLL for (int r = 0; r < R; ++r) {
           const float* x = xa + (s * group + r) * k_panel_aux_per_sub;
           const __m512 t = _mm512_maskz_cvtepi32_ps(k_all16, acc[r]);
@@ -190,8 +193,8 @@ void packed_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const 
       };
       const __m512 no_min = _mm512_setzero_ps();
       if constexpr (k_split) {
-        TANDEM_UNROLL for (int r = 0; r < R; ++r)
-          acc0[r] = _mm512_add_epi32(acc0[r], k_high_unshifted ? _mm512_maskz_srai_epi32(k_all16, acc1[r], 4) : acc1[r]);
+        TANDEM_UNROLL for (int r = 0; r < R; ++r) acc0[r] =
+            _mm512_add_epi32(acc0[r], k_high_unshifted ? _mm512_maskz_srai_epi32(k_all16, acc1[r], 4) : acc1[r]);
       }
       if constexpr (WT == weight_type::q4_0 || WT == weight_type::q5_0 || WT == weight_type::q8_0) {
         update(acc0, f16x16(unit + sc), no_min, 0);
@@ -222,9 +225,12 @@ static inline void with_requests(F&& f) {
     return f.template operator()<avx512_requests::l2_and_l1>();
   } else {
     switch (packed_avx512_requests(WT, 1, sum_order::tile)) {
-      case avx512_requests::none: return f.template operator()<avx512_requests::none>();
-      case avx512_requests::l1: return f.template operator()<avx512_requests::l1>();
-      case avx512_requests::l2_and_l1: return f.template operator()<avx512_requests::l2_and_l1>();
+      case avx512_requests::none:
+        return f.template operator()<avx512_requests::none>();
+      case avx512_requests::l1:
+        return f.template operator()<avx512_requests::l1>();
+      case avx512_requests::l2_and_l1:
+        return f.template operator()<avx512_requests::l2_and_l1>();
     }
   }
 }

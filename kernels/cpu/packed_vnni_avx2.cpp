@@ -5,8 +5,8 @@
 
 namespace tandem::kernels::cpu {
 
-void packed_dot_avxvnni(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
-                        int n_act, float* out, int64_t out_stride, int n_w, sum_order order) {
+void packed_dot_avxvnni(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act, float* out,
+                        int64_t out_stride, int n_w, sum_order order) {
   packed_dot_avx2_impl<true>(wt, panel, cols, codes, aux, n_act, out, out_stride, n_w, order);
 }
 

@@ -83,11 +83,16 @@ size_t panel_act_aux_floats(weight_type wt, int64_t cols, int64_t n_x) {
 
 int panel_code_offset(weight_type wt) {
   switch (wt) {
-    case weight_type::q4_0: return -8;
-    case weight_type::q5_0: return -16;
-    case weight_type::q8_0: return -128;
-    case weight_type::q6_k: return -32;
-    default: return 0;
+    case weight_type::q4_0:
+      return -8;
+    case weight_type::q5_0:
+      return -16;
+    case weight_type::q8_0:
+      return -128;
+    case weight_type::q6_k:
+      return -32;
+    default:
+      return 0;
   }
 }
 
@@ -213,8 +218,7 @@ void pack_panel_ref(weight_type wt, const void* w, size_t w_row, int n_rows, int
   }
 }
 
-void panel_acts(weight_type wt, const void* act, size_t a_row, int64_t n_x, int64_t cols, int8_t* codes,
-                float* aux) {
+void panel_acts(weight_type wt, const void* act, size_t a_row, int64_t n_x, int64_t cols, int8_t* codes, float* aux) {
   const int sub = panel_sub_elems(wt);
   const weight_type at = activation_type(wt);
   const int offset = panel_code_offset(wt);
@@ -285,13 +289,11 @@ void panel_act_row(weight_type wt, const float* x, int64_t cols, int8_t* codes, 
   panel_acts(wt, row.data(), row.size(), 1, cols, codes, aux);
 }
 
-void tiled_act_row(weight_type wt, const float* x, int64_t cols, int r, int n_group, int8_t* tiled_codes,
-                   float* tiled_aux) {
+void tiled_act_row(weight_type wt, const float* x, int64_t cols, int r, int n_group, int8_t* tiled_codes, float* tiled_aux) {
   const weight_type at = checked_act_type(wt, cols);
   if (active_isa() == isa::avx512)
-    return panel_act_row_avx512(at, panel_sub_elems(wt), panel_code_offset(wt), x, cols, tiled_codes + r * 32,
-                                tiled_aux + r * k_panel_aux_per_sub, int64_t{32} * n_group,
-                                int64_t{k_panel_aux_per_sub} * n_group);
+    return panel_act_row_avx512(at, panel_sub_elems(wt), panel_code_offset(wt), x, cols, tiled_codes + r * 32, tiled_aux + r * k_panel_aux_per_sub,
+                                int64_t{32} * n_group, int64_t{k_panel_aux_per_sub} * n_group);
   thread_local std::vector<int8_t> codes;
   thread_local std::vector<float> aux;
   codes.resize(static_cast<size_t>(cols));
@@ -300,8 +302,8 @@ void tiled_act_row(weight_type wt, const float* x, int64_t cols, int r, int n_gr
   tile_packed_act_row(wt, cols, codes.data(), aux.data(), r, n_group, tiled_codes, tiled_aux);
 }
 
-void panel_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
-                   int n_act, float* out, int64_t out_stride, int n_w) {
+void panel_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act, float* out,
+                   int64_t out_stride, int n_w) {
   const int sub = panel_sub_elems(wt);
   const int64_t nsub = cols / sub;
   const size_t sb = sub_block_bytes(sub);

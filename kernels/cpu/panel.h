@@ -79,8 +79,7 @@ void panel_decode_row(weight_type wt, const void* row, int64_t cols, uint8_t* co
 // w_row bytes apart, into `panel`; missing rows are zero (their outputs come out 0).
 void pack_panel_ref(weight_type wt, const void* w, size_t w_row, int n_rows, int64_t cols, uint8_t* panel);
 // act: n_x rows converted by quantize_activation_row to activation_type(wt), a_row bytes apart.
-void panel_acts(weight_type wt, const void* act, size_t a_row, int64_t n_x, int64_t cols, int8_t* codes,
-                float* aux);
+void panel_acts(weight_type wt, const void* act, size_t a_row, int64_t n_x, int64_t cols, int8_t* codes, float* aux);
 // One f32 row straight into its panel form: panel_acts of quantize_activation_row's row, byte
 // for byte, in one pass where the CPU has AVX-512 (the two passes otherwise). cols: a multiple
 // of activation_type(wt)'s block; throws std::invalid_argument otherwise or for a type without
@@ -90,18 +89,17 @@ void panel_act_row(weight_type wt, const float* x, int64_t cols, int8_t* codes, 
 // (packed.h, tile_packed_act_row), byte for byte panel_act_row followed by tile_packed_act_row:
 // one pass on AVX-512 instead of a pass and a copy (8 rows of 2,816 columns: the copy took 1.5 µs
 // beside the conversion's 3.7-6.0). Throws as panel_act_row does.
-void tiled_act_row(weight_type wt, const float* x, int64_t cols, int r, int n_group, int8_t* tiled_codes,
-                   float* tiled_aux);
+void tiled_act_row(weight_type wt, const float* x, int64_t cols, int r, int n_group, int8_t* tiled_codes, float* tiled_aux);
 // out[r * out_stride + o] for r < n_act, o < n_w from a packed panel.
-void panel_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
-                   int n_act, float* out, int64_t out_stride, int n_w);
+void panel_dot_ref(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act, float* out,
+                   int64_t out_stride, int n_w);
 
 // AVX-512 VNNI forms (panel_avx512.cpp); same contracts, n_act <= k_panel_max_act_rows, and
 // `panel` 64-byte aligned (aligned vector loads and stores). pack_panel_avx512 gives the same
 // bytes as pack_panel_ref and reads nothing outside the n_rows rows.
 void pack_panel_avx512(weight_type wt, const void* w, size_t w_row, int n_rows, int64_t cols, uint8_t* panel);
-void panel_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
-                      int n_act, float* out, int64_t out_stride, int n_w);
+void panel_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act, float* out,
+                      int64_t out_stride, int n_w);
 
 // AMX form (panel_amx_avx512.cpp), for the types panel_amx_supported names (Q4_0, Q5_0, Q8_0,
 // Q4_K, Q5_K: not Q4_1 and Q5_1, whose panel kernel keeps ggml's float order, nor Q6_K, which
@@ -114,7 +112,7 @@ void panel_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const 
 // then min FMA per sub-block), which matmul uses for packed products of that order.
 bool panel_amx_supported(weight_type wt);
 void panel_sign_codes(weight_type wt, uint8_t* panel, int64_t cols);
-void panel_dot_amx(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act,
-                   float* out, int64_t out_stride, int n_w);
+void panel_dot_amx(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act, float* out,
+                   int64_t out_stride, int n_w);
 
 }  // namespace tandem::kernels::cpu

@@ -80,20 +80,21 @@ void configure_tiles() {
 // codes), else tdpbsud. A macro: GCC's tile intrinsics paste their register numbers into the
 // instruction text, so they must be literals.
 #define TANDEM_TILE_DOTS(Signed, C, A, B, a, a_stride, b, dst) \
-  do {                                                        \
-    _tile_loadd(A, a, a_stride);                              \
-    _tile_loadd(B, b, 64);                                    \
-    _tile_zero(C);                                            \
-    if constexpr (Signed) _tile_dpbssd(C, A, B);              \
-    else _tile_dpbsud(C, A, B);                               \
-    _tile_stored(C, dst, 64);                                 \
+  do {                                                         \
+    _tile_loadd(A, a, a_stride);                               \
+    _tile_loadd(B, b, 64);                                     \
+    _tile_zero(C);                                             \
+    if constexpr (Signed)                                      \
+      _tile_dpbssd(C, A, B);                                   \
+    else                                                       \
+      _tile_dpbsud(C, A, B);                                   \
+    _tile_stored(C, dst, 64);                                  \
   } while (false)
 
 // M activation rows against one panel; `Offset`: the type's codes carry an offset, which
 // panel_sign_codes has taken out (signed codes), and the mins are not read.
 template <int M, bool Offset>
-void panel_pass_amx(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, float* out,
-                    int64_t out_stride, __mmask16 lanes) {
+void panel_pass_amx(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, float* out, int64_t out_stride, __mmask16 lanes) {
   constexpr size_t sub_bytes = S / 4 * 64 + 2 * 64;
   const int64_t nsub = cols / S;
   configure_tiles<M>();
@@ -103,10 +104,18 @@ void panel_pass_amx(const uint8_t* panel, int64_t cols, const int8_t* codes, con
     const int8_t* a = codes + s * S;
     int32_t* dst = dots[s % k_c_tiles][0];
     switch (s % k_c_tiles) {
-      case 0: TANDEM_TILE_DOTS(Offset, 0, 4, 6, a, cols, b, dst); return;
-      case 1: TANDEM_TILE_DOTS(Offset, 1, 5, 7, a, cols, b, dst); return;
-      case 2: TANDEM_TILE_DOTS(Offset, 2, 4, 6, a, cols, b, dst); return;
-      default: TANDEM_TILE_DOTS(Offset, 3, 5, 7, a, cols, b, dst); return;
+      case 0:
+        TANDEM_TILE_DOTS(Offset, 0, 4, 6, a, cols, b, dst);
+        return;
+      case 1:
+        TANDEM_TILE_DOTS(Offset, 1, 5, 7, a, cols, b, dst);
+        return;
+      case 2:
+        TANDEM_TILE_DOTS(Offset, 2, 4, 6, a, cols, b, dst);
+        return;
+      default:
+        TANDEM_TILE_DOTS(Offset, 3, 5, 7, a, cols, b, dst);
+        return;
     }
   };
   __m512 f[M];
@@ -150,8 +159,8 @@ void panel_sign_codes(weight_type wt, uint8_t* panel, int64_t cols) {
     }
 }
 
-void panel_dot_amx(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act,
-                   float* out, int64_t out_stride, int n_w) {
+void panel_dot_amx(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act, float* out,
+                   int64_t out_stride, int n_w) {
   const int64_t aux_per_row = cols / S * k_panel_aux_per_sub;
   const __mmask16 lanes = avx512::first16(n_w);
   const bool offset = panel_code_offset(wt) != 0;
@@ -161,8 +170,10 @@ void panel_dot_amx(weight_type wt, const uint8_t* panel, int64_t cols, const int
     const float* x = aux + r0 * aux_per_row;
     float* o = out + r0 * out_stride;
     avx512::with_count<1, k_max_rows>(std::min(k_max_rows, n_act - r0), [&]<int M>() {
-      if (offset) panel_pass_amx<M, true>(panel, cols, c, x, o, out_stride, lanes);
-      else panel_pass_amx<M, false>(panel, cols, c, x, o, out_stride, lanes);
+      if (offset)
+        panel_pass_amx<M, true>(panel, cols, c, x, o, out_stride, lanes);
+      else
+        panel_pass_amx<M, false>(panel, cols, c, x, o, out_stride, lanes);
     });
   }
 }

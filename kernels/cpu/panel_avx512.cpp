@@ -62,8 +62,7 @@ static inline __m256i codes32(const uint8_t* row, int64_t k) {
     const uint8_t* b = row + (k / 32) * sizeof(block_q5_1);
     return with_fifth_bits(nibbles32(b + 8), b + 4);
   } else if constexpr (WT == weight_type::q8_0) {
-    return _mm256_xor_si256(avx512::load32(row + (k / 32) * sizeof(block_q8_0) + 2),
-                            _mm256_set1_epi8(static_cast<char>(0x80)));
+    return _mm256_xor_si256(avx512::load32(row + (k / 32) * sizeof(block_q8_0) + 2), _mm256_set1_epi8(static_cast<char>(0x80)));
   } else if constexpr (WT == weight_type::q4_k || WT == weight_type::q5_k) {
     constexpr bool five = WT == weight_type::q5_k;
     const auto* b = reinterpret_cast<const block_q4_k*>(row + (k / 256) * (five ? sizeof(block_q5_k) : sizeof(block_q4_k)));
@@ -87,10 +86,18 @@ static inline __m256i codes32(const uint8_t* row, int64_t k) {
     // Bits 2*part, 2*part + 1 of qh become bits 4, 5 of the code.
     __m256i high2;
     switch (part) {
-      case 0: high2 = _mm256_slli_epi16(hb, 4); break;
-      case 1: high2 = _mm256_slli_epi16(hb, 2); break;
-      case 2: high2 = hb; break;
-      default: high2 = _mm256_srli_epi16(hb, 2); break;
+      case 0:
+        high2 = _mm256_slli_epi16(hb, 4);
+        break;
+      case 1:
+        high2 = _mm256_slli_epi16(hb, 2);
+        break;
+      case 2:
+        high2 = hb;
+        break;
+      default:
+        high2 = _mm256_srli_epi16(hb, 2);
+        break;
     }
     return _mm256_or_si256(low4, _mm256_and_si256(high2, m30));
   }
@@ -98,9 +105,11 @@ static inline __m256i codes32(const uint8_t* row, int64_t k) {
 
 template <weight_type WT>
 constexpr size_t row_scale_block_bytes() {
-  return WT == weight_type::q4_0 ? sizeof(block_q4_0) : WT == weight_type::q4_1 ? sizeof(block_q4_1)
-       : WT == weight_type::q5_0 ? sizeof(block_q5_0) : WT == weight_type::q5_1 ? sizeof(block_q5_1)
-                                                                              : sizeof(block_q8_0);
+  return WT == weight_type::q4_0   ? sizeof(block_q4_0)
+         : WT == weight_type::q4_1 ? sizeof(block_q4_1)
+         : WT == weight_type::q5_0 ? sizeof(block_q5_0)
+         : WT == weight_type::q5_1 ? sizeof(block_q5_1)
+                                   : sizeof(block_q8_0);
 }
 
 // out[g] dword r = dword g of rows[r] (32 bytes each), g < 8, r < 16.
@@ -137,8 +146,7 @@ static inline void transpose_16x8(const uint8_t* const* rows, __m512i out[8]) {
 // carry an offset (panel_code_offset), so each integer sum starts from the activations'
 // offset term and the mins are not read.
 template <int S, int R, bool Offset>
-void panel_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, float* out,
-                int64_t out_stride, __mmask16 lanes) {
+void panel_tile(const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, float* out, int64_t out_stride, __mmask16 lanes) {
   constexpr int groups = S / 4;
   constexpr size_t sub_bytes = groups * 64 + 2 * 64;
   const int64_t nsub = cols / S;
@@ -200,8 +208,7 @@ void pack(const uint8_t* w, size_t w_row, int n_rows, int64_t cols, uint8_t* pan
     // its time on the loads).
     for (size_t b = static_cast<size_t>(k / 32) * slice; b < static_cast<size_t>(k / 32 + 1) * slice; b += 64)
       avx512::prefetch(w, k_panel_rows * w_row + b);  // an integer address: may lie past the matrix
-    for (int r = 0; r < n_rows; ++r)
-      _mm256_store_si256(reinterpret_cast<__m256i*>(chunk[r]), codes32<WT>(w + r * w_row, k));
+    for (int r = 0; r < n_rows; ++r) _mm256_store_si256(reinterpret_cast<__m256i*>(chunk[r]), codes32<WT>(w + r * w_row, k));
     __m512i g[8];
     transpose_16x8(rows, g);
     for (int i = 0; i < 8; ++i) {
@@ -216,8 +223,8 @@ void pack(const uint8_t* w, size_t w_row, int n_rows, int64_t cols, uint8_t* pan
     constexpr bool has_min = WT == weight_type::q4_1 || WT == weight_type::q5_1;
     constexpr float offset = WT == weight_type::q4_0 ? -8.0f : WT == weight_type::q5_0 ? -16.0f : -128.0f;
     const __mmask16 live = avx512::first16(n_rows);
-    const __m512i rows_at = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                               _mm512_set1_epi32(static_cast<int>(w_row)));
+    const __m512i rows_at =
+        _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(static_cast<int>(w_row)));
     for (int64_t i = 0; i < nsub; ++i) {
       const __m512i dm = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, rows_at, w + i * bytes, 1);
       const __m512 d = avx512::cvt_f16(_mm512_maskz_cvtepi32_epi16(k_all16, dm));
@@ -232,11 +239,9 @@ void pack(const uint8_t* w, size_t w_row, int n_rows, int64_t cols, uint8_t* pan
     // K-quants: per super-block, gathers fetch the 16 rows' d (and dmin) and packed scales;
     // the scales are unpacked lane-wise with the formulas of unpack_k_scale.
     const __mmask16 live = avx512::first16(n_rows);
-    const __m512i rows_at = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                               _mm512_set1_epi32(static_cast<int>(w_row)));
-    auto gather = [&](const uint8_t* at) {
-      return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, rows_at, at, 1);
-    };
+    const __m512i rows_at =
+        _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(static_cast<int>(w_row)));
+    auto gather = [&](const uint8_t* at) { return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, rows_at, at, 1); };
     auto lanes_f16 = [](__m512i v) { return avx512::cvt_f16(_mm512_maskz_cvtepi32_epi16(k_all16, v)); };
     auto byte_of = [](__m512i v, int b) {  // byte b (0..3) of each dword, zero-extended
       return _mm512_maskz_and_epi32(k_all16, _mm512_maskz_srlv_epi32(k_all16, v, _mm512_set1_epi32(8 * b)), _mm512_set1_epi32(0xFF));
@@ -294,20 +299,29 @@ void pack(const uint8_t* w, size_t w_row, int n_rows, int64_t cols, uint8_t* pan
 void pack_panel_avx512(weight_type wt, const void* w, size_t w_row, int n_rows, int64_t cols, uint8_t* panel) {
   const auto* wb = static_cast<const uint8_t*>(w);
   switch (wt) {
-    case weight_type::q4_0: return pack<weight_type::q4_0>(wb, w_row, n_rows, cols, panel);
-    case weight_type::q4_1: return pack<weight_type::q4_1>(wb, w_row, n_rows, cols, panel);
-    case weight_type::q5_0: return pack<weight_type::q5_0>(wb, w_row, n_rows, cols, panel);
-    case weight_type::q5_1: return pack<weight_type::q5_1>(wb, w_row, n_rows, cols, panel);
-    case weight_type::q8_0: return pack<weight_type::q8_0>(wb, w_row, n_rows, cols, panel);
-    case weight_type::q4_k: return pack<weight_type::q4_k>(wb, w_row, n_rows, cols, panel);
-    case weight_type::q5_k: return pack<weight_type::q5_k>(wb, w_row, n_rows, cols, panel);
-    case weight_type::q6_k: return pack<weight_type::q6_k>(wb, w_row, n_rows, cols, panel);
-    default: throw std::invalid_argument("panel: no panel form for " + display_name(wt) + " weights");
+    case weight_type::q4_0:
+      return pack<weight_type::q4_0>(wb, w_row, n_rows, cols, panel);
+    case weight_type::q4_1:
+      return pack<weight_type::q4_1>(wb, w_row, n_rows, cols, panel);
+    case weight_type::q5_0:
+      return pack<weight_type::q5_0>(wb, w_row, n_rows, cols, panel);
+    case weight_type::q5_1:
+      return pack<weight_type::q5_1>(wb, w_row, n_rows, cols, panel);
+    case weight_type::q8_0:
+      return pack<weight_type::q8_0>(wb, w_row, n_rows, cols, panel);
+    case weight_type::q4_k:
+      return pack<weight_type::q4_k>(wb, w_row, n_rows, cols, panel);
+    case weight_type::q5_k:
+      return pack<weight_type::q5_k>(wb, w_row, n_rows, cols, panel);
+    case weight_type::q6_k:
+      return pack<weight_type::q6_k>(wb, w_row, n_rows, cols, panel);
+    default:
+      throw std::invalid_argument("panel: no panel form for " + display_name(wt) + " weights");
   }
 }
 
-void panel_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux,
-                      int n_act, float* out, int64_t out_stride, int n_w) {
+void panel_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const int8_t* codes, const float* aux, int n_act, float* out,
+                      int64_t out_stride, int n_w) {
   const __mmask16 lanes = avx512::first16(n_w);
   if (wt == weight_type::q4_1 || wt == weight_type::q5_1) {
     constexpr size_t sub_bytes = 8 * 64 + 2 * 64;
@@ -323,11 +337,15 @@ void panel_dot_avx512(weight_type wt, const uint8_t* panel, int64_t cols, const 
   const bool offset = panel_code_offset(wt) != 0;
   avx512::with_act_rows(n_act, [&]<int R>() {
     if (panel_sub_elems(wt) == 16) {
-      if (offset) panel_tile<16, R, true>(panel, cols, codes, aux, out, out_stride, lanes);
-      else panel_tile<16, R, false>(panel, cols, codes, aux, out, out_stride, lanes);
+      if (offset)
+        panel_tile<16, R, true>(panel, cols, codes, aux, out, out_stride, lanes);
+      else
+        panel_tile<16, R, false>(panel, cols, codes, aux, out, out_stride, lanes);
     } else {
-      if (offset) panel_tile<32, R, true>(panel, cols, codes, aux, out, out_stride, lanes);
-      else panel_tile<32, R, false>(panel, cols, codes, aux, out, out_stride, lanes);
+      if (offset)
+        panel_tile<32, R, true>(panel, cols, codes, aux, out, out_stride, lanes);
+      else
+        panel_tile<32, R, false>(panel, cols, codes, aux, out, out_stride, lanes);
     }
   });
 }

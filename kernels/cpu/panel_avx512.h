@@ -46,10 +46,14 @@ static inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* a) {
 static inline __m512i q6_high_pair(__m512i h, int q) {
   const __m512i m30 = _mm512_set1_epi8(0x30);
   switch (q) {
-    case 0: return _mm512_and_si512(_mm512_slli_epi16(h, 4), m30);
-    case 1: return _mm512_and_si512(_mm512_slli_epi16(h, 2), m30);
-    case 2: return _mm512_and_si512(h, m30);
-    default: return _mm512_and_si512(_mm512_srli_epi16(h, 2), m30);
+    case 0:
+      return _mm512_and_si512(_mm512_slli_epi16(h, 4), m30);
+    case 1:
+      return _mm512_and_si512(_mm512_slli_epi16(h, 2), m30);
+    case 2:
+      return _mm512_and_si512(h, m30);
+    default:
+      return _mm512_and_si512(_mm512_srli_epi16(h, 2), m30);
   }
 }
 
@@ -61,8 +65,8 @@ static inline __m512i q6_high_pair(__m512i h, int q) {
 // row (8, plus the m * s sum: R <= 2 fits the registers) reproduces every rounding.
 // group(b, j): the 64 code bytes of group j of block b; scales(b, d, m): its 16 d and m.
 template <int R, class Group, class Scales>
-static inline void ggml_order_tile(int64_t nb, const int8_t* codes, int64_t cols, const float* aux, float* out,
-                                   int64_t out_stride, __mmask16 lanes, Group&& group, Scales&& scales) {
+static inline void ggml_order_tile(int64_t nb, const int8_t* codes, int64_t cols, const float* aux, float* out, int64_t out_stride, __mmask16 lanes,
+                                   Group&& group, Scales&& scales) {
   __m512 f[R][8], msum[R];
   TANDEM_UNROLL for (int r = 0; r < R; ++r) {
     msum[r] = _mm512_setzero_ps();
@@ -95,8 +99,8 @@ static inline void ggml_order_tile(int64_t nb, const int8_t* codes, int64_t cols
 
 // ggml_order_tile over n_act rows, two at a time.
 template <class Group, class Scales>
-static inline void ggml_order_rows(int64_t nb, const int8_t* codes, int64_t cols, const float* aux, int n_act,
-                                   float* out, int64_t out_stride, __mmask16 lanes, Group&& group, Scales&& scales) {
+static inline void ggml_order_rows(int64_t nb, const int8_t* codes, int64_t cols, const float* aux, int n_act, float* out, int64_t out_stride,
+                                   __mmask16 lanes, Group&& group, Scales&& scales) {
   const int64_t per_row = nb * k_panel_aux_per_sub;
   for (int r = 0; r < n_act; r += 2) {
     if (n_act - r >= 2)

@@ -113,7 +113,6 @@ uint32_t load_qh(const uint8_t* qh) {
   return v;
 }
 
-
 void quantize_q4_0(const float* x, void* dst, int64_t n) {
   auto* y = static_cast<block_q4_0*>(dst);
   for (int64_t i = 0; i < n / qk; ++i, x += qk) {
@@ -376,8 +375,7 @@ void pack_k_scales(const uint8_t sc[8], const uint8_t m[8], uint8_t* out) {
 }
 
 // Shared by Q4_K (nmax 15) and Q5_K (nmax 31): fills d, dmin, scales and the codes L[256].
-void quantize_k_affine(const float* x, int nmax, half_bytes& d_out, half_bytes& dmin_out, uint8_t* scales,
-                       uint8_t* L) {
+void quantize_k_affine(const float* x, int nmax, half_bytes& d_out, half_bytes& dmin_out, uint8_t* scales, uint8_t* L) {
   affine_fit fits[8];
   float max_scale = 0.0f, max_min = 0.0f;
   for (int j = 0; j < 8; ++j) {
@@ -409,10 +407,8 @@ void quantize_k_affine(const float* x, int nmax, half_bytes& d_out, half_bytes& 
 // Low nibbles of the codes in Q4_K / Q5_K order.
 void pack_k_nibbles(const uint8_t* L, uint8_t* qs) {
   for (int c = 0; c < 4; ++c)
-    for (int l = 0; l < 32; ++l)
-      qs[32 * c + l] = static_cast<uint8_t>((L[64 * c + l] & 0xF) | ((L[64 * c + 32 + l] & 0xF) << 4));
+    for (int l = 0; l < 32; ++l) qs[32 * c + l] = static_cast<uint8_t>((L[64 * c + l] & 0xF) | ((L[64 * c + 32 + l] & 0xF) << 4));
 }
-
 
 void quantize_q4_k(const float* x, void* dst, int64_t n) {
   auto* y = static_cast<block_q4_k*>(dst);
@@ -469,8 +465,7 @@ void quantize_q6_k(const float* x, void* dst, int64_t n) {
       for (int l = 0; l < 32; ++l) {
         ql[l] = static_cast<uint8_t>((Lh[l] & 0xF) | ((Lh[l + 64] & 0xF) << 4));
         ql[l + 32] = static_cast<uint8_t>((Lh[l + 32] & 0xF) | ((Lh[l + 96] & 0xF) << 4));
-        qh[l] = static_cast<uint8_t>((Lh[l] >> 4) | ((Lh[l + 32] >> 4) << 2) | ((Lh[l + 64] >> 4) << 4) |
-                                     ((Lh[l + 96] >> 4) << 6));
+        qh[l] = static_cast<uint8_t>((Lh[l] >> 4) | ((Lh[l + 32] >> 4) << 2) | ((Lh[l + 64] >> 4) << 4) | ((Lh[l + 96] >> 4) << 6));
       }
     }
   }
@@ -541,15 +536,14 @@ void dequantize_q6_k(const void* src, float* y, int64_t n) {
 namespace {
 
 [[noreturn]] void unsupported(const char* what, weight_type t) {
-  throw std::invalid_argument(std::string(what) + ": weight type " + display_name(t) +
-                              " is not supported by the CPU kernels");
+  throw std::invalid_argument(std::string(what) + ": weight type " + display_name(t) + " is not supported by the CPU kernels");
 }
 
 void check_length(const char* what, weight_type t, int64_t n) {
   const int64_t be = info(t).block_elems;
   if (n < 0 || n % be != 0)
-    throw std::invalid_argument(std::string(what) + ": " + std::to_string(n) + " elements is not a multiple of " +
-                                display_name(t) + "'s block of " + std::to_string(be));
+    throw std::invalid_argument(std::string(what) + ": " + std::to_string(n) + " elements is not a multiple of " + display_name(t) + "'s block of " +
+                                std::to_string(be));
 }
 
 }  // namespace
@@ -558,7 +552,9 @@ void dequantize_row(weight_type t, const void* src, float* dst, int64_t n) {
   check_length("dequantize_row", t, n);
   const auto* bytes = static_cast<const uint8_t*>(src);
   switch (t) {
-    case weight_type::f32: std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)); return;
+    case weight_type::f32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+      return;
     case weight_type::f16:
       for (int64_t i = 0; i < n; ++i) {
         uint16_t h;
@@ -573,15 +569,32 @@ void dequantize_row(weight_type t, const void* src, float* dst, int64_t n) {
         dst[i] = bf16_to_fp32(h);
       }
       return;
-    case weight_type::q4_0: legacy::dequantize_q4_0(src, dst, n); return;
-    case weight_type::q4_1: legacy::dequantize_q4_1(src, dst, n); return;
-    case weight_type::q5_0: legacy::dequantize_q5_0(src, dst, n); return;
-    case weight_type::q5_1: legacy::dequantize_q5_1(src, dst, n); return;
-    case weight_type::q8_0: legacy::dequantize_q8_0(src, dst, n); return;
-    case weight_type::q4_k: k_quants::dequantize_q4_k(src, dst, n); return;
-    case weight_type::q5_k: k_quants::dequantize_q5_k(src, dst, n); return;
-    case weight_type::q6_k: k_quants::dequantize_q6_k(src, dst, n); return;
-    default: unsupported("dequantize_row", t);
+    case weight_type::q4_0:
+      legacy::dequantize_q4_0(src, dst, n);
+      return;
+    case weight_type::q4_1:
+      legacy::dequantize_q4_1(src, dst, n);
+      return;
+    case weight_type::q5_0:
+      legacy::dequantize_q5_0(src, dst, n);
+      return;
+    case weight_type::q5_1:
+      legacy::dequantize_q5_1(src, dst, n);
+      return;
+    case weight_type::q8_0:
+      legacy::dequantize_q8_0(src, dst, n);
+      return;
+    case weight_type::q4_k:
+      k_quants::dequantize_q4_k(src, dst, n);
+      return;
+    case weight_type::q5_k:
+      k_quants::dequantize_q5_k(src, dst, n);
+      return;
+    case weight_type::q6_k:
+      k_quants::dequantize_q6_k(src, dst, n);
+      return;
+    default:
+      unsupported("dequantize_row", t);
   }
 }
 
@@ -589,7 +602,9 @@ void quantize_row(weight_type t, const float* src, void* dst, int64_t n) {
   check_length("quantize_row", t, n);
   auto* out = static_cast<uint8_t*>(dst);
   switch (t) {
-    case weight_type::f32: std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)); return;
+    case weight_type::f32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+      return;
     case weight_type::f16:
       for (int64_t i = 0; i < n; ++i) {
         const uint16_t h = fp32_to_fp16(src[i]);
@@ -602,15 +617,32 @@ void quantize_row(weight_type t, const float* src, void* dst, int64_t n) {
         std::memcpy(out + 2 * i, &h, sizeof h);
       }
       return;
-    case weight_type::q4_0: legacy::quantize_q4_0(src, dst, n); return;
-    case weight_type::q4_1: legacy::quantize_q4_1(src, dst, n); return;
-    case weight_type::q5_0: legacy::quantize_q5_0(src, dst, n); return;
-    case weight_type::q5_1: legacy::quantize_q5_1(src, dst, n); return;
-    case weight_type::q8_0: legacy::quantize_q8_0(src, dst, n); return;
-    case weight_type::q4_k: k_quants::quantize_q4_k(src, dst, n); return;
-    case weight_type::q5_k: k_quants::quantize_q5_k(src, dst, n); return;
-    case weight_type::q6_k: k_quants::quantize_q6_k(src, dst, n); return;
-    default: unsupported("quantize_row", t);
+    case weight_type::q4_0:
+      legacy::quantize_q4_0(src, dst, n);
+      return;
+    case weight_type::q4_1:
+      legacy::quantize_q4_1(src, dst, n);
+      return;
+    case weight_type::q5_0:
+      legacy::quantize_q5_0(src, dst, n);
+      return;
+    case weight_type::q5_1:
+      legacy::quantize_q5_1(src, dst, n);
+      return;
+    case weight_type::q8_0:
+      legacy::quantize_q8_0(src, dst, n);
+      return;
+    case weight_type::q4_k:
+      k_quants::quantize_q4_k(src, dst, n);
+      return;
+    case weight_type::q5_k:
+      k_quants::quantize_q5_k(src, dst, n);
+      return;
+    case weight_type::q6_k:
+      k_quants::quantize_q6_k(src, dst, n);
+      return;
+    default:
+      unsupported("quantize_row", t);
   }
 }
 

@@ -46,9 +46,9 @@ static inline __m256i fifth_bits(const uint8_t* p) {
   uint32_t bits;
   std::memcpy(&bits, p, sizeof bits);
   // Byte j of the result looks at source byte j / 8, then tests bit j % 8 of it.
-  const __m256i spread = _mm256_shuffle_epi8(
-      _mm256_set1_epi32(static_cast<int>(bits)),
-      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i spread =
+      _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
+                          _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
   const __m256i mask = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
   const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask);
   return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
@@ -56,14 +56,10 @@ static inline __m256i fifth_bits(const uint8_t* p) {
 
 // Eight int32 partial sums of u[i] * s[i] for unsigned codes u (< 128) and signed s. Pair
 // sums stay below the int16 saturation bound for |s| <= 127 and u <= 127.
-static inline __m256i dot_u8_i8(__m256i u, __m256i s) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-}
+static inline __m256i dot_u8_i8(__m256i u, __m256i s) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)); }
 
 // Same with a per-pair 16-bit multiplier (sub-block scales) folded into the widening step.
-static inline __m256i dot_u8_i8_scaled(__m256i u, __m256i s, __m256i scale16) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scale16);
-}
+static inline __m256i dot_u8_i8_scaled(__m256i u, __m256i s, __m256i scale16) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scale16); }
 
 // Signed x signed: maddubs wants an unsigned operand, so move x's sign onto s.
 // `abs_x` is _mm256_sign_epi8(x, x), computed once per weight block by the caller.
@@ -74,10 +70,18 @@ static inline __m256i dot_i8_i8(__m256i x, __m256i abs_x, __m256i s) { return do
 template <class F>
 static inline void with_rows(int n, F&& f) {
   switch (n) {
-    case 1: f.template operator()<1>(); break;
-    case 2: f.template operator()<2>(); break;
-    case 3: f.template operator()<3>(); break;
-    default: f.template operator()<4>(); break;
+    case 1:
+      f.template operator()<1>();
+      break;
+    case 2:
+      f.template operator()<2>();
+      break;
+    case 3:
+      f.template operator()<3>();
+      break;
+    default:
+      f.template operator()<4>();
+      break;
   }
 }
 
@@ -85,9 +89,7 @@ static inline void with_rows(int n, F&& f) {
 // and element-wise kernels).
 
 // Eight f16 values -> floats (exact).
-static inline __m256 load_f16x8(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
+static inline __m256 load_f16x8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
 // Floats -> nearest f16, ties to even (as the scalar fp32_to_fp16), stored as 8 halves.
 static inline void store_f16x8(uint16_t* p, __m256 x) {
@@ -98,9 +100,7 @@ static inline void store_f16x8(uint16_t* p, __m256 x) {
 static inline __m256 round_f16(__m256 x) { return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT)); }
 
 // All-ones in the first n lanes (0 <= n <= 8), for maskload/maskstore of a row's tail.
-static inline __m256i first_lanes(int n) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
+static inline __m256i first_lanes(int n) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
 
 // e^x in every lane, within 2 ulp of the exact value (0.9 ulp measured against double over the
 // float range by tests/kernels/ops_test.cpp).
@@ -113,10 +113,9 @@ static inline __m256i first_lanes(int n) {
 static inline __m256 exp_ps(__m256 x) {
   x = _mm256_min_ps(_mm256_set1_ps(89.0f), x);    // e^89 > FLT_MAX: still +inf after scaling
   x = _mm256_max_ps(_mm256_set1_ps(-104.0f), x);  // e^-104 < half the smallest subnormal: 0
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);  // high part: exact product
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860676533018704e-6f), r);     // ln2 - high part
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860676533018704e-6f), r);    // ln2 - high part
   __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
@@ -143,8 +142,7 @@ static inline __m256 exp_ps(__m256 x) {
 // 2^n is built from its exponent bits, and the product with e^r is exact (a power of two times
 // a double in [0.7, 1.5], normal for every n here), so it equals scalef's result.
 static inline __m256d exp_pd_near(__m256d x) {
-  const __m256d n = _mm256_round_pd(_mm256_mul_pd(x, _mm256_set1_pd(1.4426950408889634)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256d n = _mm256_round_pd(_mm256_mul_pd(x, _mm256_set1_pd(1.4426950408889634)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   // ln 2 as a double plus the part a double cannot hold.
   __m256d r = _mm256_fnmadd_pd(n, _mm256_set1_pd(0x1.62e42fefa39efp-1), x);
   r = _mm256_fnmadd_pd(n, _mm256_set1_pd(0x1.abc9e3b39803fp-56), r);
@@ -179,14 +177,13 @@ static inline int near_midpoint(__m256d y) {
 
 static inline __m256 expf_exact(__m256 x) {
   // Lanes in [-87, 88] (NaN fails both compares) have a normal float result.
-  const __m256 in_range = _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ),
-                                        _mm256_cmp_ps(x, _mm256_set1_ps(88.0f), _CMP_LE_OQ));
+  const __m256 in_range = _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ), _mm256_cmp_ps(x, _mm256_set1_ps(88.0f), _CMP_LE_OQ));
   const __m256 xs = _mm256_and_ps(x, in_range);  // out-of-range lanes: e^0, replaced below
   const __m256d ylo = exp_pd_near(_mm256_cvtps_pd(_mm256_castps256_ps128(xs)));
   const __m256d yhi = exp_pd_near(_mm256_cvtps_pd(_mm256_extractf128_ps(xs, 1)));
   __m256 y = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(ylo)), _mm256_cvtpd_ps(yhi), 1);
-  const unsigned slow = static_cast<unsigned>(near_midpoint(ylo) | near_midpoint(yhi) << 4) |
-                        (~static_cast<unsigned>(_mm256_movemask_ps(in_range)) & 0xFFu);
+  const unsigned slow =
+      static_cast<unsigned>(near_midpoint(ylo) | near_midpoint(yhi) << 4) | (~static_cast<unsigned>(_mm256_movemask_ps(in_range)) & 0xFFu);
   if (slow != 0) {
     alignas(32) float xv[8], yv[8];
     _mm256_store_ps(xv, x);

@@ -28,12 +28,8 @@ static inline float half_to_float(const half_bytes& h) { return _cvtsh_ss(load_h
 // source; the kernels use these wrappers instead.
 static inline __m512 cvt_f16(__m256i h) { return _mm512_mask_cvtph_ps(_mm512_setzero_ps(), 0xFFFF, h); }
 static inline __m512 cvt_i32(__m512i v) { return _mm512_mask_cvtepi32_ps(_mm512_setzero_ps(), 0xFFFF, v); }
-static inline __m256i low_half(__m512i v) {
-  return _mm512_mask_extracti64x4_epi64(_mm256_setzero_si256(), 0xFF, v, 0);
-}
-static inline __m256i high_half(__m512i v) {
-  return _mm512_mask_extracti64x4_epi64(_mm256_setzero_si256(), 0xFF, v, 1);
-}
+static inline __m256i low_half(__m512i v) { return _mm512_mask_extracti64x4_epi64(_mm256_setzero_si256(), 0xFF, v, 0); }
+static inline __m256i high_half(__m512i v) { return _mm512_mask_extracti64x4_epi64(_mm256_setzero_si256(), 0xFF, v, 1); }
 
 static inline float hsum(__m512 v) {
   const __m256 hi = _mm512_mask_extractf32x8_ps(_mm256_setzero_ps(), 0xFF, v, 1);
@@ -62,9 +58,7 @@ static inline __m512i load32x2(const void* a, const void* b) {
 }
 
 // One register of two halves: a in the low 256 bits, b in the high 256 bits.
-static inline __m512i join(__m256i a, __m256i b) {
-  return _mm512_mask_inserti64x4(_mm512_setzero_si512(), 0xFF, _mm512_castsi256_si512(a), b, 1);
-}
+static inline __m512i join(__m256i a, __m256i b) { return _mm512_mask_inserti64x4(_mm512_setzero_si512(), 0xFF, _mm512_castsi256_si512(a), b, 1); }
 
 // Bytes [0, n) at p with zeros above (n clamped to 0..64); the masked-off bytes are never
 // touched, so the load may end at the last byte of a mapping or read nothing at all.
@@ -113,17 +107,33 @@ template <class F>
 static inline void with_tile(int n_w, int n_act, F&& f) {
   auto rows = [&]<int NW>() {
     switch (n_act) {
-      case 1: f.template operator()<NW, 1>(); break;
-      case 2: f.template operator()<NW, 2>(); break;
-      case 3: f.template operator()<NW, 3>(); break;
-      default: f.template operator()<NW, 4>(); break;
+      case 1:
+        f.template operator()<NW, 1>();
+        break;
+      case 2:
+        f.template operator()<NW, 2>();
+        break;
+      case 3:
+        f.template operator()<NW, 3>();
+        break;
+      default:
+        f.template operator()<NW, 4>();
+        break;
     }
   };
   switch (n_w) {
-    case 1: rows.template operator()<1>(); break;
-    case 2: rows.template operator()<2>(); break;
-    case 3: rows.template operator()<3>(); break;
-    default: rows.template operator()<4>(); break;
+    case 1:
+      rows.template operator()<1>();
+      break;
+    case 2:
+      rows.template operator()<2>();
+      break;
+    case 3:
+      rows.template operator()<3>();
+      break;
+    default:
+      rows.template operator()<4>();
+      break;
   }
 }
 
@@ -147,8 +157,8 @@ static inline void with_tile(int n_w, int n_act, F&& f) {
 // 2^-19 of a float ulp: far inside the 2^-8 ulp band below). Against the table-free series to
 // r^10 this was, the dependent chain is 5 multiply-adds instead of 10.
 static inline __m512d exp_pd_near(__m512d x) {
-  const __m512d k = _mm512_maskz_roundscale_pd(0xFF, _mm512_mul_pd(x, _mm512_set1_pd(16 * 1.4426950408889634)),
-                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512d k =
+      _mm512_maskz_roundscale_pd(0xFF, _mm512_mul_pd(x, _mm512_set1_pd(16 * 1.4426950408889634)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   // ln 2 / 16 as a double plus the part a double cannot hold.
   __m512d r = _mm512_fnmadd_pd(k, _mm512_set1_pd(0x1.62e42fefa39efp-5), x);
   r = _mm512_fnmadd_pd(k, _mm512_set1_pd(0x1.abc9e3b39803fp-60), r);
@@ -161,10 +171,10 @@ static inline __m512d exp_pd_near(__m512d x) {
   // j = k mod 16: k + 1.5 * 2^52 holds k in its low mantissa bits (two's complement below
   // zero), and the permute reads the low 4 bits of each lane.
   const __m512i j = _mm512_castpd_si512(_mm512_add_pd(k, _mm512_set1_pd(0x1.8p52)));
-  const __m512d lo = _mm512_setr_pd(0x1.0000000000000p+0, 0x1.0b5586cf9890fp+0, 0x1.172b83c7d517bp+0, 0x1.2387a6e756238p+0,
-                                    0x1.306fe0a31b715p+0, 0x1.3dea64c123422p+0, 0x1.4bfdad5362a27p+0, 0x1.5ab07dd485429p+0);
-  const __m512d hi = _mm512_setr_pd(0x1.6a09e667f3bcdp+0, 0x1.7a11473eb0187p+0, 0x1.8ace5422aa0dbp+0, 0x1.9c49182a3f090p+0,
-                                    0x1.ae89f995ad3adp+0, 0x1.c199bdd85529cp+0, 0x1.d5818dcfba487p+0, 0x1.ea4afa2a490dap+0);
+  const __m512d lo = _mm512_setr_pd(0x1.0000000000000p+0, 0x1.0b5586cf9890fp+0, 0x1.172b83c7d517bp+0, 0x1.2387a6e756238p+0, 0x1.306fe0a31b715p+0,
+                                    0x1.3dea64c123422p+0, 0x1.4bfdad5362a27p+0, 0x1.5ab07dd485429p+0);
+  const __m512d hi = _mm512_setr_pd(0x1.6a09e667f3bcdp+0, 0x1.7a11473eb0187p+0, 0x1.8ace5422aa0dbp+0, 0x1.9c49182a3f090p+0, 0x1.ae89f995ad3adp+0,
+                                    0x1.c199bdd85529cp+0, 0x1.d5818dcfba487p+0, 0x1.ea4afa2a490dap+0);
   const __m512d t = _mm512_permutex2var_pd(lo, j, hi);
   // 2^floor(k / 16) = 2^n: scalef takes the floor of its exponent operand.
   return _mm512_maskz_scalef_pd(0xFF, _mm512_mul_pd(p, t), _mm512_mul_pd(k, _mm512_set1_pd(1.0 / 16)));
@@ -180,8 +190,7 @@ static inline __mmask8 near_midpoint(__m512d y) {
 
 static inline __m512 expf_exact(__m512 x) {
   // Lanes in [-87, 88] (NaN fails both compares) have a normal float result.
-  const __mmask16 in_range = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ) &
-                             _mm512_cmp_ps_mask(x, _mm512_set1_ps(88.0f), _CMP_LE_OQ);
+  const __mmask16 in_range = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ) & _mm512_cmp_ps_mask(x, _mm512_set1_ps(88.0f), _CMP_LE_OQ);
   const __m512 xs = _mm512_maskz_mov_ps(in_range, x);  // out-of-range lanes: e^0, replaced below
   const __m256 lo8 = _mm512_mask_extractf32x8_ps(_mm256_setzero_ps(), 0xFF, xs, 0);
   const __m256 hi8 = _mm512_mask_extractf32x8_ps(_mm256_setzero_ps(), 0xFF, xs, 1);

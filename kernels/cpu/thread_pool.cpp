@@ -188,7 +188,7 @@ struct thread_pool::impl {
   };
   progress_line progress[k_max_participants];
 
-  alignas(64) std::atomic<int> sleepers{0};         // workers asleep on `wake`, or about to be
+  alignas(64) std::atomic<int> sleepers{0};                // workers asleep on `wake`, or about to be
   alignas(64) std::atomic<bool> submitter_waiting{false};  // the submitter is asleep on `done`
 
   std::exception_ptr error;  // first exception thrown by a worker chunk
@@ -227,8 +227,7 @@ struct thread_pool::impl {
       else
         return -1;
       if (next >= count) return -1;
-      if (c.compare_exchange_weak(cur, tagged(tag, static_cast<uint64_t>(next + 1)), std::memory_order_acq_rel,
-                                  std::memory_order_acquire))
+      if (c.compare_exchange_weak(cur, tagged(tag, static_cast<uint64_t>(next + 1)), std::memory_order_acq_rel, std::memory_order_acquire))
         return next;
     }
   }
@@ -257,8 +256,8 @@ struct thread_pool::impl {
   // pieces of the shares after it that nobody has claimed. report(k) is called with the count
   // of pieces finished so far after each one; after_first() once, after the first piece.
   template <class Report, class AfterFirst>
-  void run_pieces(int index, int participants, uint32_t tag, int64_t n, int64_t grain, const range_fn& body,
-                  std::exception_ptr& own_error, Report&& report, AfterFirst&& after_first) {
+  void run_pieces(int index, int participants, uint32_t tag, int64_t n, int64_t grain, const range_fn& body, std::exception_ptr& own_error,
+                  Report&& report, AfterFirst&& after_first) {
     share_plan plan;
     plan_share(n, grain, participants, index, plan);
     int64_t finished = 0;
@@ -308,17 +307,18 @@ struct thread_pool::impl {
       std::atomic<uint64_t>& mine = progress[index].word;
       {
         const running_scope running(this);
-        run_pieces(index, participants, tag, n, grain, body, own_error,
-                   [&](int64_t finished) {
-                     // The error first: once the counts add up the submitter reads it.
-                     if (own_error && !error_kept) {
-                       keep_error(own_error);
-                       error_kept = true;
-                     }
-                     mine.store(tagged(tag, static_cast<uint64_t>(finished)), std::memory_order_release);
-                     if (submitter_waiting.load(std::memory_order_relaxed)) wake_submitter();
-                   },
-                   [] {});
+        run_pieces(
+            index, participants, tag, n, grain, body, own_error,
+            [&](int64_t finished) {
+              // The error first: once the counts add up the submitter reads it.
+              if (own_error && !error_kept) {
+                keep_error(own_error);
+                error_kept = true;
+              }
+              mine.store(tagged(tag, static_cast<uint64_t>(finished)), std::memory_order_release);
+              if (submitter_waiting.load(std::memory_order_relaxed)) wake_submitter();
+            },
+            [] {});
       }
       // The submitter may have gone to sleep just before this thread's last report: the fence
       // orders that report before the check, as the submitter orders its flag before its own.
@@ -344,8 +344,7 @@ struct thread_pool::impl {
 };
 
 thread_pool::thread_pool(int threads) : impl_(std::make_unique<impl>()) {
-  if (threads < 1 || threads > 0xffff)
-    throw std::invalid_argument("thread_pool: thread count must be in 1..65535, got " + std::to_string(threads));
+  if (threads < 1 || threads > 0xffff) throw std::invalid_argument("thread_pool: thread count must be in 1..65535, got " + std::to_string(threads));
   impl_->threads = threads;
   impl_->team_state.lines = std::make_unique<team::state::line[]>(static_cast<size_t>(threads));
   impl* const self = impl_.get();
@@ -369,8 +368,7 @@ void thread_pool::parallel_for(int64_t n, int64_t grain, range_fn body) {
   grain = std::max<int64_t>(grain, 1);
   // A participant per grain at most, so that each share holds at least a grain, and
   // k_max_participants at most (the cursor and progress lines are sized for them).
-  const int participants = static_cast<int>(
-      std::min<int64_t>({impl_->threads, std::max<int64_t>(1, n / grain), k_max_participants}));
+  const int participants = static_cast<int>(std::min<int64_t>({impl_->threads, std::max<int64_t>(1, n / grain), k_max_participants}));
   if (participants <= 1 || running_on_this_thread(impl_.get())) {
     body(0, n);
     return;
@@ -441,11 +439,12 @@ void thread_pool::run_locked(int64_t n, int64_t grain, int participants, const r
   int64_t own_finished = 0;
   {
     const running_scope running(impl_.get());
-    p.run_pieces(0, participants, tag, n, grain, body, own_error, [&](int64_t finished) { own_finished = finished; },
-                 [&] {
-                   std::atomic_thread_fence(std::memory_order_seq_cst);
-                   if (p.sleepers.load(std::memory_order_relaxed) > 0) p.wake_workers();
-                 });
+    p.run_pieces(
+        0, participants, tag, n, grain, body, own_error, [&](int64_t finished) { own_finished = finished; },
+        [&] {
+          std::atomic_thread_fence(std::memory_order_seq_cst);
+          if (p.sleepers.load(std::memory_order_relaxed) > 0) p.wake_workers();
+        });
   }
 
   auto finished = [&] {

@@ -14,12 +14,10 @@ namespace tandem::kernels::cpu {
 class range_fn {
  public:
   template <class F>
-    requires(!std::is_same_v<std::remove_cvref_t<F>, range_fn> && std::is_invocable_v<F&, int64_t, int64_t>)
-  range_fn(F&& f) noexcept  // NOLINT: implicit, so call sites pass lambdas directly
+  requires(!std::is_same_v<std::remove_cvref_t<F>, range_fn> && std::is_invocable_v<F&, int64_t, int64_t>) range_fn(F&& f)
+  noexcept  // NOLINT: implicit, so call sites pass lambdas directly
       : object_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
-        call_([](void* object, int64_t begin, int64_t end) {
-          (*static_cast<std::remove_reference_t<F>*>(object))(begin, end);
-        }) {}
+        call_([](void* object, int64_t begin, int64_t end) { (*static_cast<std::remove_reference_t<F>*>(object))(begin, end); }) {}
   void operator()(int64_t begin, int64_t end) const { call_(object_, begin, end); }
 
  private:
@@ -42,8 +40,8 @@ class team {
   struct state;  // the pool's barrier lines (thread_pool.cpp)
   team(int members, uint64_t id, state* s) : members_(members), id_(id), state_(s) {}
   int members_;
-  uint64_t id_;     // unique per run_team call on its pool: tags the barrier words
-  state* state_;    // null for a team of one
+  uint64_t id_;   // unique per run_team call on its pool: tags the barrier words
+  state* state_;  // null for a team of one
 };
 
 // Thrown by team::sync in the members that outlive one whose body threw.
@@ -53,8 +51,8 @@ struct team_aborted {};
 class team_fn {
  public:
   template <class F>
-    requires(!std::is_same_v<std::remove_cvref_t<F>, team_fn> && std::is_invocable_v<F&, int, team&>)
-  team_fn(F&& f) noexcept  // NOLINT: implicit, so call sites pass lambdas directly
+  requires(!std::is_same_v<std::remove_cvref_t<F>, team_fn> && std::is_invocable_v<F&, int, team&>) team_fn(F&& f)
+  noexcept  // NOLINT: implicit, so call sites pass lambdas directly
       : object_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
         call_([](void* object, int member, team& t) { (*static_cast<std::remove_reference_t<F>*>(object))(member, t); }) {}
   void operator()(int member, team& t) const { call_(object_, member, t); }
@@ -94,10 +92,9 @@ class thread_pool {
   // Runs body(member, t) once on every thread of the pool at the same time (member 0 on the
   // caller), for steps split into fixed parts with barriers (t.sync) instead of a
   // parallel_for each: a decode layer pays one job hand-off instead of five, which matters
-  // where the cores sit on different dies; fixed parts give up parallel_for's balancing. Called from inside a chunk or member of this pool, or on a pool of one,
-  // runs as a team of one on the calling thread. The first exception a member throws is
-  // rethrown here after every member has returned; members waiting in sync then leave by
-  // team_aborted. Calls from several threads at once are serialized. Does not allocate.
+  // where the cores sit on different dies; fixed parts give up parallel_for's balancing. Called from inside a chunk or member of this pool, or on a
+  // pool of one, runs as a team of one on the calling thread. The first exception a member throws is rethrown here after every member has returned;
+  // members waiting in sync then leave by team_aborted. Calls from several threads at once are serialized. Does not allocate.
   void run_team(team_fn body);
 
  private:

@@ -25,19 +25,15 @@ struct entry {
 const std::array<entry, 11> k_kernels{{
     {weight_type::f32, {weight_type::f32, TANDEM_ROWS(vec_dot_f32_scalar), TANDEM_ROWS(vec_dot_f32_avx2), dot_f32_avx512}},
     {weight_type::f16, {weight_type::f16, TANDEM_ROWS(vec_dot_f16_scalar), TANDEM_ROWS(vec_dot_f16_avx2), dot_f16_avx512}},
-    {weight_type::bf16,
-     {weight_type::bf16, TANDEM_ROWS(vec_dot_bf16_scalar), TANDEM_ROWS(vec_dot_bf16_avx2), dot_bf16_avx512, true}},
+    {weight_type::bf16, {weight_type::bf16, TANDEM_ROWS(vec_dot_bf16_scalar), TANDEM_ROWS(vec_dot_bf16_avx2), dot_bf16_avx512, true}},
     {weight_type::q4_0, {weight_type::q8_0, TANDEM_ROWS(vec_dot_q4_0_scalar), dot_q4_0_avx2, dot_q4_0_avx512}},
     {weight_type::q4_1, {weight_type::q8_1, TANDEM_ROWS(vec_dot_q4_1_scalar), dot_q4_1_avx2, dot_q4_1_avx512}},
     {weight_type::q5_0, {weight_type::q8_0, TANDEM_ROWS(vec_dot_q5_0_scalar), dot_q5_0_avx2, dot_q5_0_avx512}},
     {weight_type::q5_1, {weight_type::q8_1, TANDEM_ROWS(vec_dot_q5_1_scalar), dot_q5_1_avx2, dot_q5_1_avx512}},
     {weight_type::q8_0, {weight_type::q8_0, TANDEM_ROWS(vec_dot_q8_0_scalar), dot_q8_0_avx2, dot_q8_0_avx512}},
-    {weight_type::q4_k,
-     {weight_type::q8_k, TANDEM_ROWS(vec_dot_q4_k_scalar), TANDEM_ROWS(vec_dot_q4_k_avx2), dot_q4_k_avx512}},
-    {weight_type::q5_k,
-     {weight_type::q8_k, TANDEM_ROWS(vec_dot_q5_k_scalar), TANDEM_ROWS(vec_dot_q5_k_avx2), dot_q5_k_avx512}},
-    {weight_type::q6_k,
-     {weight_type::q8_k, TANDEM_ROWS(vec_dot_q6_k_scalar), TANDEM_ROWS(vec_dot_q6_k_avx2), dot_q6_k_avx512}},
+    {weight_type::q4_k, {weight_type::q8_k, TANDEM_ROWS(vec_dot_q4_k_scalar), TANDEM_ROWS(vec_dot_q4_k_avx2), dot_q4_k_avx512}},
+    {weight_type::q5_k, {weight_type::q8_k, TANDEM_ROWS(vec_dot_q5_k_scalar), TANDEM_ROWS(vec_dot_q5_k_avx2), dot_q5_k_avx512}},
+    {weight_type::q6_k, {weight_type::q8_k, TANDEM_ROWS(vec_dot_q6_k_scalar), TANDEM_ROWS(vec_dot_q6_k_avx2), dot_q6_k_avx512}},
 }};
 
 #undef TANDEM_ROWS
@@ -49,8 +45,7 @@ const dot_kernel& find_dot_kernel(weight_type weights) {
     if (e.weights == weights) return e.kernel;
   std::string supported;
   for (const auto& e : k_kernels) supported += (supported.empty() ? "" : ", ") + display_name(e.weights);
-  throw std::invalid_argument("no CPU dot product for weight type " + display_name(weights) + " (supported: " +
-                              supported + ")");
+  throw std::invalid_argument("no CPU dot product for weight type " + display_name(weights) + " (supported: " + supported + ")");
 }
 
 dot_fn select_dot(const dot_kernel& k, isa path) {
@@ -87,8 +82,7 @@ void for_each_row(const void* act, size_t act_stride, int n_act, float* out, int
 
 // 16-bit float formats: the products are rounded to float and summed in double, as ggml does.
 template <float (*to_f32)(uint16_t)>
-void dot_16bit(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out,
-               int64_t out_stride) {
+void dot_16bit(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out, int64_t out_stride) {
   const auto* wb = static_cast<const uint8_t*>(w);
   for_each_row(act, act_stride, n_act, out, out_stride, [&](const uint8_t* a) {
     double sum = 0;
@@ -99,8 +93,7 @@ void dot_16bit(int64_t n, const void* w, const void* act, size_t act_stride, int
 
 }  // namespace
 
-void vec_dot_f32_scalar(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out,
-                        int64_t out_stride) {
+void vec_dot_f32_scalar(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out, int64_t out_stride) {
   // Weights through memcpy: an F32 tensor inside a file need not be float-aligned.
   const auto* wb = static_cast<const uint8_t*>(w);
   for_each_row(act, act_stride, n_act, out, out_stride, [&](const uint8_t* a) {
@@ -115,18 +108,15 @@ void vec_dot_f32_scalar(int64_t n, const void* w, const void* act, size_t act_st
   });
 }
 
-void vec_dot_f16_scalar(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out,
-                        int64_t out_stride) {
+void vec_dot_f16_scalar(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out, int64_t out_stride) {
   dot_16bit<fp16_to_fp32>(n, w, act, act_stride, n_act, out, out_stride);
 }
 
-void vec_dot_bf16_scalar(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out,
-                         int64_t out_stride) {
+void vec_dot_bf16_scalar(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out, int64_t out_stride) {
   dot_16bit<bf16_to_fp32>(n, w, act, act_stride, n_act, out, out_stride);
 }
 
-void vec_dot_q4_0_scalar(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out,
-                         int64_t out_stride) {
+void vec_dot_q4_0_scalar(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out, int64_t out_stride) {
   const auto* x = static_cast<const block_q4_0*>(w);
   for_each_row(act, act_stride, n_act, out, out_stride, [&](const uint8_t* a) {
     const auto* y = reinterpret_cast<const block_q8_0*>(a);
@@ -143,8 +133,7 @@ void vec_dot_q4_0_scalar(int64_t n, const void* w, const void* act, size_t act_s
   });
 }
 
-void vec_dot_q4_1_scalar(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out,
-                         int64_t out_stride) {
+void vec_dot_q4_1_scalar(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out, int64_t out_stride) {
   const auto* x = static_cast<const block_q4_1*>(w);
   for_each_row(act, act_stride, n_act, out, out_stride, [&](const uint8_t* a) {
     const auto* y = reinterpret_cast<const block_q8_1*>(a);
@@ -163,8 +152,7 @@ void vec_dot_q4_1_scalar(int64_t n, const void* w, const void* act, size_t act_s
   });
 }
 
-void vec_dot_q5_0_scalar(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out,
-                         int64_t out_stride) {
+void vec_dot_q5_0_scalar(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out, int64_t out_stride) {
   const auto* x = static_cast<const block_q5_0*>(w);
   for_each_row(act, act_stride, n_act, out, out_stride, [&](const uint8_t* a) {
     const auto* y = reinterpret_cast<const block_q8_0*>(a);
@@ -183,8 +171,7 @@ void vec_dot_q5_0_scalar(int64_t n, const void* w, const void* act, size_t act_s
   });
 }
 
-void vec_dot_q5_1_scalar(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out,
-                         int64_t out_stride) {
+void vec_dot_q5_1_scalar(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out, int64_t out_stride) {
   const auto* x = static_cast<const block_q5_1*>(w);
   for_each_row(act, act_stride, n_act, out, out_stride, [&](const uint8_t* a) {
     const auto* y = reinterpret_cast<const block_q8_1*>(a);
@@ -204,8 +191,7 @@ void vec_dot_q5_1_scalar(int64_t n, const void* w, const void* act, size_t act_s
   });
 }
 
-void vec_dot_q8_0_scalar(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out,
-                         int64_t out_stride) {
+void vec_dot_q8_0_scalar(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out, int64_t out_stride) {
   const auto* x = static_cast<const block_q8_0*>(w);
   for_each_row(act, act_stride, n_act, out, out_stride, [&](const uint8_t* a) {
     const auto* y = reinterpret_cast<const block_q8_0*>(a);
@@ -262,22 +248,17 @@ float dot_k_affine(int64_t n, const Block* x, const block_q8_k* y) {
 
 }  // namespace
 
-void vec_dot_q4_k_scalar(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out,
-                         int64_t out_stride) {
+void vec_dot_q4_k_scalar(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out, int64_t out_stride) {
   const auto* x = static_cast<const block_q4_k*>(w);
-  for_each_q8k_row(act, act_stride, n_act, out, out_stride,
-               [&](const block_q8_k* y) { return dot_k_affine<false>(n, x, y); });
+  for_each_q8k_row(act, act_stride, n_act, out, out_stride, [&](const block_q8_k* y) { return dot_k_affine<false>(n, x, y); });
 }
 
-void vec_dot_q5_k_scalar(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out,
-                         int64_t out_stride) {
+void vec_dot_q5_k_scalar(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out, int64_t out_stride) {
   const auto* x = static_cast<const block_q5_k*>(w);
-  for_each_q8k_row(act, act_stride, n_act, out, out_stride,
-               [&](const block_q8_k* y) { return dot_k_affine<true>(n, x, y); });
+  for_each_q8k_row(act, act_stride, n_act, out, out_stride, [&](const block_q8_k* y) { return dot_k_affine<true>(n, x, y); });
 }
 
-void vec_dot_q6_k_scalar(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out,
-                         int64_t out_stride) {
+void vec_dot_q6_k_scalar(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out, int64_t out_stride) {
   const auto* x = static_cast<const block_q6_k*>(w);
   for_each_q8k_row(act, act_stride, n_act, out, out_stride, [&](const block_q8_k* y) {
     float sum = 0;

@@ -50,8 +50,7 @@ struct bf16_format {
 };
 
 template <class Fmt>
-void dot_float(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out,
-               int64_t out_stride) {
+void dot_float(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out, int64_t out_stride) {
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* ab = static_cast<const uint8_t*>(act);
   with_rows(n_act, [&]<int NR>() {
@@ -60,8 +59,7 @@ void dot_float(int64_t n, const void* w, const void* act, size_t act_stride, int
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
       const __m256 wv = Fmt::load8(wb + i * Fmt::bytes);
-      for (int r = 0; r < NR; ++r)
-        acc[r] = _mm256_fmadd_ps(wv, Fmt::load8(ab + r * act_stride + i * Fmt::bytes), acc[r]);
+      for (int r = 0; r < NR; ++r) acc[r] = _mm256_fmadd_ps(wv, Fmt::load8(ab + r * act_stride + i * Fmt::bytes), acc[r]);
     }
     for (int r = 0; r < NR; ++r) {
       float sum = hsum(acc[r]);
@@ -73,18 +71,15 @@ void dot_float(int64_t n, const void* w, const void* act, size_t act_stride, int
 
 }  // namespace
 
-void vec_dot_f32_avx2(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out,
-                      int64_t out_stride) {
+void vec_dot_f32_avx2(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out, int64_t out_stride) {
   dot_float<f32_format>(n, w, act, act_stride, n_act, out, out_stride);
 }
 
-void vec_dot_f16_avx2(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out,
-                      int64_t out_stride) {
+void vec_dot_f16_avx2(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out, int64_t out_stride) {
   dot_float<f16_format>(n, w, act, act_stride, n_act, out, out_stride);
 }
 
-void vec_dot_bf16_avx2(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out,
-                       int64_t out_stride) {
+void vec_dot_bf16_avx2(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out, int64_t out_stride) {
   dot_float<bf16_format>(n, w, act, act_stride, n_act, out, out_stride);
 }
 
@@ -142,8 +137,7 @@ struct q5_1_traits {
 // The tile for NR <= 2 activation rows: with NW = 4 that is 8 accumulators next to the
 // activation codes, offsets and scales, close to the 16 ymm registers.
 template <class T, int NW, int NR>
-void tile(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* act, size_t act_stride, float* out,
-          int64_t out_stride) {
+void tile(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* act, size_t act_stride, float* out, int64_t out_stride) {
   using block = typename T::block;
   using act_block = typename T::act_block;
   constexpr bool with_m = sizeof(act_block) == sizeof(block_q8_1);
@@ -176,8 +170,10 @@ void tile(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* act, siz
       if constexpr (T::is_signed) abs_q = _mm256_sign_epi8(q, q);
       for (int r = 0; r < NR; ++r) {
         __m256i p;
-        if constexpr (T::is_signed) p = dot_i8_i8(q, abs_q, a[r]);
-        else p = dot_u8_i8(q, a[r]);
+        if constexpr (T::is_signed)
+          p = dot_i8_i8(q, abs_q, a[r]);
+        else
+          p = dot_u8_i8(q, a[r]);
         if constexpr (T::offset != 0) p = _mm256_sub_epi32(p, base[r]);
         acc[o][r] = _mm256_fmadd_ps(_mm256_mul_ps(dx, dy[r]), _mm256_cvtepi32_ps(p), acc[o][r]);
       }
@@ -196,8 +192,7 @@ void tile(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* act, siz
 // would not fit the registers); each (weight row, activation row) pair sees the same
 // operations in every tile shape.
 template <class T>
-void dot_legacy(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride, int n_act,
-                float* out, int64_t out_stride) {
+void dot_legacy(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride, int n_act, float* out, int64_t out_stride) {
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* ab = static_cast<const uint8_t*>(act);
   for (int r0 = 0; r0 < n_act; r0 += 2) {
@@ -205,28 +200,37 @@ void dot_legacy(int64_t n, const void* w, size_t w_stride, int n_w, const void* 
     auto run = [&]<int NW>() {
       const uint8_t* a = ab + r0 * act_stride;
       float* o = out + r0 * out_stride;
-      if (nr == 1) tile<T, NW, 1>(n / k_qk_legacy, wb, w_stride, a, act_stride, o, out_stride);
-      else tile<T, NW, 2>(n / k_qk_legacy, wb, w_stride, a, act_stride, o, out_stride);
+      if (nr == 1)
+        tile<T, NW, 1>(n / k_qk_legacy, wb, w_stride, a, act_stride, o, out_stride);
+      else
+        tile<T, NW, 2>(n / k_qk_legacy, wb, w_stride, a, act_stride, o, out_stride);
     };
     switch (n_w) {
-      case 1: run.template operator()<1>(); break;
-      case 2: run.template operator()<2>(); break;
-      case 3: run.template operator()<3>(); break;
-      default: run.template operator()<4>(); break;
+      case 1:
+        run.template operator()<1>();
+        break;
+      case 2:
+        run.template operator()<2>();
+        break;
+      case 3:
+        run.template operator()<3>();
+        break;
+      default:
+        run.template operator()<4>();
+        break;
     }
   }
 }
 
 }  // namespace
 
-#define TANDEM_LEGACY_AVX2(type)                                                                                   \
-  void dot_##type##_avx2(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride,    \
-                         int n_act, float* out, int64_t out_stride) {                                              \
-    dot_legacy<type##_traits>(n, w, w_stride, n_w, act, act_stride, n_act, out, out_stride);                       \
-  }                                                                                                                \
-  void vec_dot_##type##_avx2(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out,  \
-                             int64_t out_stride) {                                                                 \
-    dot_legacy<type##_traits>(n, w, 0, 1, act, act_stride, n_act, out, out_stride);                                \
+#define TANDEM_LEGACY_AVX2(type)                                                                                                        \
+  void dot_##type##_avx2(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride, int n_act, float* out, \
+                         int64_t out_stride) {                                                                                          \
+    dot_legacy<type##_traits>(n, w, w_stride, n_w, act, act_stride, n_act, out, out_stride);                                            \
+  }                                                                                                                                     \
+  void vec_dot_##type##_avx2(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out, int64_t out_stride) { \
+    dot_legacy<type##_traits>(n, w, 0, 1, act, act_stride, n_act, out, out_stride);                                                     \
   }
 
 TANDEM_LEGACY_AVX2(q4_0)
@@ -250,8 +254,7 @@ namespace {
 using namespace avx2;
 
 template <bool five_bit, class Block>
-void dot_k_affine(int64_t n, const Block* x, const uint8_t* ab, size_t act_stride, int n_act, float* out,
-                  int64_t out_stride) {
+void dot_k_affine(int64_t n, const Block* x, const uint8_t* ab, size_t act_stride, int n_act, float* out, int64_t out_stride) {
   const int64_t nb = n / k_qk_k;
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   with_rows(n_act, [&]<int NR>() {
@@ -303,8 +306,7 @@ void dot_k_affine(int64_t n, const Block* x, const uint8_t* ab, size_t act_strid
   });
 }
 
-void dot_q6_k(int64_t n, const block_q6_k* x, const uint8_t* ab, size_t act_stride, int n_act, float* out,
-              int64_t out_stride) {
+void dot_q6_k(int64_t n, const block_q6_k* x, const uint8_t* ab, size_t act_stride, int n_act, float* out, int64_t out_stride) {
   const int64_t nb = n / k_qk_k;
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   const __m256i low2 = _mm256_set1_epi8(0x03);
@@ -328,18 +330,16 @@ void dot_q6_k(int64_t n, const block_q6_k* x, const uint8_t* ab, size_t act_stri
         // Elements l, l+32, l+64, l+96 of this half (l = 0..31), codes 0..63.
         __m256i v[4];
         v[0] = _mm256_or_si256(_mm256_and_si256(q0, low4), _mm256_slli_epi16(_mm256_and_si256(hb, low2), 4));
-        v[1] = _mm256_or_si256(_mm256_and_si256(q1, low4),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), low2), 4));
-        v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q0, 4), low4),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), low2), 4));
-        v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q1, 4), low4),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), low2), 4));
+        v[1] = _mm256_or_si256(_mm256_and_si256(q1, low4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), low2), 4));
+        v[2] =
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q0, 4), low4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), low2), 4));
+        v[3] =
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q1, 4), low4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), low2), 4));
         for (int k = 0; k < 4; ++k) {
           // Bytes 0..15 belong to sub-block 2k of the half, bytes 16..31 to 2k+1.
           const int s = 8 * h + 2 * k;
           const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(sc[s + 1]), _mm_set1_epi16(sc[s]));
-          for (int r = 0; r < NR; ++r)
-            isum[r] = _mm256_add_epi32(isum[r], dot_u8_i8_scaled(v[k], load32(y[r][b].qs + 128 * h + 32 * k), scale));
+          for (int r = 0; r < NR; ++r) isum[r] = _mm256_add_epi32(isum[r], dot_u8_i8_scaled(v[k], load32(y[r][b].qs + 128 * h + 32 * k), scale));
         }
       }
       const float dx = half_to_float(x[b].d);
@@ -357,22 +357,16 @@ void dot_q6_k(int64_t n, const block_q6_k* x, const uint8_t* ab, size_t act_stri
 
 }  // namespace
 
-void vec_dot_q4_k_avx2(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out,
-                       int64_t out_stride) {
-  dot_k_affine<false>(n, static_cast<const block_q4_k*>(w), static_cast<const uint8_t*>(act), act_stride, n_act, out,
-                      out_stride);
+void vec_dot_q4_k_avx2(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out, int64_t out_stride) {
+  dot_k_affine<false>(n, static_cast<const block_q4_k*>(w), static_cast<const uint8_t*>(act), act_stride, n_act, out, out_stride);
 }
 
-void vec_dot_q5_k_avx2(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out,
-                       int64_t out_stride) {
-  dot_k_affine<true>(n, static_cast<const block_q5_k*>(w), static_cast<const uint8_t*>(act), act_stride, n_act, out,
-                     out_stride);
+void vec_dot_q5_k_avx2(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out, int64_t out_stride) {
+  dot_k_affine<true>(n, static_cast<const block_q5_k*>(w), static_cast<const uint8_t*>(act), act_stride, n_act, out, out_stride);
 }
 
-void vec_dot_q6_k_avx2(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out,
-                       int64_t out_stride) {
-  dot_q6_k(n, static_cast<const block_q6_k*>(w), static_cast<const uint8_t*>(act), act_stride, n_act, out,
-           out_stride);
+void vec_dot_q6_k_avx2(int64_t n, const void* w, const void* act, size_t act_stride, int n_act, float* out, int64_t out_stride) {
+  dot_q6_k(n, static_cast<const block_q6_k*>(w), static_cast<const uint8_t*>(act), act_stride, n_act, out, out_stride);
 }
 
 }  // namespace tandem::kernels::cpu

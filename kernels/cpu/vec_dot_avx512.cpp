@@ -45,9 +45,7 @@ struct f16_format {
     const __m512i h = _mm512_maskz_loadu_epi16(first32(k), p);
     return {cvt_f16(low_half(h)), cvt_f16(high_half(h))};
   }
-  static __m512 madd(__m512 acc, const slice& w, const slice& a) {
-    return _mm512_fmadd_ps(w.hi, a.hi, _mm512_fmadd_ps(w.lo, a.lo, acc));
-  }
+  static __m512 madd(__m512 acc, const slice& w, const slice& a) { return _mm512_fmadd_ps(w.hi, a.hi, _mm512_fmadd_ps(w.lo, a.lo, acc)); }
 };
 
 // vdpbf16ps: lane i gains w[2i] * a[2i] + w[2i+1] * a[2i+1].
@@ -56,9 +54,7 @@ struct bf16_format {
   static constexpr size_t bytes = 2;
   using slice = __m512bh;
   static slice load(const uint8_t* p) { return reinterpret_cast<__m512bh>(load64(p)); }
-  static slice load_first(const uint8_t* p, int64_t k) {
-    return reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(first32(k), p));
-  }
+  static slice load_first(const uint8_t* p, int64_t k) { return reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(first32(k), p)); }
   static __m512 madd(__m512 acc, slice w, slice a) { return _mm512_dpbf16_ps(acc, w, a); }
 };
 
@@ -67,14 +63,12 @@ struct bf16_format {
 constexpr size_t k_far_tiles = 4;
 
 template <class Fmt, int NW, int NR>
-void float_tile(int64_t n, const uint8_t* w, size_t w_stride, const uint8_t* act, size_t act_stride, float* out,
-                int64_t out_stride) {
+void float_tile(int64_t n, const uint8_t* w, size_t w_stride, const uint8_t* act, size_t act_stride, float* out, int64_t out_stride) {
   static_assert(Fmt::width * Fmt::bytes == 64);
   __m512 acc[NW][NR];
   TANDEM_UNROLL
-  for (int o = 0; o < NW; ++o)
-    TANDEM_UNROLL
-    for (int r = 0; r < NR; ++r) acc[o][r] = _mm512_setzero_ps();
+  for (int o = 0; o < NW; ++o) TANDEM_UNROLL
+  for (int r = 0; r < NR; ++r) acc[o][r] = _mm512_setzero_ps();
   // Where the CPU's own prefetchers do not keep up (not AMD: packed.h), the same lines
   // k_far_tiles tiles on are asked into L2 as well, as the packed kernels ask.
   const bool far = !g_packed_self_streaming;
@@ -94,8 +88,7 @@ void float_tile(int64_t n, const uint8_t* w, size_t w_stride, const uint8_t* act
     // The same line of the NW rows after the tile, which matmul reads next: the hardware
     // prefetchers lose track of the tile's interleaved row streams (see the legacy dots).
     TANDEM_UNROLL
-    for (int o = 0; o < NW; ++o)
-      prefetch(w + o * w_stride + i * Fmt::bytes, NW * w_stride);
+    for (int o = 0; o < NW; ++o) prefetch(w + o * w_stride + i * Fmt::bytes, NW * w_stride);
     if (far) {
       TANDEM_UNROLL
       for (int o = 0; o < NW; ++o) prefetch_l2(w + o * w_stride + i * Fmt::bytes, k_far_tiles * NW * w_stride);
@@ -107,28 +100,26 @@ void float_tile(int64_t n, const uint8_t* w, size_t w_stride, const uint8_t* act
 }
 
 template <class Fmt>
-void dot_float(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride, int n_act,
-               float* out, int64_t out_stride) {
+void dot_float(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride, int n_act, float* out, int64_t out_stride) {
   with_tile(n_w, n_act, [&]<int NW, int NR>() {
-    float_tile<Fmt, NW, NR>(n, static_cast<const uint8_t*>(w), w_stride, static_cast<const uint8_t*>(act), act_stride, out,
-                      out_stride);
+    float_tile<Fmt, NW, NR>(n, static_cast<const uint8_t*>(w), w_stride, static_cast<const uint8_t*>(act), act_stride, out, out_stride);
   });
 }
 
 }  // namespace
 
-void dot_f32_avx512(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride,
-                    int n_act, float* out, int64_t out_stride) {
+void dot_f32_avx512(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride, int n_act, float* out,
+                    int64_t out_stride) {
   dot_float<f32_format>(n, w, w_stride, n_w, act, act_stride, n_act, out, out_stride);
 }
 
-void dot_f16_avx512(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride,
-                    int n_act, float* out, int64_t out_stride) {
+void dot_f16_avx512(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride, int n_act, float* out,
+                    int64_t out_stride) {
   dot_float<f16_format>(n, w, w_stride, n_w, act, act_stride, n_act, out, out_stride);
 }
 
-void dot_bf16_avx512(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride,
-                     int n_act, float* out, int64_t out_stride) {
+void dot_bf16_avx512(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride, int n_act, float* out,
+                     int64_t out_stride) {
   dot_float<bf16_format>(n, w, w_stride, n_w, act, act_stride, n_act, out, out_stride);
 }
 
@@ -193,25 +184,19 @@ struct q5_0_traits {
   using block = block_q5_0;
   using act_block = block_q8_0;
   static constexpr char offset = 16;
-  static __m512i codes(const block& b0, const block& b1) {
-    return add_fifth_bits(unpack_nibbles(b0.qs, b1.qs), b0.qh, b1.qh);
-  }
+  static __m512i codes(const block& b0, const block& b1) { return add_fifth_bits(unpack_nibbles(b0.qs, b1.qs), b0.qh, b1.qh); }
 };
 struct q5_1_traits {
   using block = block_q5_1;
   using act_block = block_q8_1;
   static constexpr char offset = 0;
-  static __m512i codes(const block& b0, const block& b1) {
-    return add_fifth_bits(unpack_nibbles(b0.qs, b1.qs), b0.qh, b1.qh);
-  }
+  static __m512i codes(const block& b0, const block& b1) { return add_fifth_bits(unpack_nibbles(b0.qs, b1.qs), b0.qh, b1.qh); }
 };
 struct q8_0_traits {
   using block = block_q8_0;
   using act_block = block_q8_0;
   static constexpr char offset = static_cast<char>(0x80);
-  static __m512i codes(const block& b0, const block& b1) {
-    return _mm512_xor_si512(load32x2(b0.qs, b1.qs), _mm512_set1_epi8(offset));
-  }
+  static __m512i codes(const block& b0, const block& b1) { return _mm512_xor_si512(load32x2(b0.qs, b1.qs), _mm512_set1_epi8(offset)); }
 };
 
 // Two pairs per zmm: weight rows 2g and 2g + 1 share one register, row 2g in the low 256
@@ -225,8 +210,7 @@ struct q8_0_traits {
 constexpr int k_chunk = 16;
 
 template <class T, int NW, int NR>
-void tile(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* act, size_t act_stride, float* out,
-          int64_t out_stride) {
+void tile(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* act, size_t act_stride, float* out, int64_t out_stride) {
   using block = typename T::block;
   using act_block = typename T::act_block;
   constexpr bool with_m = sizeof(act_block) == sizeof(block_q8_1);
@@ -235,9 +219,8 @@ void tile(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* act, siz
   __m512 acc[NG][NR];
   __m128 min_sum[NW];  // lane r: sum of m * s over the blocks, weight row o x activation row r
   TANDEM_UNROLL
-  for (int g = 0; g < NG; ++g)
-    TANDEM_UNROLL
-    for (int r = 0; r < NR; ++r) acc[g][r] = _mm512_setzero_ps();
+  for (int g = 0; g < NG; ++g) TANDEM_UNROLL
+  for (int r = 0; r < NR; ++r) acc[g][r] = _mm512_setzero_ps();
   TANDEM_UNROLL
   for (int o = 0; o < NW; ++o) min_sum[o] = _mm_setzero_ps();
   // The raw fp16 of one chunk, and the floats of two: the next chunk's scales are collected
@@ -289,8 +272,7 @@ void tile(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* act, siz
         const act_block& y = reinterpret_cast<const act_block*>(act + r * act_stride)[b];
         a[r] = _mm512_mask_broadcast_i64x4(_mm512_setzero_si512(), 0xFF, load32(y.qs));
         seed[r] = _mm512_setzero_si512();
-        if constexpr (T::offset != 0)
-          seed[r] = _mm512_sub_epi32(seed[r], _mm512_dpbusd_epi32(seed[r], _mm512_set1_epi8(T::offset), a[r]));
+        if constexpr (T::offset != 0) seed[r] = _mm512_sub_epi32(seed[r], _mm512_dpbusd_epi32(seed[r], _mm512_set1_epi8(T::offset), a[r]));
       }
       TANDEM_UNROLL
       for (int g = 0; g < NG; ++g) {
@@ -300,8 +282,7 @@ void tile(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* act, siz
         prefetch(&x0, NW * w_stride);
         if (o1 != o0) prefetch(&x1, NW * w_stride);
         const __m512i q = T::codes(x0, x1);
-        const __m512 dx = _mm512_mask_broadcastss_ps(_mm512_set1_ps(xs[H * (W * k + o0)]), 0xFF00,
-                                                     _mm_load_ss(&xs[H * (W * k + o1)]));
+        const __m512 dx = _mm512_mask_broadcastss_ps(_mm512_set1_ps(xs[H * (W * k + o0)]), 0xFF00, _mm_load_ss(&xs[H * (W * k + o1)]));
         TANDEM_UNROLL
         for (int r = 0; r < NR; ++r) {
           const __m512i p = _mm512_dpbusd_epi32(seed[r], q, a[r]);
@@ -313,8 +294,7 @@ void tile(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* act, siz
         const float* sk = ys + H * W * k;  // d0 s0 d1 s1 d2 s2 d3 s3
         const __m128 s = _mm_shuffle_ps(_mm_load_ps(sk), _mm_load_ps(sk + 4), _MM_SHUFFLE(3, 1, 3, 1));
         TANDEM_UNROLL
-        for (int o = 0; o < NW; ++o)
-          min_sum[o] = _mm_fmadd_ps(_mm_set1_ps(xs[H * (W * k + o) + 1]), s, min_sum[o]);
+        for (int o = 0; o < NW; ++o) min_sum[o] = _mm_fmadd_ps(_mm_set1_ps(xs[H * (W * k + o) + 1]), s, min_sum[o]);
       }
     }
     if (next > 0) convert(set ^ 1, next);
@@ -325,45 +305,43 @@ void tile(int64_t nb, const uint8_t* w, size_t w_stride, const uint8_t* act, siz
     for (int o = 0; o < NW; ++o) {
       const __m512 v = acc[o / 2][r];
       // The immediate must be a literal: unoptimised and sanitizer builds do not fold o % 2.
-      const __m256 half = o % 2 == 0 ? _mm512_mask_extractf32x8_ps(_mm256_setzero_ps(), 0xFF, v, 0)
-                                     : _mm512_mask_extractf32x8_ps(_mm256_setzero_ps(), 0xFF, v, 1);
+      const __m256 half =
+          o % 2 == 0 ? _mm512_mask_extractf32x8_ps(_mm256_setzero_ps(), 0xFF, v, 0) : _mm512_mask_extractf32x8_ps(_mm256_setzero_ps(), 0xFF, v, 1);
       out[r * out_stride + o] = hsum(half) + ms[o][r];
     }
 }
 
 template <class T>
-void dot_legacy(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride, int n_act,
-                float* out, int64_t out_stride) {
+void dot_legacy(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride, int n_act, float* out, int64_t out_stride) {
   with_tile(n_w, n_act, [&]<int NW, int NR>() {
-    tile<T, NW, NR>(n / k_qk_legacy, static_cast<const uint8_t*>(w), w_stride, static_cast<const uint8_t*>(act),
-                    act_stride, out, out_stride);
+    tile<T, NW, NR>(n / k_qk_legacy, static_cast<const uint8_t*>(w), w_stride, static_cast<const uint8_t*>(act), act_stride, out, out_stride);
   });
 }
 
 }  // namespace
 
-void dot_q4_0_avx512(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride,
-                     int n_act, float* out, int64_t out_stride) {
+void dot_q4_0_avx512(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride, int n_act, float* out,
+                     int64_t out_stride) {
   dot_legacy<q4_0_traits>(n, w, w_stride, n_w, act, act_stride, n_act, out, out_stride);
 }
 
-void dot_q4_1_avx512(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride,
-                     int n_act, float* out, int64_t out_stride) {
+void dot_q4_1_avx512(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride, int n_act, float* out,
+                     int64_t out_stride) {
   dot_legacy<q4_1_traits>(n, w, w_stride, n_w, act, act_stride, n_act, out, out_stride);
 }
 
-void dot_q5_0_avx512(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride,
-                     int n_act, float* out, int64_t out_stride) {
+void dot_q5_0_avx512(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride, int n_act, float* out,
+                     int64_t out_stride) {
   dot_legacy<q5_0_traits>(n, w, w_stride, n_w, act, act_stride, n_act, out, out_stride);
 }
 
-void dot_q5_1_avx512(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride,
-                     int n_act, float* out, int64_t out_stride) {
+void dot_q5_1_avx512(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride, int n_act, float* out,
+                     int64_t out_stride) {
   dot_legacy<q5_1_traits>(n, w, w_stride, n_w, act, act_stride, n_act, out, out_stride);
 }
 
-void dot_q8_0_avx512(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride,
-                     int n_act, float* out, int64_t out_stride) {
+void dot_q8_0_avx512(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride, int n_act, float* out,
+                     int64_t out_stride) {
   dot_legacy<q8_0_traits>(n, w, w_stride, n_w, act, act_stride, n_act, out, out_stride);
 }
 
@@ -404,9 +382,13 @@ static inline __m512i qword_srlv(__m512i v, __m512i n) { return _mm512_maskz_srl
 static inline __m512i qword_sllv(__m512i v, __m512i n) { return _mm512_maskz_sllv_epi64(k_all8, v, n); }
 static inline __m512i qword_rolv(__m512i v, __m512i n) { return _mm512_maskz_rolv_epi64(k_all8, v, n); }
 template <unsigned n>
-static inline __m512i qword_srli(__m512i v) { return _mm512_maskz_srli_epi64(k_all8, v, n); }
+static inline __m512i qword_srli(__m512i v) {
+  return _mm512_maskz_srli_epi64(k_all8, v, n);
+}
 template <unsigned n>
-static inline __m512i qword_slli(__m512i v) { return _mm512_maskz_slli_epi64(k_all8, v, n); }
+static inline __m512i qword_slli(__m512i v) {
+  return _mm512_maskz_slli_epi64(k_all8, v, n);
+}
 
 // Decode is bound by memory latency unless each weight row asks for its blocks well ahead
 // (measured: about 1.5x the throughput of hardware prefetching alone). A tile streams NW
@@ -420,17 +402,13 @@ class prefetch_cursor {
  public:
   // nb: blocks per row; tile_bytes: distance from a row to the same row of the next tile.
   prefetch_cursor(int64_t nb, size_t tile_bytes)
-      : nb_(nb),
-        tile_bytes_(tile_bytes),
-        tiles_(nb > 0 ? k_prefetch_blocks / nb : 0),
-        block_(nb > 0 ? k_prefetch_blocks % nb : 0) {}
+      : nb_(nb), tile_bytes_(tile_bytes), tiles_(nb > 0 ? k_prefetch_blocks / nb : 0), block_(nb > 0 ? k_prefetch_blocks % nb : 0) {}
 
   // Prefetches the block ahead of the current one in `row`.
   void fetch(const Block* row) const {
-    const uintptr_t p = reinterpret_cast<uintptr_t>(row) + static_cast<uintptr_t>(tiles_) * tile_bytes_ +
-                        static_cast<uintptr_t>(block_) * sizeof(Block);
-    for (size_t off = 0; off < sizeof(Block); off += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
+    const uintptr_t p =
+        reinterpret_cast<uintptr_t>(row) + static_cast<uintptr_t>(tiles_) * tile_bytes_ + static_cast<uintptr_t>(block_) * sizeof(Block);
+    for (size_t off = 0; off < sizeof(Block); off += 64) _mm_prefetch(reinterpret_cast<const char*>(p + off), _MM_HINT_T0);
   }
   // Moves to the next block.
   void advance() {
@@ -448,8 +426,7 @@ class prefetch_cursor {
 };
 
 static inline float sum_lanes(__m512 v) {
-  const __m256 s8 =
-      _mm256_add_ps(_mm512_maskz_extractf32x8_ps(k_all8, v, 0), _mm512_maskz_extractf32x8_ps(k_all8, v, 1));
+  const __m256 s8 = _mm256_add_ps(_mm512_maskz_extractf32x8_ps(k_all8, v, 0), _mm512_maskz_extractf32x8_ps(k_all8, v, 1));
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -520,13 +497,11 @@ static inline __m512i load_index(const perm_words& idx) { return _mm512_load_si5
 static inline __m256i unpack_affine_scales(const uint8_t* scales) {
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales));
   // Dwords [b0-3, b8-11, b4-7, b8-11 >> 4]: sc0-3, sc4-7, m0-3, m4-7 before their top bits.
-  const __m128i low =
-      _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(raw, _MM_SHUFFLE(2, 1, 2, 0)), _mm_setr_epi32(0, 0, 0, 4)),
-                    _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
+  const __m128i low = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(raw, _MM_SHUFFLE(2, 1, 2, 0)), _mm_setr_epi32(0, 0, 0, 4)),
+                                    _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
   // Bits 6-7 of bytes 0-3 (4-7) become bits 4-5 of sc4-7 (m4-7); the mask drops what the
   // dword shift pulls in from the neighbouring byte.
-  const __m128i top = _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(raw, _MM_SHUFFLE(1, 0, 0, 0)), 2),
-                                    _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+  const __m128i top = _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(raw, _MM_SHUFFLE(1, 0, 0, 0)), 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
   return _mm256_cvtepu8_epi16(_mm_or_si128(low, top));
 }
 
@@ -546,8 +521,7 @@ static inline __m512i spread_neg_bsums(const int16_t* bsums) {
 }
 
 template <bool five_bit, class Block>
-static inline void decode_affine(const Block& x, affine_block& out, __m512i scale_idx0, __m512i scale_idx1,
-                                 __m512i min_idx) {
+static inline void decode_affine(const Block& x, affine_block& out, __m512i scale_idx0, __m512i scale_idx1, __m512i min_idx) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   // Chunk c (32 bytes) holds element 64c + l in the low nibble of byte l and 64c + 32 + l in
   // the high one: with the chunk in both register halves, shifting the upper half's qwords
@@ -561,8 +535,7 @@ static inline void decode_affine(const Block& x, affine_block& out, __m512i scal
       // Bit 2c of qh[l] is the fifth bit of element 64c + l, bit 2c+1 that of 64c + 32 + l:
       // rotate each half's bit to bit 4 (bits that cross bytes land elsewhere, masked off).
       const int lo = (4 - 2 * c) & 63, hi = (3 - 2 * c) & 63;
-      const __m512i top = _mm512_and_si512(qword_rolv(qh, _mm512_setr_epi64(lo, lo, lo, lo, hi, hi, hi, hi)),
-                                           _mm512_set1_epi8(0x10));
+      const __m512i top = _mm512_and_si512(qword_rolv(qh, _mm512_setr_epi64(lo, lo, lo, lo, hi, hi, hi, hi)), _mm512_set1_epi8(0x10));
       out.c.q[c] = _mm512_ternarylogic_epi32(nibbles, top, low4, 0xEC);  // (a & c) | b
     } else {
       out.c.q[c] = _mm512_and_si512(nibbles, low4);
@@ -579,8 +552,8 @@ static inline void decode_affine(const Block& x, affine_block& out, __m512i scal
 }
 
 template <bool five_bit, class Block>
-void dot_affine_tile(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride,
-                     int n_act, float* out, int64_t out_stride) {
+void dot_affine_tile(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride, int n_act, float* out,
+                     int64_t out_stride) {
   const int64_t nb = n / k_qk_k;
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* ab = static_cast<const uint8_t*>(act);
@@ -611,8 +584,7 @@ void dot_affine_tile(int64_t n, const void* w, size_t w_stride, int n_w, const v
         for (int r = 0; r < NR; ++r) {
           const __m512i s = scaled_sum(xb.c, y[r][b].qs);
           // Even lanes (times d): s[2i] + s[2i+1]; odd lanes (times dmin): minus the min sums.
-          const __m512i both = _mm512_mask_add_epi32(_mm512_madd_epi16(neg_bsums[r], xb.mins), 0x5555, s,
-                                                     qword_srli<32>(s));
+          const __m512i both = _mm512_mask_add_epi32(_mm512_madd_epi16(neg_bsums[r], xb.mins), 0x5555, s, qword_srli<32>(s));
           acc[o][r] = _mm512_fmadd_ps(to_float(both), _mm512_mul_ps(xb.d, _mm512_set1_ps(y[r][b].d)), acc[o][r]);
         }
       }
@@ -659,8 +631,7 @@ static inline void decode_q6(const block_q6_k& x, q6_block& out, __m512i scale_i
   out.d = _mm512_set1_ps(avx512::half_to_float(x.d));
 }
 
-void dot_q6_tile(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride, int n_act,
-                 float* out, int64_t out_stride) {
+void dot_q6_tile(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride, int n_act, float* out, int64_t out_stride) {
   const int64_t nb = n / k_qk_k;
   const auto* wb = static_cast<const uint8_t*>(w);
   const auto* ab = static_cast<const uint8_t*>(act);
@@ -687,8 +658,7 @@ void dot_q6_tile(int64_t n, const void* w, size_t w_stride, int n_w, const void*
         for (int r = 0; r < NR; ++r) {
           __m512i s = scaled_sum(xb.c, y[r][b].qs);
           s = _mm512_dpwssd_epi32(s, _mm512_maskz_loadu_epi64(0x0F, y[r][b].bsums), xb.offset);
-          acc[o][r] = _mm512_fmadd_ps(to_float(s), _mm512_mul_ps(xb.d, _mm512_set1_ps(y[r][b].d)),
-                                      acc[o][r]);
+          acc[o][r] = _mm512_fmadd_ps(to_float(s), _mm512_mul_ps(xb.d, _mm512_set1_ps(y[r][b].d)), acc[o][r]);
         }
       }
     }
@@ -701,18 +671,18 @@ void dot_q6_tile(int64_t n, const void* w, size_t w_stride, int n_w, const void*
 
 }  // namespace
 
-void dot_q4_k_avx512(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride,
-                     int n_act, float* out, int64_t out_stride) {
+void dot_q4_k_avx512(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride, int n_act, float* out,
+                     int64_t out_stride) {
   dot_affine_tile<false, block_q4_k>(n, w, w_stride, n_w, act, act_stride, n_act, out, out_stride);
 }
 
-void dot_q5_k_avx512(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride,
-                     int n_act, float* out, int64_t out_stride) {
+void dot_q5_k_avx512(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride, int n_act, float* out,
+                     int64_t out_stride) {
   dot_affine_tile<true, block_q5_k>(n, w, w_stride, n_w, act, act_stride, n_act, out, out_stride);
 }
 
-void dot_q6_k_avx512(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride,
-                     int n_act, float* out, int64_t out_stride) {
+void dot_q6_k_avx512(int64_t n, const void* w, size_t w_stride, int n_w, const void* act, size_t act_stride, int n_act, float* out,
+                     int64_t out_stride) {
   dot_q6_tile(n, w, w_stride, n_w, act, act_stride, n_act, out, out_stride);
 }
 

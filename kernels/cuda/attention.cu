@@ -28,8 +28,7 @@ __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
 
 // Element offset of position p's row in a paged cache (memory/kv_pool.h's layout).
-__device__ __forceinline__ int64_t row_offset(const int32_t* table, int64_t p, int64_t block_tokens, int64_t block_stride,
-                                              int64_t row_elems) {
+__device__ __forceinline__ int64_t row_offset(const int32_t* table, int64_t p, int64_t block_tokens, int64_t block_stride, int64_t row_elems) {
   return static_cast<int64_t>(table[p / block_tokens]) * block_stride + (p % block_tokens) * row_elems;
 }
 
@@ -38,8 +37,8 @@ __device__ __forceinline__ int64_t row_offset(const int32_t* table, int64_t p, i
 constexpr int k_store_block = 256;
 
 template <class T>
-__global__ void kv_store_kernel(T* kc, T* vc, const float* k_rows, const float* v_rows, row_map rows,
-                                int64_t block_tokens, int64_t block_stride, int64_t row_elems) {
+__global__ void kv_store_kernel(T* kc, T* vc, const float* k_rows, const float* v_rows, row_map rows, int64_t block_tokens, int64_t block_stride,
+                                int64_t row_elems) {
   const int64_t r = blockIdx.x;
   const int32_t* table = rows.tables + rows.table_of_row[r];
   const int64_t off = row_offset(table, rows.pos[r], block_tokens, block_stride, row_elems);
@@ -66,8 +65,8 @@ static_assert(k_tile <= k_threads, "each tile weight is computed by one thread")
 
 template <class T>
 __global__ void __launch_bounds__(k_threads)
-    attention_kernel(const float* q, float* out, row_map rows, const T* kc, const T* vc, int64_t block_tokens,
-                     int64_t block_stride, int64_t row_elems, int n_heads, int group, int head_dim, float scale) {
+    attention_kernel(const float* q, float* out, row_map rows, const T* kc, const T* vc, int64_t block_tokens, int64_t block_stride,
+                     int64_t row_elems, int n_heads, int group, int head_dim, float scale) {
   __shared__ float q_s[k_max_head_dim];
   __shared__ float score_s[k_tile];
   __shared__ float weight_s[k_tile];
@@ -152,8 +151,7 @@ void check_layer(const char* op, const paged_layer& kv, const row_map& rows) {
 
 }  // namespace
 
-void kv_store(const paged_layer& kv, const float* k_rows, const float* v_rows, int64_t n_rows, const row_map& rows,
-              stream_t s) {
+void kv_store(const paged_layer& kv, const float* k_rows, const float* v_rows, int64_t n_rows, const row_map& rows, stream_t s) {
   if (n_rows < 0) fail("kv_store", "negative row count");
   if (n_rows == 0) return;
   check_layer("kv_store", kv, rows);
@@ -161,22 +159,21 @@ void kv_store(const paged_layer& kv, const float* k_rows, const float* v_rows, i
   if (n_rows > INT32_MAX) fail("kv_store", "too many rows");
   const unsigned blocks = static_cast<unsigned>(n_rows);
   if (kv.type == cpu::kv_type::f32) {
-    kv_store_kernel<float><<<blocks, k_store_block, 0, s>>>(static_cast<float*>(kv.k), static_cast<float*>(kv.v), k_rows,
-                                                             v_rows, rows, kv.block_tokens, kv.block_stride, kv.row_elems);
+    kv_store_kernel<float><<<blocks, k_store_block, 0, s>>>(static_cast<float*>(kv.k), static_cast<float*>(kv.v), k_rows, v_rows, rows,
+                                                            kv.block_tokens, kv.block_stride, kv.row_elems);
   } else {
-    kv_store_kernel<__half><<<blocks, k_store_block, 0, s>>>(static_cast<__half*>(kv.k), static_cast<__half*>(kv.v), k_rows,
-                                                              v_rows, rows, kv.block_tokens, kv.block_stride, kv.row_elems);
+    kv_store_kernel<__half><<<blocks, k_store_block, 0, s>>>(static_cast<__half*>(kv.k), static_cast<__half*>(kv.v), k_rows, v_rows, rows,
+                                                             kv.block_tokens, kv.block_stride, kv.row_elems);
   }
   check_last("kv_store");
 }
 
-void attention(const float* q, float* out, int64_t n_rows, const row_map& rows, const paged_layer& kv, int n_heads,
-               int n_kv_heads, int head_dim, float scale, stream_t s) {
+void attention(const float* q, float* out, int64_t n_rows, const row_map& rows, const paged_layer& kv, int n_heads, int n_kv_heads, int head_dim,
+               float scale, stream_t s) {
   if (n_rows < 0) fail("attention", "negative row count");
   if (n_rows == 0) return;
   if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
-    fail("attention", "n_heads (" + std::to_string(n_heads) + ") must be a positive multiple of n_kv_heads (" +
-                          std::to_string(n_kv_heads) + ")");
+    fail("attention", "n_heads (" + std::to_string(n_heads) + ") must be a positive multiple of n_kv_heads (" + std::to_string(n_kv_heads) + ")");
   if (head_dim <= 0 || head_dim > k_max_head_dim)
     fail("attention", "head_dim must be in [1, " + std::to_string(k_max_head_dim) + "], got " + std::to_string(head_dim));
   check_layer("attention", kv, rows);
@@ -186,13 +183,13 @@ void attention(const float* q, float* out, int64_t n_rows, const row_map& rows, 
   if (blocks > INT32_MAX) fail("attention", "too many rows");
   const int group = n_heads / n_kv_heads;
   if (kv.type == cpu::kv_type::f32) {
-    attention_kernel<float><<<static_cast<unsigned>(blocks), k_threads, 0, s>>>(
-        q, out, rows, static_cast<const float*>(kv.k), static_cast<const float*>(kv.v), kv.block_tokens, kv.block_stride,
-        kv.row_elems, n_heads, group, head_dim, scale);
+    attention_kernel<float><<<static_cast<unsigned>(blocks), k_threads, 0, s>>>(q, out, rows, static_cast<const float*>(kv.k),
+                                                                                static_cast<const float*>(kv.v), kv.block_tokens, kv.block_stride,
+                                                                                kv.row_elems, n_heads, group, head_dim, scale);
   } else {
-    attention_kernel<__half><<<static_cast<unsigned>(blocks), k_threads, 0, s>>>(
-        q, out, rows, static_cast<const __half*>(kv.k), static_cast<const __half*>(kv.v), kv.block_tokens, kv.block_stride,
-        kv.row_elems, n_heads, group, head_dim, scale);
+    attention_kernel<__half><<<static_cast<unsigned>(blocks), k_threads, 0, s>>>(q, out, rows, static_cast<const __half*>(kv.k),
+                                                                                 static_cast<const __half*>(kv.v), kv.block_tokens, kv.block_stride,
+                                                                                 kv.row_elems, n_heads, group, head_dim, scale);
   }
   check_last("attention");
 }

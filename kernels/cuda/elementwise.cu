@@ -20,7 +20,9 @@ constexpr int k_warp = 32;
 
 struct sum_op {
   template <class T>
-  __device__ T operator()(T a, T b) const { return a + b; }
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
 };
 struct max_op {
   // fmaxf drops a NaN operand, as the CPU's `x > m ? x : m` scan does.
@@ -155,8 +157,7 @@ __global__ void __launch_bounds__(k_rope_block) rope_kernel(float* x, const int3
 // ops.cpp's YaRN correction dims, the same float expressions.
 float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot_turns, float base) {
   const float pi = 3.14159265358979323846f;
-  return static_cast<float>(n_dims) * std::log(static_cast<float>(n_ctx_orig) / (n_rot_turns * 2.0f * pi)) /
-         (2.0f * std::log(base));
+  return static_cast<float>(n_dims) * std::log(static_cast<float>(n_ctx_orig) / (n_rot_turns * 2.0f * pi)) / (2.0f * std::log(base));
 }
 
 // ---- swiglu, add, add_rows ----
@@ -178,8 +179,7 @@ __global__ void add_kernel(float* x, const float* y, int64_t n) {
 
 __global__ void add_rows_kernel(float* x, const float* b, int64_t total, int64_t n) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step)
-    x[i] += b[i % n];
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) x[i] += b[i % n];
 }
 
 // ---- softmax ----
@@ -221,8 +221,8 @@ void rms_norm(const float* x, const float* w, float* out, int64_t n_rows, int64_
   check_last("rms_norm");
 }
 
-void rope(float* x, int64_t n_rows, int64_t row_stride, int n_heads, int head_dim, const int32_t* pos,
-          const cpu::rope_params& p, const float* freq_factors, stream_t s) {
+void rope(float* x, int64_t n_rows, int64_t row_stride, int n_heads, int head_dim, const int32_t* pos, const cpu::rope_params& p,
+          const float* freq_factors, stream_t s) {
   if (n_rows < 0) fail("rope", "negative row count");
   if (n_rows == 0 || n_heads == 0) return;
   if (n_heads < 0 || head_dim <= 0) fail("rope", "bad head geometry");

@@ -28,14 +28,12 @@ constexpr size_t k_scratch_align = 256;
 size_t round_up(size_t n) { return (n + k_scratch_align - 1) / k_scratch_align * k_scratch_align; }
 
 void check_cublas(cublasStatus_t st, const char* what) {
-  if (st != CUBLAS_STATUS_SUCCESS)
-    throw std::runtime_error(std::string("cuda: ") + what + ": " + cublasGetStatusName(st));
+  if (st != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(std::string("cuda: ") + what + ": " + cublasGetStatusName(st));
 }
 
 __global__ void __launch_bounds__(k_threads) to_f16_kernel(const float* __restrict__ x, int64_t n, __half* __restrict__ out) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * k_threads;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * k_threads + threadIdx.x; i < n; i += stride)
-    out[i] = __float2half_rn(x[i]);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * k_threads + threadIdx.x; i < n; i += stride) out[i] = __float2half_rn(x[i]);
 }
 
 }  // namespace
@@ -61,15 +59,12 @@ gemm::~gemm() {
 
 size_t gemm::scratch_bytes(int64_t rows, int64_t cols, int64_t n_x) {
   if (n_x <= k_matvec_max_rows) return matvec_q8_scratch_bytes(cols, n_x);
-  return round_up(static_cast<size_t>(rows) * static_cast<size_t>(cols) * 2) +
-         round_up(static_cast<size_t>(n_x) * static_cast<size_t>(cols) * 2);
+  return round_up(static_cast<size_t>(rows) * static_cast<size_t>(cols) * 2) + round_up(static_cast<size_t>(n_x) * static_cast<size_t>(cols) * 2);
 }
 
-void gemm::run(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
-               void* scratch, size_t scratch_size) {
+void gemm::run(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y, void* scratch, size_t scratch_size) {
   if (n_x <= k_matvec_max_rows) {
-    if (matvec_q8_supports(wt) && scratch && reinterpret_cast<uintptr_t>(scratch) % 16 == 0 &&
-        scratch_size >= matvec_q8_scratch_bytes(cols, n_x))
+    if (matvec_q8_supports(wt) && scratch && reinterpret_cast<uintptr_t>(scratch) % 16 == 0 && scratch_size >= matvec_q8_scratch_bytes(cols, n_x))
       matvec_q8(wt, w, rows, cols, x, n_x, y, scratch, scratch_size, s_);
     else
       matvec(wt, w, rows, cols, x, n_x, y, s_);
@@ -78,14 +73,13 @@ void gemm::run(weight_type wt, const void* w, int64_t rows, int64_t cols, const 
   require(device_kind::cuda, op::matmul, wt);
   // cuBLAS takes int dimensions.
   if (rows < 0 || rows > INT_MAX || cols < 0 || cols > INT_MAX || n_x > INT_MAX)
-    throw std::invalid_argument("cuda gemm: " + std::to_string(rows) + " x " + std::to_string(cols) + " by " +
-                                std::to_string(n_x) + " rows is out of range");
+    throw std::invalid_argument("cuda gemm: " + std::to_string(rows) + " x " + std::to_string(cols) + " by " + std::to_string(n_x) +
+                                " rows is out of range");
   detail::check_blocks("gemm", wt, "cols", cols);
   detail::check_aligned("gemm", w);
   const size_t need = gemm::scratch_bytes(rows, cols, n_x);
   if (scratch_size < need)
-    throw std::invalid_argument("cuda gemm: scratch of " + std::to_string(scratch_size) + " bytes, needs " +
-                                std::to_string(need));
+    throw std::invalid_argument("cuda gemm: scratch of " + std::to_string(scratch_size) + " bytes, needs " + std::to_string(need));
   if (rows == 0) return;
   if (cols == 0) {  // empty sums; cuBLAS would reject lda = 0
     cudaMemsetAsync(y, 0, static_cast<size_t>(n_x) * static_cast<size_t>(rows) * sizeof(float), s_);
@@ -98,8 +92,8 @@ void gemm::run(weight_type wt, const void* w, int64_t rows, int64_t cols, const 
   const float alpha = 1.0f, beta = 0.0f;
   if (wt == weight_type::f32) {
     // F32 weights (small test models) skip the f16 round trip: exact inputs, no extra passes.
-    check_cublas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w, CUDA_R_32F, k, x, CUDA_R_32F, k,
-                              &beta, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+    check_cublas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w, CUDA_R_32F, k, x, CUDA_R_32F, k, &beta, y, CUDA_R_32F, m,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  "cublasGemmEx");
     return;
   }
@@ -116,8 +110,8 @@ void gemm::run(weight_type wt, const void* w, int64_t rows, int64_t cols, const 
   const int64_t grid = std::min<int64_t>((nx_elems + k_threads - 1) / k_threads, int64_t{1} << 20);
   to_f16_kernel<<<static_cast<unsigned>(grid), k_threads, 0, s_>>>(x, nx_elems, x16);
   check_last("gemm: activations to f16");
-  check_cublas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, a, CUDA_R_16F, k, x16, CUDA_R_16F, k,
-                            &beta, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+  check_cublas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, a, CUDA_R_16F, k, x16, CUDA_R_16F, k, &beta, y, CUDA_R_32F, m,
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "cublasGemmEx");
 }
 

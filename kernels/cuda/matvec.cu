@@ -21,9 +21,8 @@ namespace {
 constexpr int k_threads = detail::k_matvec_threads;
 
 template <class B, int NX>
-__global__ void __launch_bounds__(k_threads)
-    matvec_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int n_items, int cols,
-                  const float* __restrict__ x, int rows, float* __restrict__ y) {
+__global__ void __launch_bounds__(k_threads) matvec_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int n_items, int cols,
+                                                           const float* __restrict__ x, int rows, float* __restrict__ y) {
   static_assert(k_threads % B::lanes == 0, "a thread's part must not change between iterations");
   const int o = blockIdx.x;
   const uint8_t* row = w + static_cast<int64_t>(o) * row_bytes;
@@ -53,9 +52,9 @@ __global__ void __launch_bounds__(k_threads)
 template <class B, int NX>
 void launch(const void* w, int64_t rows, int64_t cols, const float* x, float* y, stream_t s) {
   const int64_t n_blocks = cols / B::qk;
-  matvec_kernel<B, NX><<<static_cast<unsigned>(rows), k_threads, 0, s>>>(
-      static_cast<const uint8_t*>(w), n_blocks * B::bytes, static_cast<int>(n_blocks * B::lanes),
-      static_cast<int>(cols), x, static_cast<int>(rows), y);
+  matvec_kernel<B, NX><<<static_cast<unsigned>(rows), k_threads, 0, s>>>(static_cast<const uint8_t*>(w), n_blocks * B::bytes,
+                                                                         static_cast<int>(n_blocks * B::lanes), static_cast<int>(cols), x,
+                                                                         static_cast<int>(rows), y);
 }
 
 template <class B>
@@ -65,16 +64,13 @@ void launch_nx(const void* w, int64_t rows, int64_t cols, const float* x, int64_
 
 }  // namespace
 
-void matvec(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
-            stream_t s) {
+void matvec(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y, stream_t s) {
   require(device_kind::cuda, op::matvec, wt);
   if (n_x < 0 || n_x > k_matvec_max_rows)
-    throw std::invalid_argument("cuda matvec: n_x " + std::to_string(n_x) + " outside 0.." +
-                                std::to_string(k_matvec_max_rows));
+    throw std::invalid_argument("cuda matvec: n_x " + std::to_string(n_x) + " outside 0.." + std::to_string(k_matvec_max_rows));
   // Kernel indices within a row and the grid are 32-bit.
   if (rows < 0 || rows > INT_MAX || cols > INT_MAX)
-    throw std::invalid_argument("cuda matvec: " + std::to_string(rows) + " x " + std::to_string(cols) +
-                                " is out of range");
+    throw std::invalid_argument("cuda matvec: " + std::to_string(rows) + " x " + std::to_string(cols) + " is out of range");
   detail::check_blocks("matvec", wt, "cols", cols);
   detail::check_aligned("matvec", w);
   if (n_x == 0 || rows == 0) return;

@@ -44,15 +44,32 @@ template <class F>
 void dispatch_rows(int64_t n_x, F&& launch) {
   static_assert(k_matvec_max_rows == 8, "one case per row count");
   switch (n_x) {
-    case 1: launch(std::integral_constant<int, 1>{}); break;
-    case 2: launch(std::integral_constant<int, 2>{}); break;
-    case 3: launch(std::integral_constant<int, 3>{}); break;
-    case 4: launch(std::integral_constant<int, 4>{}); break;
-    case 5: launch(std::integral_constant<int, 5>{}); break;
-    case 6: launch(std::integral_constant<int, 6>{}); break;
-    case 7: launch(std::integral_constant<int, 7>{}); break;
-    case 8: launch(std::integral_constant<int, 8>{}); break;
-    default: break;
+    case 1:
+      launch(std::integral_constant<int, 1>{});
+      break;
+    case 2:
+      launch(std::integral_constant<int, 2>{});
+      break;
+    case 3:
+      launch(std::integral_constant<int, 3>{});
+      break;
+    case 4:
+      launch(std::integral_constant<int, 4>{});
+      break;
+    case 5:
+      launch(std::integral_constant<int, 5>{});
+      break;
+    case 6:
+      launch(std::integral_constant<int, 6>{});
+      break;
+    case 7:
+      launch(std::integral_constant<int, 7>{});
+      break;
+    case 8:
+      launch(std::integral_constant<int, 8>{});
+      break;
+    default:
+      break;
   }
 }
 

@@ -50,8 +50,7 @@ constexpr int k_ones = 0x01010101;
 struct q8_0_dot {
   static constexpr int qk = 32, bytes = 34, lanes = 2;
   template <int NX>
-  __device__ static void dot(const uint8_t* b, int p, const int8_t* xq, const float* xd, int64_t blk, int cols,
-                             float (&acc)[NX]) {
+  __device__ static void dot(const uint8_t* b, int p, const int8_t* xq, const float* xd, int64_t blk, int cols, float (&acc)[NX]) {
     const float d = ld_f16(b);
     int w[4];
 #pragma unroll
@@ -73,8 +72,7 @@ struct q8_0_dot {
 struct q4_0_dot {
   static constexpr int qk = 32, bytes = 18, lanes = 2;
   template <int NX>
-  __device__ static void dot(const uint8_t* b, int p, const int8_t* xq, const float* xd, int64_t blk, int cols,
-                             float (&acc)[NX]) {
+  __device__ static void dot(const uint8_t* b, int p, const int8_t* xq, const float* xd, int64_t blk, int cols, float (&acc)[NX]) {
     const float d = ld_f16(b);
     int lo[2], hi[2];
 #pragma unroll
@@ -112,8 +110,7 @@ struct legacy_dot {
   using L = detail::legacy_layout<HasM, HasQh>;
   static constexpr int qk = 32, bytes = L::bytes, lanes = 2;
   template <int NX>
-  __device__ static void dot(const uint8_t* b, int p, const int8_t* xq, const float* xd, int64_t blk, int cols,
-                             float (&acc)[NX]) {
+  __device__ static void dot(const uint8_t* b, int p, const int8_t* xq, const float* xd, int64_t blk, int cols, float (&acc)[NX]) {
     const float d = ld_f16(b);
     const float m = HasM ? ld_f16(b + L::m_at) : 0.0f;
     const uint32_t qh = HasQh ? ld_u32(b + L::qh_at) : 0;
@@ -168,8 +165,7 @@ using q5_1_dot = legacy_dot<true, true>;
 struct q4_k_dot {
   static constexpr int qk = 256, bytes = 144, lanes = 16;
   template <int NX>
-  __device__ static void dot(const uint8_t* b, int t, const int8_t* xq, const float* xd, int64_t blk, int cols,
-                             float (&acc)[NX]) {
+  __device__ static void dot(const uint8_t* b, int t, const int8_t* xq, const float* xd, int64_t blk, int cols, float (&acc)[NX]) {
     const int c = t >> 2, l0 = 8 * (t & 3);
     float d0, o0, d1, o1;
     detail::k_chunk_scales(b, c, d0, o0, d1, o1);
@@ -194,8 +190,8 @@ struct q4_k_dot {
         mh = __dp4a(k_ones, xh, mh);
       }
       const float* s = xd + static_cast<int64_t>(r) * n_sub + blk * 8 + 2 * c;
-      acc[r] += s[0] * (d0 * static_cast<float>(sl) - o0 * static_cast<float>(ml)) +
-                s[1] * (d1 * static_cast<float>(sh) - o1 * static_cast<float>(mh));
+      acc[r] +=
+          s[0] * (d0 * static_cast<float>(sl) - o0 * static_cast<float>(ml)) + s[1] * (d1 * static_cast<float>(sh) - o1 * static_cast<float>(mh));
     }
   }
 };
@@ -206,17 +202,14 @@ struct q4_k_dot {
 struct q6_k_dot {
   static constexpr int qk = 256, bytes = 210, lanes = 16;
   template <int NX>
-  __device__ static void dot(const uint8_t* b, int t, const int8_t* xq, const float* xd, int64_t blk, int cols,
-                             float (&acc)[NX]) {
+  __device__ static void dot(const uint8_t* b, int t, const int8_t* xq, const float* xd, int64_t blk, int cols, float (&acc)[NX]) {
     const int h = t >> 3, l0 = 4 * (t & 7);
     const float d = ld_f16(b + 208);
     const uint32_t a = ld_u32(b + 64 * h + l0), a2 = ld_u32(b + 64 * h + 32 + l0);
     const uint32_t hh = ld_u32(b + 128 + 32 * h + l0);
     const uint8_t* sc = b + 192 + 8 * h + (l0 >> 4);
-    const uint32_t code[4] = {(a & 0x0F0F0F0Fu) | ((hh << 4) & 0x30303030u),
-                              (a2 & 0x0F0F0F0Fu) | ((hh << 2) & 0x30303030u),
-                              ((a >> 4) & 0x0F0F0F0Fu) | (hh & 0x30303030u),
-                              ((a2 >> 4) & 0x0F0F0F0Fu) | ((hh >> 2) & 0x30303030u)};
+    const uint32_t code[4] = {(a & 0x0F0F0F0Fu) | ((hh << 4) & 0x30303030u), (a2 & 0x0F0F0F0Fu) | ((hh << 2) & 0x30303030u),
+                              ((a >> 4) & 0x0F0F0F0Fu) | (hh & 0x30303030u), ((a2 >> 4) & 0x0F0F0F0Fu) | ((hh >> 2) & 0x30303030u)};
     int q[4];
     float ds[4];
 #pragma unroll
@@ -239,8 +232,7 @@ struct q6_k_dot {
 // even, as act_quant.cpp (1 / (amax / 127) would move codes at rounding boundaries). A NaN
 // among the 32 makes the scale NaN, so it reaches the outputs as the f32 matvec's would,
 // instead of vanishing into fmaxf and a zero code.
-__global__ void quantize_kernel(const float* __restrict__ x, int64_t n_blocks, int8_t* __restrict__ xq,
-                                float* __restrict__ xd) {
+__global__ void quantize_kernel(const float* __restrict__ x, int64_t n_blocks, int8_t* __restrict__ xq, float* __restrict__ xd) {
   const int64_t blk = static_cast<int64_t>(blockIdx.x) * k_warps + threadIdx.x / k_warp;
   if (blk >= n_blocks) return;  // whole warps only
   const int lane = threadIdx.x % k_warp;
@@ -256,8 +248,8 @@ __global__ void quantize_kernel(const float* __restrict__ x, int64_t n_blocks, i
 
 template <class B, int NX>
 __global__ void __launch_bounds__(k_threads)
-    matvec_q8_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int n_items, int cols,
-                     const int8_t* __restrict__ xq, const float* __restrict__ xd, int rows, float* __restrict__ y) {
+    matvec_q8_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int n_items, int cols, const int8_t* __restrict__ xq,
+                     const float* __restrict__ xd, int rows, float* __restrict__ y) {
   static_assert(k_threads % B::lanes == 0, "a thread's part must not change between iterations");
   const int o = blockIdx.x;
   const uint8_t* row = w + static_cast<int64_t>(o) * row_bytes;
@@ -278,14 +270,13 @@ __global__ void __launch_bounds__(k_threads)
 template <class B, int NX>
 void launch(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float* xd, float* y, stream_t s) {
   const int64_t n_blocks = cols / B::qk;
-  matvec_q8_kernel<B, NX><<<static_cast<unsigned>(rows), k_threads, 0, s>>>(
-      static_cast<const uint8_t*>(w), n_blocks * B::bytes, static_cast<int>(n_blocks * B::lanes), static_cast<int>(cols),
-      xq, xd, static_cast<int>(rows), y);
+  matvec_q8_kernel<B, NX><<<static_cast<unsigned>(rows), k_threads, 0, s>>>(static_cast<const uint8_t*>(w), n_blocks * B::bytes,
+                                                                            static_cast<int>(n_blocks * B::lanes), static_cast<int>(cols), xq, xd,
+                                                                            static_cast<int>(rows), y);
 }
 
 template <class B>
-void launch_nx(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float* xd, int64_t n_x, float* y,
-               stream_t s) {
+void launch_nx(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float* xd, int64_t n_x, float* y, stream_t s) {
   detail::dispatch_rows(n_x, [&](auto nx) { launch<B, decltype(nx)::value>(w, rows, cols, xq, xd, y, s); });
 }
 
@@ -299,8 +290,10 @@ bool matvec_q8_supports(weight_type wt) {
     case weight_type::q5_0:
     case weight_type::q5_1:
     case weight_type::q4_k:
-    case weight_type::q6_k: return true;
-    default: return false;
+    case weight_type::q6_k:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -315,16 +308,14 @@ namespace {
 // The host-side checks quantize_q8 and matvec_q8_quantized share, naming `what`.
 void check_rows(const char* what, int64_t n_x) {
   if (n_x < 0 || n_x > k_matvec_max_rows)
-    throw std::invalid_argument(std::string("cuda ") + what + ": n_x " + std::to_string(n_x) + " outside 0.." +
-                                std::to_string(k_matvec_max_rows));
+    throw std::invalid_argument(std::string("cuda ") + what + ": n_x " + std::to_string(n_x) + " outside 0.." + std::to_string(k_matvec_max_rows));
 }
 void check_scratch(const char* what, int64_t cols, int64_t n_x, const void* scratch, size_t scratch_size) {
   const size_t need = matvec_q8_scratch_bytes(cols, n_x);
   if (scratch_size < need)
-    throw std::invalid_argument(std::string("cuda ") + what + ": scratch of " + std::to_string(scratch_size) +
-                                " bytes, needs " + std::to_string(need));
-  if (reinterpret_cast<uintptr_t>(scratch) % 16 != 0)
-    throw std::invalid_argument(std::string("cuda ") + what + ": unaligned scratch");
+    throw std::invalid_argument(std::string("cuda ") + what + ": scratch of " + std::to_string(scratch_size) + " bytes, needs " +
+                                std::to_string(need));
+  if (reinterpret_cast<uintptr_t>(scratch) % 16 != 0) throw std::invalid_argument(std::string("cuda ") + what + ": unaligned scratch");
 }
 void require_q8(weight_type wt) {
   require(device_kind::cuda, op::matvec, wt);
@@ -351,13 +342,12 @@ void quantize_q8(const float* x, int64_t n_x, int64_t cols, void* scratch, size_
   check_last("quantize_q8");
 }
 
-void matvec_q8_quantized(weight_type wt, const void* w, int64_t rows, int64_t cols, const void* xq_scratch,
-                         size_t scratch_size, int64_t n_x, float* y, stream_t s) {
+void matvec_q8_quantized(weight_type wt, const void* w, int64_t rows, int64_t cols, const void* xq_scratch, size_t scratch_size, int64_t n_x,
+                         float* y, stream_t s) {
   require_q8(wt);
   check_rows("matvec_q8", n_x);
   if (rows < 0 || rows > INT_MAX || cols > INT_MAX)
-    throw std::invalid_argument("cuda matvec_q8: " + std::to_string(rows) + " x " + std::to_string(cols) +
-                                " is out of range");
+    throw std::invalid_argument("cuda matvec_q8: " + std::to_string(rows) + " x " + std::to_string(cols) + " is out of range");
   detail::check_blocks("matvec_q8", wt, "cols", cols);
   detail::check_aligned("matvec_q8", w);
   check_scratch("matvec_q8", cols, n_x, xq_scratch, scratch_size);
@@ -365,20 +355,35 @@ void matvec_q8_quantized(weight_type wt, const void* w, int64_t rows, int64_t co
   const auto* xq = static_cast<const int8_t*>(xq_scratch);
   const auto* xd = reinterpret_cast<const float*>(static_cast<const uint8_t*>(xq_scratch) + scales_offset(cols, n_x));
   switch (wt) {
-    case weight_type::q8_0: launch_nx<q8_0_dot>(w, rows, cols, xq, xd, n_x, y, s); break;
-    case weight_type::q4_0: launch_nx<q4_0_dot>(w, rows, cols, xq, xd, n_x, y, s); break;
-    case weight_type::q4_1: launch_nx<q4_1_dot>(w, rows, cols, xq, xd, n_x, y, s); break;
-    case weight_type::q5_0: launch_nx<q5_0_dot>(w, rows, cols, xq, xd, n_x, y, s); break;
-    case weight_type::q5_1: launch_nx<q5_1_dot>(w, rows, cols, xq, xd, n_x, y, s); break;
-    case weight_type::q4_k: launch_nx<q4_k_dot>(w, rows, cols, xq, xd, n_x, y, s); break;
-    case weight_type::q6_k: launch_nx<q6_k_dot>(w, rows, cols, xq, xd, n_x, y, s); break;
-    default: break;  // ruled out above
+    case weight_type::q8_0:
+      launch_nx<q8_0_dot>(w, rows, cols, xq, xd, n_x, y, s);
+      break;
+    case weight_type::q4_0:
+      launch_nx<q4_0_dot>(w, rows, cols, xq, xd, n_x, y, s);
+      break;
+    case weight_type::q4_1:
+      launch_nx<q4_1_dot>(w, rows, cols, xq, xd, n_x, y, s);
+      break;
+    case weight_type::q5_0:
+      launch_nx<q5_0_dot>(w, rows, cols, xq, xd, n_x, y, s);
+      break;
+    case weight_type::q5_1:
+      launch_nx<q5_1_dot>(w, rows, cols, xq, xd, n_x, y, s);
+      break;
+    case weight_type::q4_k:
+      launch_nx<q4_k_dot>(w, rows, cols, xq, xd, n_x, y, s);
+      break;
+    case weight_type::q6_k:
+      launch_nx<q6_k_dot>(w, rows, cols, xq, xd, n_x, y, s);
+      break;
+    default:
+      break;  // ruled out above
   }
   check_last("matvec_q8");
 }
 
-void matvec_q8(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
-               void* scratch, size_t scratch_size, stream_t s) {
+void matvec_q8(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y, void* scratch, size_t scratch_size,
+               stream_t s) {
   // The weight checks first, so that a refused call does no work.
   require_q8(wt);
   detail::check_blocks("matvec_q8", wt, "cols", cols);

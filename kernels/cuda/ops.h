@@ -25,8 +25,7 @@ using stream_t = CUstream_st*;  // the same type as cudaStream_t; null is the le
 // temporary copy of the weights). W is `rows` GGUF rows of `cols` elements of `wt` (file
 // layout); x is f32 and stays f32 (matvec_q8 below quantizes it).
 inline constexpr int64_t k_matvec_max_rows = 8;
-void matvec(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
-            stream_t s);
+void matvec(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y, stream_t s);
 
 // The same product on integer dot products: x is first quantized to int8 per 32 values (the
 // CPU's Q8_0 activation codes, the scale amax / 127 kept in f32) into `scratch`, then each
@@ -37,14 +36,14 @@ void matvec(weight_type wt, const void* w, int64_t rows, int64_t cols, const flo
 // 16-byte aligned.
 bool matvec_q8_supports(weight_type wt);
 size_t matvec_q8_scratch_bytes(int64_t cols, int64_t n_x);
-void matvec_q8(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
-               void* scratch, size_t scratch_size, stream_t s);
+void matvec_q8(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y, void* scratch, size_t scratch_size,
+               stream_t s);
 // matvec_q8 in two steps, for several matrices over the same activations (Q, K and V; gate
 // and up): quantize_q8 fills scratch once, and each matvec_q8_quantized reads it. The int8
 // form does not depend on the weight type, so the matrices may differ in type.
 void quantize_q8(const float* x, int64_t n_x, int64_t cols, void* scratch, size_t scratch_size, stream_t s);
-void matvec_q8_quantized(weight_type wt, const void* w, int64_t rows, int64_t cols, const void* xq_scratch,
-                         size_t scratch_size, int64_t n_x, float* y, stream_t s);
+void matvec_q8_quantized(weight_type wt, const void* w, int64_t rows, int64_t cols, const void* xq_scratch, size_t scratch_size, int64_t n_x,
+                         float* y, stream_t s);
 
 // W (n_elems elements of wt, whole blocks) converted to f16 (IEEE half bits) into out.
 void dequantize_f16(weight_type wt, const void* w, int64_t n_elems, uint16_t* out, stream_t s);
@@ -64,8 +63,7 @@ class gemm {
   // y = W x for any n_x >= 1. Up to k_matvec_max_rows rows take matvec_q8 for the types it
   // has, when scratch holds matvec_q8_scratch_bytes(cols, n_x) at a 16-byte boundary, and
   // matvec otherwise.
-  void run(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y,
-           void* scratch, size_t scratch_bytes);
+  void run(weight_type wt, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_x, float* y, void* scratch, size_t scratch_bytes);
   stream_t stream() const { return s_; }
   // cuBLAS's workspace from memory the caller owns (the arbiter's scratch) instead of its own
   // allocation; must outlive the object, at least k_workspace_bytes.
@@ -92,13 +90,13 @@ void rms_norm(const float* x, const float* w, float* out, int64_t n_rows, int64_
 // RoPE in place on n_rows rows of n_heads * head_dim floats (row stride row_stride floats);
 // row r at position pos[r]. p as on the CPU, except p.freq_factors is ignored and
 // freq_factors (device, n_rot/2 floats, or null) is used instead.
-void rope(float* x, int64_t n_rows, int64_t row_stride, int n_heads, int head_dim, const int32_t* pos,
-          const cpu::rope_params& p, const float* freq_factors, stream_t s);
+void rope(float* x, int64_t n_rows, int64_t row_stride, int n_heads, int head_dim, const int32_t* pos, const cpu::rope_params& p,
+          const float* freq_factors, stream_t s);
 
-void swiglu(float* gate, const float* up, int64_t n, stream_t s);         // gate = silu(gate) * up
-void add(float* x, const float* y, int64_t n, stream_t s);                // x += y
+void swiglu(float* gate, const float* up, int64_t n, stream_t s);                // gate = silu(gate) * up
+void add(float* x, const float* y, int64_t n, stream_t s);                       // x += y
 void add_rows(float* x, const float* b, int64_t n_rows, int64_t n, stream_t s);  // x[r] += b
-void softmax(float* x, int64_t n_rows, int64_t n, stream_t s);           // per row, in place
+void softmax(float* x, int64_t n_rows, int64_t n, stream_t s);                   // per row, in place
 
 // ---- paged KV and attention ------------------------------------------------------------
 
@@ -124,15 +122,14 @@ struct row_map {
 
 // Writes n_rows rows of K and V (row_elems floats each, contiguous) at their positions,
 // converting to the cache type (f16: round to nearest even).
-void kv_store(const paged_layer& kv, const float* k_rows, const float* v_rows, int64_t n_rows, const row_map& rows,
-              stream_t s);
+void kv_store(const paged_layer& kv, const float* k_rows, const float* v_rows, int64_t n_rows, const row_map& rows, stream_t s);
 
 // Causal grouped-query attention over the paged cache, for decode (one row per sequence) and
 // prefill (many rows of one or more sequences) alike: row r attends positions 0 .. pos[r] of
 // its sequence (already stored). q and out: [n_rows][n_heads][head_dim], out not aliasing q.
 // f32 arithmetic with an online softmax (within float noise of the CPU twin).
-void attention(const float* q, float* out, int64_t n_rows, const row_map& rows, const paged_layer& kv, int n_heads,
-               int n_kv_heads, int head_dim, float scale, stream_t s);
+void attention(const float* q, float* out, int64_t n_rows, const row_map& rows, const paged_layer& kv, int n_heads, int n_kv_heads, int head_dim,
+               float scale, stream_t s);
 
 // ---- sampling helpers ------------------------------------------------------------------
 

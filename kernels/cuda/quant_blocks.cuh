@@ -25,11 +25,11 @@ namespace tandem::kernels::cuda::detail {
 namespace cpu_layout = tandem::kernels::cpu;
 static_assert(sizeof(cpu_layout::block_q8_0) == 34 && offsetof(cpu_layout::block_q8_0, qs) == 2, "Q8_0 layout");
 static_assert(sizeof(cpu_layout::block_q4_0) == 18 && offsetof(cpu_layout::block_q4_0, qs) == 2, "Q4_0 layout");
-static_assert(sizeof(cpu_layout::block_q4_k) == 144 && offsetof(cpu_layout::block_q4_k, dmin) == 2 &&
-                  offsetof(cpu_layout::block_q4_k, scales) == 4 && offsetof(cpu_layout::block_q4_k, qs) == 16,
+static_assert(sizeof(cpu_layout::block_q4_k) == 144 && offsetof(cpu_layout::block_q4_k, dmin) == 2 && offsetof(cpu_layout::block_q4_k, scales) == 4 &&
+                  offsetof(cpu_layout::block_q4_k, qs) == 16,
               "Q4_K layout");
-static_assert(sizeof(cpu_layout::block_q5_k) == 176 && offsetof(cpu_layout::block_q5_k, scales) == 4 &&
-                  offsetof(cpu_layout::block_q5_k, qh) == 16 && offsetof(cpu_layout::block_q5_k, qs) == 48,
+static_assert(sizeof(cpu_layout::block_q5_k) == 176 && offsetof(cpu_layout::block_q5_k, scales) == 4 && offsetof(cpu_layout::block_q5_k, qh) == 16 &&
+                  offsetof(cpu_layout::block_q5_k, qs) == 48,
               "Q5_K layout");
 static_assert(sizeof(cpu_layout::block_q6_k) == 210 && offsetof(cpu_layout::block_q6_k, qh) == 128 &&
                   offsetof(cpu_layout::block_q6_k, scales) == 192 && offsetof(cpu_layout::block_q6_k, d) == 208,
@@ -39,9 +39,7 @@ __device__ __forceinline__ uint32_t ld8(const uint8_t* p) { return __ldg(p); }
 // p must be even: see the alignment note at the top.
 __device__ __forceinline__ uint32_t ld16(const uint8_t* p) { return __ldg(reinterpret_cast<const unsigned short*>(p)); }
 __device__ __forceinline__ uint32_t ld_u32(const uint8_t* p) { return ld16(p) | (ld16(p + 2) << 16); }
-__device__ __forceinline__ float ld_f16(const uint8_t* p) {
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(ld16(p))));
-}
+__device__ __forceinline__ float ld_f16(const uint8_t* p) { return __half2float(__ushort_as_half(static_cast<unsigned short>(ld16(p)))); }
 
 // Sub-block j (0..7) 6-bit scale and min of a Q4_K / Q5_K block (12 packed bytes at s):
 // j < 4 keep the low 6 bits of bytes j and j+4; j >= 4 borrow the top 2 bits of those bytes.
@@ -160,16 +158,13 @@ struct blk_legacy {
 using blk_q4_1 = blk_legacy<true, false>;
 using blk_q5_0 = blk_legacy<false, true>;
 using blk_q5_1 = blk_legacy<true, true>;
-static_assert(blk_q4_1::bytes == sizeof(cpu_layout::block_q4_1) &&
-                  legacy_layout<true, false>::m_at == offsetof(cpu_layout::block_q4_1, m) &&
+static_assert(blk_q4_1::bytes == sizeof(cpu_layout::block_q4_1) && legacy_layout<true, false>::m_at == offsetof(cpu_layout::block_q4_1, m) &&
                   legacy_layout<true, false>::qs_at == offsetof(cpu_layout::block_q4_1, qs),
               "Q4_1 layout");
-static_assert(blk_q5_0::bytes == sizeof(cpu_layout::block_q5_0) &&
-                  legacy_layout<false, true>::qh_at == offsetof(cpu_layout::block_q5_0, qh) &&
+static_assert(blk_q5_0::bytes == sizeof(cpu_layout::block_q5_0) && legacy_layout<false, true>::qh_at == offsetof(cpu_layout::block_q5_0, qh) &&
                   legacy_layout<false, true>::qs_at == offsetof(cpu_layout::block_q5_0, qs),
               "Q5_0 layout");
-static_assert(blk_q5_1::bytes == sizeof(cpu_layout::block_q5_1) &&
-                  legacy_layout<true, true>::m_at == offsetof(cpu_layout::block_q5_1, m) &&
+static_assert(blk_q5_1::bytes == sizeof(cpu_layout::block_q5_1) && legacy_layout<true, true>::m_at == offsetof(cpu_layout::block_q5_1, m) &&
                   legacy_layout<true, true>::qh_at == offsetof(cpu_layout::block_q5_1, qh) &&
                   legacy_layout<true, true>::qs_at == offsetof(cpu_layout::block_q5_1, qs),
               "Q5_1 layout");
@@ -278,18 +273,41 @@ struct blk_q6_k {
 template <class F>
 void visit_block(weight_type wt, F&& f) {
   switch (wt) {
-    case weight_type::f32: f(blk_f32{}); return;
-    case weight_type::f16: f(blk_f16{}); return;
-    case weight_type::bf16: f(blk_bf16{}); return;
-    case weight_type::q8_0: f(blk_q8_0{}); return;
-    case weight_type::q4_0: f(blk_q4_0{}); return;
-    case weight_type::q4_1: f(blk_q4_1{}); return;
-    case weight_type::q5_0: f(blk_q5_0{}); return;
-    case weight_type::q5_1: f(blk_q5_1{}); return;
-    case weight_type::q4_k: f(blk_q4_k{}); return;
-    case weight_type::q5_k: f(blk_q5_k{}); return;
-    case weight_type::q6_k: f(blk_q6_k{}); return;
-    default: break;
+    case weight_type::f32:
+      f(blk_f32{});
+      return;
+    case weight_type::f16:
+      f(blk_f16{});
+      return;
+    case weight_type::bf16:
+      f(blk_bf16{});
+      return;
+    case weight_type::q8_0:
+      f(blk_q8_0{});
+      return;
+    case weight_type::q4_0:
+      f(blk_q4_0{});
+      return;
+    case weight_type::q4_1:
+      f(blk_q4_1{});
+      return;
+    case weight_type::q5_0:
+      f(blk_q5_0{});
+      return;
+    case weight_type::q5_1:
+      f(blk_q5_1{});
+      return;
+    case weight_type::q4_k:
+      f(blk_q4_k{});
+      return;
+    case weight_type::q5_k:
+      f(blk_q5_k{});
+      return;
+    case weight_type::q6_k:
+      f(blk_q6_k{});
+      return;
+    default:
+      break;
   }
   throw std::invalid_argument("cuda: no block decoder for " + display_name(wt));
 }
@@ -305,12 +323,11 @@ inline int64_t block_elems(weight_type wt) {
 inline void check_blocks(const char* what, weight_type wt, const char* dim, int64_t n) {
   const int64_t qk = block_elems(wt);
   if (n < 0 || n % qk != 0)
-    throw std::invalid_argument(std::string("cuda ") + what + ": " + dim + " " + std::to_string(n) +
-                                " is not a multiple of " + display_name(wt) + "'s block size " + std::to_string(qk));
+    throw std::invalid_argument(std::string("cuda ") + what + ": " + dim + " " + std::to_string(n) + " is not a multiple of " + display_name(wt) +
+                                "'s block size " + std::to_string(qk));
 }
 inline void check_aligned(const char* what, const void* p) {
-  if (reinterpret_cast<uintptr_t>(p) % 2 != 0)
-    throw std::invalid_argument(std::string("cuda ") + what + ": weights at an odd address");
+  if (reinterpret_cast<uintptr_t>(p) % 2 != 0) throw std::invalid_argument(std::string("cuda ") + what + ": weights at an odd address");
 }
 
 }  // namespace tandem::kernels::cuda::detail

@@ -24,7 +24,10 @@ class cuda_memory {
  public:
   cuda_memory() = default;
   ~cuda_memory() { reset(); }
-  cuda_memory(cuda_memory&& o) noexcept : p_(o.p_), n_(o.n_), free_(o.free_) { o.p_ = nullptr; o.n_ = 0; }
+  cuda_memory(cuda_memory&& o) noexcept : p_(o.p_), n_(o.n_), free_(o.free_) {
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
   cuda_memory& operator=(cuda_memory&& o) noexcept {
     if (this != &o) {
       reset();
@@ -41,7 +44,9 @@ class cuda_memory {
 
   void* get() const { return p_; }
   template <class T>
-  T* as() const { return static_cast<T*>(p_); }
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
   size_t size() const { return n_; }
 
  protected:

@@ -90,8 +90,7 @@ __device__ __forceinline__ uint32_t order_key(float v) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-__global__ void __launch_bounds__(k_top_k_block) top_k_kernel(const float* x, int64_t n, int k, float* values,
-                                                               int32_t* ids) {
+__global__ void __launch_bounds__(k_top_k_block) top_k_kernel(const float* x, int64_t n, int k, float* values, int32_t* ids) {
   __shared__ uint32_t hist[256];
   __shared__ uint32_t sel_digit;
   __shared__ uint32_t sel_remaining;
@@ -137,7 +136,7 @@ __global__ void __launch_bounds__(k_top_k_block) top_k_kernel(const float* x, in
         const uint32_t t = __shfl_up_sync(k_full, incl, o);
         if (lane >= o) incl += t;
       }
-      uint32_t above = incl - own;  // counted keys with larger digits than this lane's bins
+      uint32_t above = incl - own;                   // counted keys with larger digits than this lane's bins
       if (above < remaining && remaining <= incl) {  // exactly one lane
         for (int b = 0; b < 8; ++b) {
           if (remaining <= above + c[b]) {
@@ -220,8 +219,7 @@ void argmax(const float* x, int64_t n_rows, int64_t n, int32_t* out, stream_t s)
 void top_k(const float* x, int64_t n, int k, float* values, int32_t* ids, stream_t s) {
   if (n <= 0 || n > INT32_MAX) fail("top_k", "n must be in [1, 2^31), got " + std::to_string(n));
   if (k < 1 || k > k_top_k_max || k > n)
-    fail("top_k", "k must be in [1, min(" + std::to_string(k_top_k_max) + ", n = " + std::to_string(n) + ")], got " +
-                      std::to_string(k));
+    fail("top_k", "k must be in [1, min(" + std::to_string(k_top_k_max) + ", n = " + std::to_string(n) + ")], got " + std::to_string(k));
   if (!x || !values || !ids) fail("top_k", "null input or output");
   top_k_kernel<<<1, k_top_k_block, 0, s>>>(x, n, k, values, ids);
   check_last("top_k");

@@ -7,8 +7,8 @@ namespace tandem::models {
 using kernels::cpu::kv_type;
 
 cuda_pass::cuda_pass(const model_config& c, gpu_device_state& d, const cu::stream& s, const kernels::cpu::rope_params& rope, kv_type kv,
-                     std::byte* kv_base, int64_t block_tokens, const int32_t* tokens, int64_t n, const int64_t* out_rows,
-                     int64_t n_out, int64_t max_rows)
+                     std::byte* kv_base, int64_t block_tokens, const int32_t* tokens, int64_t n, const int64_t* out_rows, int64_t n_out,
+                     int64_t max_rows)
     : c_(c),
       d_(d),
       st_(s),
@@ -26,14 +26,22 @@ cuda_pass::cuda_pass(const model_config& c, gpu_device_state& d, const cu::strea
 
 float* cuda_pass::buf(act a) const {
   switch (a) {
-    case act::x: return d_.x;
-    case act::xb: return d_.xb;
-    case act::q: return d_.q;
-    case act::k: return d_.k;
-    case act::v: return d_.v;
-    case act::attn: return d_.attn;
-    case act::gate: return d_.gate;
-    case act::up: return d_.up;
+    case act::x:
+      return d_.x;
+    case act::xb:
+      return d_.xb;
+    case act::q:
+      return d_.q;
+    case act::k:
+      return d_.k;
+    case act::v:
+      return d_.v;
+    case act::attn:
+      return d_.attn;
+    case act::gate:
+      return d_.gate;
+    case act::up:
+      return d_.up;
   }
   return nullptr;
 }
@@ -41,13 +49,17 @@ float* cuda_pass::buf(act a) const {
 int64_t cuda_pass::width(act a) const {
   switch (a) {
     case act::x:
-    case act::xb: return c_.n_embd;
+    case act::xb:
+      return c_.n_embd;
     case act::q:
-    case act::attn: return c_.q_dim();
+    case act::attn:
+      return c_.q_dim();
     case act::k:
-    case act::v: return c_.kv_dim();
+    case act::v:
+      return c_.kv_dim();
     case act::gate:
-    case act::up: return c_.n_ff;
+    case act::up:
+      return c_.n_ff;
   }
   return 0;
 }
@@ -130,9 +142,7 @@ void cuda_pass::matmul_swiglu(act in, const weight_view& w_gate, const weight_vi
 
 void cuda_pass::add_bias(act a, const float* b) { cu::add_rows(buf(a), b, n_, width(a), s_); }
 
-void cuda_pass::head_norm(act a, const float* w, int64_t n_heads) {
-  cu::rms_norm(buf(a), w, buf(a), n_ * n_heads, c_.head_dim, c_.rms_eps, s_);
-}
+void cuda_pass::head_norm(act a, const float* w, int64_t n_heads) { cu::rms_norm(buf(a), w, buf(a), n_ * n_heads, c_.head_dim, c_.rms_eps, s_); }
 
 void cuda_pass::rope(act a, int64_t n_heads) {
   cu::rope(buf(a), n_, width(a), static_cast<int>(n_heads), static_cast<int>(c_.head_dim), rows_.pos, rope_, d_.freq_factors.as<float>(), s_);

@@ -16,9 +16,8 @@ class cuda_pass final : public pass_backend, public layer_ops {
   // Rows r < n of the pass: their positions and block tables are on the device already
   // (d.pos, d.table_of_row, d.tables). tokens: the rows' tokens (host). The logits of rows
   // out_rows[0 .. n_out) go to d.logits.
-  cuda_pass(const model_config& c, gpu_device_state& d, const cu::stream& s, const kernels::cpu::rope_params& rope,
-            kernels::cpu::kv_type kv, std::byte* kv_base, int64_t block_tokens, const int32_t* tokens, int64_t n,
-            const int64_t* out_rows, int64_t n_out, int64_t max_rows);
+  cuda_pass(const model_config& c, gpu_device_state& d, const cu::stream& s, const kernels::cpu::rope_params& rope, kernels::cpu::kv_type kv,
+            std::byte* kv_base, int64_t block_tokens, const int32_t* tokens, int64_t n, const int64_t* out_rows, int64_t n_out, int64_t max_rows);
 
   // pass_backend
   void embed(const weight_view& table, int64_t row0) override;

@@ -177,8 +177,7 @@ gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_res
   size_t scratch = 0;
   for (const auto& piece : plan.output) {
     largest_piece = std::max(largest_piece, piece.m.view.rows);
-    if (out_rows > cu::k_matvec_max_rows)
-      scratch = std::max(scratch, cu::gemm::scratch_bytes(piece.m.view.rows, piece.m.view.cols, out_rows));
+    if (out_rows > cu::k_matvec_max_rows) scratch = std::max(scratch, cu::gemm::scratch_bytes(piece.m.view.rows, piece.m.view.cols, out_rows));
   }
   const bool gemm_path = max_rows > cu::k_matvec_max_rows || out_rows > cu::k_matvec_max_rows;
   if (!plan.layers.empty() && max_rows > cu::k_matvec_max_rows) {
@@ -191,8 +190,7 @@ gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_res
   for (const auto& piece : plan.output) widest = std::max(widest, piece.m.view.cols);
   if (!plan.layers.empty()) {
     const auto& l = plan.layers.front();
-    for (const matrix_at* mat : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
-      widest = std::max(widest, mat->view.cols);
+    for (const matrix_at* mat : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) widest = std::max(widest, mat->view.cols);
   }
   const int64_t decode_rows = std::min<int64_t>(std::max(max_rows, out_rows), cu::k_matvec_max_rows);
   scratch = std::max(scratch, cu::matvec_q8_scratch_bytes(widest, decode_rows));
@@ -267,9 +265,7 @@ uint64_t gpu_forward::device_bytes() const {
   return d.weights.size() + d.kv.size() + (scratch_ ? scratch_->bytes : d.arena.size());
 }
 
-std::span<const float> gpu_forward::logits() const {
-  return {logits_.data() + (n_logit_rows_ - 1) * n_vocab_, static_cast<size_t>(n_vocab_)};
-}
+std::span<const float> gpu_forward::logits() const { return {logits_.data() + (n_logit_rows_ - 1) * n_vocab_, static_cast<size_t>(n_vocab_)}; }
 
 void gpu_forward::check_seq(int64_t seq) const {
   if (seq < 0 || seq >= static_cast<int64_t>(pos_.size()))
@@ -329,8 +325,8 @@ void gpu_forward::upload_tables(const int64_t* seqs, int64_t n) {
     const auto& t = kv_pool_->table(seqs[r]);
     const auto len = std::min<int64_t>(static_cast<int64_t>(t.size()), blocks_per_seq_);
     std::copy_n(t.data(), len, h + seqs[r] * blocks_per_seq_);
-    cu::copy_to_device(d.tables.as<int32_t>() + seqs[r] * blocks_per_seq_, h + seqs[r] * blocks_per_seq_,
-                       static_cast<size_t>(len) * sizeof(int32_t), stream_.get());
+    cu::copy_to_device(d.tables.as<int32_t>() + seqs[r] * blocks_per_seq_, h + seqs[r] * blocks_per_seq_, static_cast<size_t>(len) * sizeof(int32_t),
+                       stream_.get());
   }
 }
 
@@ -354,15 +350,13 @@ void gpu_forward::begin(std::span<const int32_t> tokens, std::span<const int64_t
             static_cast<int64_t>(step_out_.size()));
 }
 
-void gpu_forward::run(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, const int64_t* out_rows,
-                      int64_t n_out) {
+void gpu_forward::run(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, const int64_t* out_rows, int64_t n_out) {
   begin_run(tokens, seqs, positions, n, out_rows, n_out);
   while (!advance()) {
   }
 }
 
-void gpu_forward::begin_run(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, const int64_t* out_rows,
-                            int64_t n_out) {
+void gpu_forward::begin_run(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, const int64_t* out_rows, int64_t n_out) {
   const auto& c = model_.config();
   gpu_device_state& d = *d_;
   const cu::stream_t s = stream_.get();

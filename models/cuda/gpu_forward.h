@@ -31,9 +31,9 @@ struct gpu_device_state;
 namespace tandem::models {
 
 struct gpu_context_params {
-  int64_t n_ctx = 0;       // per sequence; 0: min(training context, k_default_context)
-  int64_t n_seq = 1;       // sequences (decode() takes one row of each at most)
-  int64_t max_batch = 512; // prompt rows per pass
+  int64_t n_ctx = 0;        // per sequence; 0: min(training context, k_default_context)
+  int64_t n_seq = 1;        // sequences (decode() takes one row of each at most)
+  int64_t max_batch = 512;  // prompt rows per pass
   kernels::cpu::kv_type kv = kernels::cpu::kv_type::f16;
   int64_t block_tokens = 16;
   // The executor's paged KV cache instead of this object's own: sequence s is the pool's
@@ -113,12 +113,10 @@ class gpu_forward final : public forward_pass {
   void upload_tables(const int64_t* seqs, int64_t n);
   // Rows r of the pass: token tokens[r] of sequence seqs[r] at position positions[r]; the
   // logits of rows out_rows[0 .. n_out) are copied to logits_.
-  void run(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, const int64_t* out_rows,
-           int64_t n_out);
+  void run(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, const int64_t* out_rows, int64_t n_out);
   // run()'s parts: the rows uploaded and the embedding queued (begin_run); the layers and
   // head from a graph (replay_layers); the logits copied back and positions moved (end_run).
-  void begin_run(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, const int64_t* out_rows,
-                 int64_t n_out);
+  void begin_run(const int32_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t n, const int64_t* out_rows, int64_t n_out);
   void replay_layers();
   void end_run();
 

@@ -20,7 +20,9 @@ struct device_span {
   size_t n = 0;
   void* get() const { return p; }
   template <class T>
-  T* as() const { return static_cast<T*>(p); }
+  T* as() const {
+    return static_cast<T*>(p);
+  }
   size_t size() const { return n; }
 };
 
@@ -29,20 +31,20 @@ struct device_span {
 struct gpu_device_state {
   explicit gpu_device_state(cu::stream_t s) : gemm(s) {}
   cu::gemm gemm;
-  cu::device_buffer weights;        // resident mode: every segment, at seg_offset
+  cu::device_buffer weights;  // resident mode: every segment, at seg_offset
   std::vector<size_t> seg_offset;
-  cu::device_buffer kv;             // n_seq * blocks_per_seq blocks
-  cu::device_buffer arena;          // the spans below, when no arbiter provides them
-  device_span tables;               // int32 block ids, blocks_per_seq per sequence
+  cu::device_buffer kv;                    // n_seq * blocks_per_seq blocks
+  cu::device_buffer arena;                 // the spans below, when no arbiter provides them
+  device_span tables;                      // int32 block ids, blocks_per_seq per sequence
   device_span rel_ids, pos, table_of_row;  // int32 per row
-  device_span act;                  // x, xb, q, k, v, attn, gate, up (max_rows each)
-  device_span logits, head;         // [out rows][n_vocab], [out rows][largest head piece]
+  device_span act;                         // x, xb, q, k, v, attn, gate, up (max_rows each)
+  device_span logits, head;                // [out rows][n_vocab], [out rows][largest head piece]
   device_span gemm_scratch;
-  device_span cublas_workspace;     // gemm::k_workspace_bytes when the pass can take cuBLAS
+  device_span cublas_workspace;  // gemm::k_workspace_bytes when the pass can take cuBLAS
   device_span freq_factors;
   cu::graph graphs[cu::k_matvec_max_rows + 1];  // by rows of the pass (gpu_forward::run)
-  std::vector<const std::byte*> graph_bases;     // the segments' addresses the graphs were captured over
-  cu::event layer_done[2];                       // after the kernels of layers l and l-1 (streaming)
+  std::vector<const std::byte*> graph_bases;    // the segments' addresses the graphs were captured over
+  cu::event layer_done[2];                      // after the kernels of layers l and l-1 (streaming)
   float *x = nullptr, *xb = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *attn = nullptr, *gate = nullptr, *up = nullptr;
   size_t block_bytes = 0, part_bytes = 0;  // a KV block; one layer's K (or V) rows in it
   // Pinned staging of the per-row arrays, so their copies overlap: positions and table
@@ -50,9 +52,8 @@ struct gpu_device_state {
   // rewritten while an earlier piece's copy is still queued). Every pass ends synchronised,
   // so the next one may rewrite them all.
   cu::pinned_buffer staging;
-  cu::pinned_buffer h_tables;       // int32, blocks_per_seq per sequence
+  cu::pinned_buffer h_tables;  // int32, blocks_per_seq per sequence
   int32_t *h_pos = nullptr, *h_tor = nullptr, *h_rel = nullptr;
 };
-
 
 }  // namespace tandem::models

@@ -45,7 +45,8 @@ TEST_SUITE("server") {
     tandem::test::served_fixture f("  limits:\n    max_tokens: 256\n    max_body: 64KiB\n");
     // A long generation streams the whole time.
     http_conn stream(f.port);
-    stream.send("POST", "/v1/completions", json{{"model", "stories"}, {"prompt", "Once"}, {"max_tokens", 200}, {"stream", true}, {"temperature", 0}}.dump());
+    stream.send("POST", "/v1/completions",
+                json{{"model", "stories"}, {"prompt", "Once"}, {"max_tokens", 200}, {"stream", true}, {"temperature", 0}}.dump());
     REQUIRE(stream.read_until("data: "));
 
     const std::string chat_ok = R"("model":"stories","messages":[{"role":"user","content":"hi"}])";
@@ -72,8 +73,8 @@ TEST_SUITE("server") {
         {"stream_options without stream", "POST", "/v1/chat/completions", "{" + chat_ok + R"(,"stream_options":{"include_usage":true}})", 400,
          "stream_options"},
         {"logprobs", "POST", "/v1/chat/completions", "{" + chat_ok + R"(,"logprobs":true})", 400, "logprobs"},
-        {"tools", "POST", "/v1/chat/completions",
-         "{" + chat_ok + R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{}}}]})", 400, "tools"},
+        {"tools", "POST", "/v1/chat/completions", "{" + chat_ok + R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{}}}]})", 400,
+         "tools"},
         {"a JSON response format", "POST", "/v1/chat/completions", "{" + chat_ok + R"(,"response_format":{"type":"json_object"}})", 400},
         {"five stop strings", "POST", "/v1/chat/completions", "{" + chat_ok + R"(,"stop":["a","b","c","d","e"]})", 400, "stop"},
         {"two prompts", "POST", "/v1/completions", R"({"model":"stories","prompt":["a","b"]})", 400, "prompt"},
@@ -158,7 +159,7 @@ TEST_SUITE("server") {
     const std::string body = json{{"model", "coder"}, {"prompt", "def"}, {"max_tokens", 480}, {"ignore_eos", true}, {"stream", true}}.dump();
     http_conn a(f.port), b(f.port);
     a.send("POST", "/v1/completions", body);
-    REQUIRE(a.read_until("data: "));  // running
+    REQUIRE(a.read_until("data: "));          // running
     b.send("POST", "/v1/completions", body);  // waiting
     REQUIRE(eventually([&] { return f.served->executor().stats("coder").queued == 1; }));
     const auto c = http_call(f.port, "POST", "/v1/completions", body);

@@ -101,8 +101,7 @@ TEST_SUITE("json_fields") {
     CHECK(std::string(error_of([&] { optional_integer(j, "half", 0, 100); }).what()) == "'half' must be an integer");
     CHECK(std::string(error_of([&] { optional_integer(j, "neg", 0, k_max); }).what()) == "'neg' must be at least 0, got -4");
     CHECK(std::string(error_of([&] { optional_integer(j, "t", k_min, 1); }).what()) == "'t' must be at most 1, got 2");
-    CHECK(std::string(error_of([&] { optional_integer(j, "big", 0, k_max); }).what()) ==
-          "'big' must be at least 0, got 18446744073709551615");
+    CHECK(std::string(error_of([&] { optional_integer(j, "big", 0, k_max); }).what()) == "'big' must be at least 0, got 18446744073709551615");
     CHECK(error_of([&] { optional_integer(j, "huge", k_min, k_max); }).param == "huge");
     // Booleans are not numbers.
     CHECK(error_of([&] { as_integer(json(true), "x", 0, 1); }).param == "x");

@@ -166,14 +166,14 @@ TEST_SUITE("ollama_request") {
       std::chrono::milliseconds after;
     };
     const row rows[] = {
-        {R"("10m")", false, 10min},         {R"("24h")", false, 24h},         {R"("1h30m")", false, 90min},
-        {R"("300ms")", false, 300ms},       {R"("1.5h")", false, 90min},      {R"("2s500ms")", false, 2500ms},
-        {R"("+5m")", false, 5min},          {R"("0")", false, 0ms},           {R"("0s")", false, 0ms},
-        {R"("90")", false, 90s},            {R"("1us")", false, 1ms},         {R"("1500000ns")", false, 2ms},
-        {R"("1\u00b5s")", false, 1ms},      {R"(".5s")", false, 500ms},       {R"("-1")", true, 0ms},
-        {R"("-1m")", true, 0ms},            {R"("-5h")", true, 0ms},          {"0", false, 0ms},
-        {"3600", false, 1h},                {"1.5", false, 1500ms},           {"-1", true, 0ms},
-        {"-0.5", true, 0ms},                {"1e30", true, 0ms},
+        {R"("10m")", false, 10min},    {R"("24h")", false, 24h},    {R"("1h30m")", false, 90min},
+        {R"("300ms")", false, 300ms},  {R"("1.5h")", false, 90min}, {R"("2s500ms")", false, 2500ms},
+        {R"("+5m")", false, 5min},     {R"("0")", false, 0ms},      {R"("0s")", false, 0ms},
+        {R"("90")", false, 90s},       {R"("1us")", false, 1ms},    {R"("1500000ns")", false, 2ms},
+        {R"("1\u00b5s")", false, 1ms}, {R"(".5s")", false, 500ms},  {R"("-1")", true, 0ms},
+        {R"("-1m")", true, 0ms},       {R"("-5h")", true, 0ms},     {"0", false, 0ms},
+        {"3600", false, 1h},           {"1.5", false, 1500ms},      {"-1", true, 0ms},
+        {"-0.5", true, 0ms},           {"1e30", true, 0ms},
     };
     for (const row& r : rows) {
       CAPTURE(std::string(r.json));
@@ -186,8 +186,8 @@ TEST_SUITE("ollama_request") {
   }
 
   TEST_CASE("keep_alive: anything else is refused") {
-    for (const char* text : {R"("")", R"("abc")", R"("5 m")", R"("m5")", R"("5x")", R"("1h30")", R"(".")",
-                             R"("-")", R"("1..5s")", R"("5d")", "true", "[]", "{}"}) {
+    for (const char* text :
+         {R"("")", R"("abc")", R"("5 m")", R"("m5")", R"("5x")", R"("1h30")", R"(".")", R"("-")", R"("1..5s")", R"("5d")", "true", "[]", "{}"}) {
       const std::string body = std::string(R"({"model": "m", "keep_alive": )") + text + "}";
       CHECK(check_rejected(parse_generate, {body.c_str(), "keep_alive", "keep_alive"}));
     }
@@ -246,19 +246,14 @@ TEST_SUITE("ollama_request") {
         {R"({"model": "m", "messages": [{"role": "tool", "content": "42"}]})", "messages[0].role", "not supported"},
         {R"({"model": "m", "messages": [{"role": "developer", "content": "x"}]})", "messages[0].role", "must be one of"},
         {R"({"model": "m", "messages": [{"role": "user", "content": 5}]})", "messages[0].content", "string"},
-        {R"({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]})",
-         "messages[0].content", "string"},
-        {R"({"model": "m", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]})",
-         "messages[0].images", "not supported"},
+        {R"({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]})", "messages[0].content", "string"},
+        {R"({"model": "m", "messages": [{"role": "user", "content": "x", "images": ["aGk="]}]})", "messages[0].images", "not supported"},
         {R"({"model": "m", "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "",
             "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}]})",
          "messages[1].tool_calls", "not supported"},
-        {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})",
-         "tools", "not supported"},
-        {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "format": "json"})", "format",
-         "not supported"},
-        {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "options": {"bogus": true}})",
-         "options.bogus", "Unrecognized"},
+        {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})", "tools", "not supported"},
+        {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "format": "json"})", "format", "not supported"},
+        {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "options": {"bogus": true}})", "options.bogus", "Unrecognized"},
         {R"({"model": "m", "system": 1, "messages": []})", "system", "string"},
     };
     int refused = 0;

@@ -191,17 +191,14 @@ TEST_SUITE("prometheus") {
       CHECK_THROWS_AS(r.add("c_total", {{"a=\"x\",b", "y"}}), std::invalid_argument);
     }
     SUBCASE("bad buckets") {
-      CHECK_THROWS_WITH_AS(r.declare("h2", "", metric_type::histogram, {1, 1}), doctest::Contains("'h2'"),
-                           std::invalid_argument);
+      CHECK_THROWS_WITH_AS(r.declare("h2", "", metric_type::histogram, {1, 1}), doctest::Contains("'h2'"), std::invalid_argument);
       CHECK_THROWS_AS(r.declare("h3", "", metric_type::histogram, {2, 1}), std::invalid_argument);
-      CHECK_THROWS_AS(r.declare("h4", "", metric_type::histogram, {1, std::numeric_limits<double>::infinity()}),
-                      std::invalid_argument);
+      CHECK_THROWS_AS(r.declare("h4", "", metric_type::histogram, {1, std::numeric_limits<double>::infinity()}), std::invalid_argument);
       CHECK_THROWS_AS(r.declare("h5", "", metric_type::histogram, {std::nan("")}), std::invalid_argument);
       CHECK_THROWS_AS(r.declare("g2", "", metric_type::gauge, {1}), std::invalid_argument);
     }
     SUBCASE("a second declaration must agree") {
-      CHECK_THROWS_WITH_AS(r.declare("g", "", metric_type::counter), doctest::Contains("already declared as a gauge"),
-                           std::invalid_argument);
+      CHECK_THROWS_WITH_AS(r.declare("g", "", metric_type::counter), doctest::Contains("already declared as a gauge"), std::invalid_argument);
       CHECK_THROWS_AS(r.declare("h", "", metric_type::histogram, {1, 3}), std::invalid_argument);
       CHECK_NOTHROW(r.declare("g", "other help", metric_type::gauge));
       CHECK_NOTHROW(r.declare("h", "", metric_type::histogram, {1, 2}));
@@ -234,7 +231,6 @@ TEST_SUITE("prometheus") {
     reader.join();
     std::string text = r.render();
     CHECK(text.find("hits_total{model=\"chat\"} 40000\n") != std::string::npos);
-    for (int t = 0; t < 4; ++t)
-      CHECK(text.find("lat_seconds_count{thread=\"" + std::to_string(t) + "\"} 100\n") != std::string::npos);
+    for (int t = 0; t < 4; ++t) CHECK(text.find("lat_seconds_count{thread=\"" + std::to_string(t) + "\"} 100\n") != std::string::npos);
   }
 }

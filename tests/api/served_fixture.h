@@ -67,17 +67,20 @@ struct served_fixture {
   // `sequences`: max_sequences of stories (4 by default) and coder (2 by default) when > 0.
   explicit served_fixture(const std::string& server_yaml = "  limits:\n    max_tokens: 256\n", int sequences = 0,
                           std::chrono::milliseconds idle_timeout = std::chrono::seconds(30)) {
-    const std::string yaml = "server:\n  listen: 127.0.0.1:0\n" + server_yaml +
-                             "devices:\n  - name: cpu0\n    backend: cpu\n    vram: 96MiB\n    host: 128MiB\n"
-                             "models:\n"
-                             "  - name: stories\n    aliases: [default]\n    path: " + data_path("stories260K.gguf").string() +
-                             "\n    priority: 10\n    keep_alive: 30m\n    preload: device\n    context: 256\n    max_sequences: " +
-                             std::to_string(sequences > 0 ? sequences : 4) +
-                             "\n  - name: stories-q8\n    path: " + data_path("stories260K-q8_0.gguf").string() +
-                             "\n    role: code\n    priority: 50\n    keep_alive: 10m\n    context: 256\n    max_sequences: 2\n"
-                             "  - name: coder\n    path: " + fim_model_path().string() +
-                             "\n    role: code\n    priority: 40\n    context: 512\n    max_sequences: " + std::to_string(sequences > 0 ? sequences : 2) + "\n"
-                             "policy:\n  name: tandem\n  home: stories\n";
+    const std::string yaml =
+        "server:\n  listen: 127.0.0.1:0\n" + server_yaml +
+        "devices:\n  - name: cpu0\n    backend: cpu\n    vram: 96MiB\n    host: 128MiB\n"
+        "models:\n"
+        "  - name: stories\n    aliases: [default]\n    path: " +
+        data_path("stories260K.gguf").string() +
+        "\n    priority: 10\n    keep_alive: 30m\n    preload: device\n    context: 256\n    max_sequences: " +
+        std::to_string(sequences > 0 ? sequences : 4) + "\n  - name: stories-q8\n    path: " + data_path("stories260K-q8_0.gguf").string() +
+        "\n    role: code\n    priority: 50\n    keep_alive: 10m\n    context: 256\n    max_sequences: 2\n"
+        "  - name: coder\n    path: " +
+        fim_model_path().string() +
+        "\n    role: code\n    priority: 40\n    context: 512\n    max_sequences: " + std::to_string(sequences > 0 ? sequences : 2) +
+        "\n"
+        "policy:\n  name: tandem\n  home: stories\n";
     roster = configs::parse_roster(yaml, "test-roster.yaml", dir.path().string());
     runtime::serve_options so;
     so.threads = 2;

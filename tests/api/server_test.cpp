@@ -228,7 +228,8 @@ TEST_SUITE("server") {
 
   TEST_CASE("Ollama routes: generate streamed as NDJSON and whole, chat, tags, ps, show, load and unload") {
     tandem::test::served_fixture f;
-    const json g{{"model", "stories"}, {"prompt", "Once upon a time"}, {"options", {{"temperature", 0}, {"num_predict", 10}, {"repeat_penalty", 1.0}}}};
+    const json g{
+        {"model", "stories"}, {"prompt", "Once upon a time"}, {"options", {{"temperature", 0}, {"num_predict", 10}, {"repeat_penalty", 1.0}}}};
     const auto s = http_call(f.port, "POST", "/api/generate", g.dump());  // stream defaults to true
     REQUIRE(s.status == 200);
     CHECK(s.headers.at("content-type") == "application/x-ndjson");
@@ -251,7 +252,8 @@ TEST_SUITE("server") {
     const json oai{{"model", "stories"}, {"prompt", "Once upon a time"}, {"max_tokens", 10}, {"temperature", 0}};
     CHECK(json::parse(http_call(f.port, "POST", "/v1/completions", oai.dump()).body)["choices"][0]["text"] == joined);
 
-    const json chat{{"model", "stories"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"stream", false}, {"options", {{"num_predict", 4}}}};
+    const json chat{
+        {"model", "stories"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"stream", false}, {"options", {{"num_predict", 4}}}};
     const auto cj = json::parse(http_call(f.port, "POST", "/api/chat", chat.dump()).body);
     CHECK(cj["message"]["role"] == "assistant");
     CHECK(cj["done"] == true);

@@ -33,10 +33,8 @@ TEST_SUITE("bench") {
       bool avx_vnni;
       const char* name;
     };
-    for (const auto& c : {path_case{isa::scalar, true, "scalar"}, path_case{isa::avx2, false, "avx2"},
-                          path_case{isa::avx2, true, "avxvnni"}}) {
-      if (!kernels::cpu::isa_supported(c.path) || (c.path == isa::avx2 && c.avx_vnni && !kernels::cpu::cpu_has_avx_vnni()))
-        continue;
+    for (const auto& c : {path_case{isa::scalar, true, "scalar"}, path_case{isa::avx2, false, "avx2"}, path_case{isa::avx2, true, "avxvnni"}}) {
+      if (!kernels::cpu::isa_supported(c.path) || (c.path == isa::avx2 && c.avx_vnni && !kernels::cpu::cpu_has_avx_vnni())) continue;
       CAPTURE(c.name);
       auto o = tiny(c.path);
       o.avx_vnni = c.avx_vnni;

@@ -40,10 +40,26 @@ bench::gpu_bench_figures fixed(const std::string& type) {
   return f;
 }
 
-const char* const k_fields[] = {"device", "model", "type", "model_bytes", "decode_bytes_per_token", "segments", "prompt", "gen",
-                                 "reps", "pinned_h2d_gb_s", "memcpy_ceiling_gb_s", "swap_in_s", "swap_in_gb_s",
-                                 "first_token_ms_pipelined", "first_token_ms_sequential", "prefill_tok_s", "decode_tok_s",
-                                 "decode_gb_s", "d2d_gb_s", "decode_cuda_graphs"};
+const char* const k_fields[] = {"device",
+                                "model",
+                                "type",
+                                "model_bytes",
+                                "decode_bytes_per_token",
+                                "segments",
+                                "prompt",
+                                "gen",
+                                "reps",
+                                "pinned_h2d_gb_s",
+                                "memcpy_ceiling_gb_s",
+                                "swap_in_s",
+                                "swap_in_gb_s",
+                                "first_token_ms_pipelined",
+                                "first_token_ms_sequential",
+                                "prefill_tok_s",
+                                "decode_tok_s",
+                                "decode_gb_s",
+                                "d2d_gb_s",
+                                "decode_cuda_graphs"};
 const char* const k_ratios[] = {"swap_in_vs_ceiling", "decode_vs_roofline", "pipelined_vs_sequential"};
 
 }  // namespace
@@ -89,9 +105,7 @@ TEST_SUITE("bench_gpu") {
       j["decode_cuda_graphs"] = 1;
       CHECK_THROWS_WITH_AS(bench::gpu_figures_from_json(j), doctest::Contains("'decode_cuda_graphs'"), std::invalid_argument);
     }
-    SUBCASE("not an object") {
-      CHECK_THROWS_AS(bench::gpu_figures_from_json(nlohmann::json::array()), std::invalid_argument);
-    }
+    SUBCASE("not an object") { CHECK_THROWS_AS(bench::gpu_figures_from_json(nlohmann::json::array()), std::invalid_argument); }
   }
 
   TEST_CASE("ratios divide the medians and are 0 over a zero divisor") {
@@ -127,10 +141,33 @@ TEST_SUITE("bench_gpu") {
     CHECK(first_line.find("synth-1b-q4_k") != std::string::npos);
     CHECK(first_line.find("synth-1b-q8_0") != std::string::npos);
     CHECK(first_line.find(".gguf") == std::string::npos);
-    for (const char* s : {"NVIDIA H200", "Q4_K", "Q8_0", "600.0", "512 / 64", "pinned H2D", "48.00", "memcpy ceiling", "50.00",
-                          "12.50", "45.00", "0.90", "0.80", "first token, pipelined", "30.00", "40.00", "0.75", "20000.0",
-                          "4800.0", "2400.0", "3000.0", "4000.0", "0.60", "0.75", "swap-in / ceiling (>= 0.85)",
-                          "decode / roofline (Q4_K >= 0.60)", "missed: swap-in"}) {
+    for (const char* s : {"NVIDIA H200",
+                          "Q4_K",
+                          "Q8_0",
+                          "600.0",
+                          "512 / 64",
+                          "pinned H2D",
+                          "48.00",
+                          "memcpy ceiling",
+                          "50.00",
+                          "12.50",
+                          "45.00",
+                          "0.90",
+                          "0.80",
+                          "first token, pipelined",
+                          "30.00",
+                          "40.00",
+                          "0.75",
+                          "20000.0",
+                          "4800.0",
+                          "2400.0",
+                          "3000.0",
+                          "4000.0",
+                          "0.60",
+                          "0.75",
+                          "swap-in / ceiling (>= 0.85)",
+                          "decode / roofline (Q4_K >= 0.60)",
+                          "missed: swap-in"}) {
       CAPTURE(s);
       CHECK(t.find(s) != std::string::npos);
     }
@@ -156,8 +193,7 @@ TEST_SUITE("bench_gpu") {
 
   TEST_CASE("parameter count of a llama shape") {
     // tandem synth reported 221.26M parameters (221259776) for this shape.
-    CHECK(bench::llama_parameters({.dim = 2048, .layers = 2, .heads = 32, .kv_heads = 8, .ffn = 5632, .vocab = 32000}) ==
-          221'259'776);
+    CHECK(bench::llama_parameters({.dim = 2048, .layers = 2, .heads = 32, .kv_heads = 8, .ffn = 5632, .vocab = 32000}) == 221'259'776);
     // Tied: one table fewer.
     CHECK(bench::llama_parameters({.dim = 64, .layers = 1, .heads = 4, .kv_heads = 0, .ffn = 128, .vocab = 100, .tied = true}) ==
           100 * 64 + 64 + (2 * 64 * 64 + 2 * 64 * 64 + 3 * 64 * 128 + 2 * 64));
@@ -172,8 +208,12 @@ TEST_SUITE("bench_gpu") {
       REQUIRE_MESSAGE(std::regex_search(script, m, re), "scripts/gpu-check passes no --" << name);
       return std::stoll(m[1].str());
     };
-    bench::llama_shape s{.dim = flag("dim"), .layers = flag("layers"), .heads = flag("heads"), .kv_heads = flag("kv-heads"),
-                         .ffn = flag("ffn"), .vocab = 32000};  // ggml-vocab-llama-spm.gguf
+    bench::llama_shape s{.dim = flag("dim"),
+                         .layers = flag("layers"),
+                         .heads = flag("heads"),
+                         .kv_heads = flag("kv-heads"),
+                         .ffn = flag("ffn"),
+                         .vocab = 32000};  // ggml-vocab-llama-spm.gguf
     CHECK(script.find("ggml-vocab-llama-spm.gguf") != std::string::npos);
     const auto n = bench::llama_parameters(s);
     MESSAGE("scripts/gpu-check's model: " << n << " parameters");

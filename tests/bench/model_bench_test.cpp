@@ -204,18 +204,21 @@ TEST_SUITE("bench_model") {
     // A pause at the last token would fall after the decode: 6 of 6 pauses only at 3.
     p.gen = 6;
     order.clear();
-    bench::run_model_bench(m, pool, p, [&] { order += 'A'; }, [&] { order += 'd'; });
+    bench::run_model_bench(
+        m, pool, p, [&] { order += 'A'; }, [&] { order += 'd'; });
     CHECK(order == "dAdA");
     // Off (0, the default): no pauses.
     p.decode_pause_every = 0;
     order.clear();
-    bench::run_model_bench(m, pool, p, [&] { order += 'A'; }, [&] { order += 'd'; });
+    bench::run_model_bench(
+        m, pool, p, [&] { order += 'A'; }, [&] { order += 'd'; });
     CHECK(order == "AA");
     // The layer-teams comparison's second context never pauses.
     p.decode_pause_every = 2;
     p.compare_layer_teams = true;
     order.clear();
-    bench::run_model_bench(m, pool, p, [&] { order += 'A'; }, [&] { order += 'd'; });
+    bench::run_model_bench(
+        m, pool, p, [&] { order += 'A'; }, [&] { order += 'd'; });
     CHECK(order == "ddAddA");
   }
 

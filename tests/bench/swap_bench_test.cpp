@@ -22,8 +22,8 @@ TEST_SUITE("bench_swap") {
     CHECK(r.bytes == m.plan().total_bytes());
     CHECK(r.segments == m.plan().last_segment() + 1);
     CHECK(r.swap_in_gb_s.count == 2);
-    for (const auto* s : {&r.stage_s, &r.swap_in_s, &r.swap_in_gb_s, &r.copy_ceiling_gb_s, &r.first_token_ms_resident,
-                          &r.first_token_ms_pipelined, &r.first_token_ms_sequential})
+    for (const auto* s : {&r.stage_s, &r.swap_in_s, &r.swap_in_gb_s, &r.copy_ceiling_gb_s, &r.first_token_ms_resident, &r.first_token_ms_pipelined,
+                          &r.first_token_ms_sequential})
       CHECK(s->median > 0);
     const auto j = bench::to_json(r);
     for (const char* k : {"bytes", "swap_in_gb_s", "copy_ceiling_gb_s", "first_token_ms_pipelined", "first_token_ms_sequential"}) {

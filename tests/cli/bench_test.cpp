@@ -20,9 +20,8 @@ TEST_SUITE("bench") {
     REQUIRE(r.exit_code == 0);
     const auto j = nlohmann::json::parse(r.out);  // throws on anything but one JSON value
     REQUIRE(j.is_object());
-    for (const char* key : {"prefill_tok_s", "decode_tok_s", "batched_decode_tok_s", "decode_gb_s", "read_ceiling_gb_s",
-                            "dot_ceiling_gmac_s", "decode_bytes_per_token", "batched_vs_single", "decode_vs_ceiling",
-                            "decode_as_batched_tok_s", "batched_vs_decode"}) {
+    for (const char* key : {"prefill_tok_s", "decode_tok_s", "batched_decode_tok_s", "decode_gb_s", "read_ceiling_gb_s", "dot_ceiling_gmac_s",
+                            "decode_bytes_per_token", "batched_vs_single", "decode_vs_ceiling", "decode_as_batched_tok_s", "batched_vs_decode"}) {
       CAPTURE(key);
       REQUIRE(j.contains(key));
       CHECK(j[key].is_number());
@@ -62,13 +61,11 @@ TEST_SUITE("bench") {
       CAPTURE(i);
       CHECK(ratios[i].get<double>() == doctest::Approx(dec[i].get<double>() / ceil[i].get<double>()));
     }
-    CHECK(j["decode_vs_ceiling"].get<double>() ==
-          doctest::Approx((ratios[0].get<double>() + ratios[1].get<double>()) / 2));
+    CHECK(j["decode_vs_ceiling"].get<double>() == doctest::Approx((ratios[0].get<double>() + ratios[1].get<double>()) / 2));
     // Batches against one sequence computed alike, and against decode_tok_s.
     CHECK(j["batched_vs_single"].get<double>() ==
           doctest::Approx(j["batched_decode_tok_s"].get<double>() / j["decode_as_batched_tok_s"].get<double>()));
-    CHECK(j["batched_vs_decode"].get<double>() ==
-          doctest::Approx(j["batched_decode_tok_s"].get<double>() / j["decode_tok_s"].get<double>()));
+    CHECK(j["batched_vs_decode"].get<double>() == doctest::Approx(j["batched_decode_tok_s"].get<double>() / j["decode_tok_s"].get<double>()));
     CHECK(j["decode_as_batched_tok_s_samples"].size() == 2);
   }
 
@@ -117,10 +114,8 @@ TEST_SUITE("bench") {
     const auto& ratios = j["layer_teams_vs_step_jobs_samples"];
     REQUIRE(teams.size() == 2);
     REQUIRE(ratios.size() == 2);
-    for (size_t i = 0; i < 2; ++i)
-      CHECK(ratios[i].get<double>() == doctest::Approx(teams[i].get<double>() / steps[i].get<double>()));
-    CHECK(j["layer_teams_vs_step_jobs"].get<double>() ==
-          doctest::Approx((ratios[0].get<double>() + ratios[1].get<double>()) / 2));
+    for (size_t i = 0; i < 2; ++i) CHECK(ratios[i].get<double>() == doctest::Approx(teams[i].get<double>() / steps[i].get<double>()));
+    CHECK(j["layer_teams_vs_step_jobs"].get<double>() == doctest::Approx((ratios[0].get<double>() + ratios[1].get<double>()) / 2));
     const auto table = test::run_tandem(bench_cmd("--prompt 8 --gen 2 --batch 2 --reps 1 --compare-layer-teams"));
     REQUIRE(table.exit_code == 0);
     CHECK(table.out.find("layer teams") != std::string::npos);
@@ -141,11 +136,9 @@ TEST_SUITE("bench") {
     const auto& ratios = j["prefill_server_vs_exact_samples"];
     REQUIRE(exact.size() == 2);
     REQUIRE(ratios.size() == 2);
-    for (size_t i = 0; i < 2; ++i)
-      CHECK(ratios[i].get<double>() == doctest::Approx(server[i].get<double>() / exact[i].get<double>()));
+    for (size_t i = 0; i < 2; ++i) CHECK(ratios[i].get<double>() == doctest::Approx(server[i].get<double>() / exact[i].get<double>()));
     CHECK(j["prefill_exact_tok_s"].get<double>() > 0);
-    CHECK(j["prefill_server_vs_exact"].get<double>() ==
-          doctest::Approx((ratios[0].get<double>() + ratios[1].get<double>()) / 2));
+    CHECK(j["prefill_server_vs_exact"].get<double>() == doctest::Approx((ratios[0].get<double>() + ratios[1].get<double>()) / 2));
     const auto table = test::run_tandem(bench_cmd("--prompt 8 --gen 2 --batch 2 --reps 1 --compare-prompt"));
     REQUIRE(table.exit_code == 0);
     CHECK(table.out.find("tok, llama.cpp's") != std::string::npos);
@@ -162,16 +155,16 @@ TEST_SUITE("bench") {
   TEST_CASE("the table names every figure") {
     const auto r = test::run_tandem(bench_cmd("--prompt 8 --gen 2 --batch 2 --reps 1"));
     REQUIRE(r.exit_code == 0);
-    for (const char* s : {"prefill", "decode", "batched", "tok/s", "GB/s", "read ceiling", "threads 2", "x one sequence alike",
-                          "1 seq, as batched"}) {
+    for (const char* s :
+         {"prefill", "decode", "batched", "tok/s", "GB/s", "read ceiling", "threads 2", "x one sequence alike", "1 seq, as batched"}) {
       CAPTURE(s);
       CHECK(r.out.find(s) != std::string::npos);
     }
   }
 
   TEST_CASE("a quantized model gets the int8 compute ceiling in rows per second") {
-    const std::string cmd = "bench -m '" + test::data_path("stories260K-q8_0.gguf").string() +
-                            "' -t 2 --read-mib 16 --prompt 8 --gen 2 --batch 2 --reps 1";
+    const std::string cmd =
+        "bench -m '" + test::data_path("stories260K-q8_0.gguf").string() + "' -t 2 --read-mib 16 --prompt 8 --gen 2 --batch 2 --reps 1";
     const auto r = test::run_tandem(cmd + " --json");
     REQUIRE(r.exit_code == 0);
     const auto j = nlohmann::json::parse(r.out);
@@ -230,8 +223,7 @@ TEST_SUITE("bench") {
       const char* says;
     };
     for (const auto& c : {bad_case{"--prompt 0", "--prompt"}, bad_case{"--gen -1", "--gen"}, bad_case{"--batch 0", "--batch"},
-                          bad_case{"--batch 100000", "--batch"}, bad_case{"--reps 0", "--reps"},
-                          bad_case{"--threads -2", "--threads"}}) {
+                          bad_case{"--batch 100000", "--batch"}, bad_case{"--reps 0", "--reps"}, bad_case{"--threads -2", "--threads"}}) {
       CAPTURE(c.args);
       const auto r = test::run_tandem(bench_cmd(c.args));
       CHECK(r.exit_code != 0);

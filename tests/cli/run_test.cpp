@@ -10,9 +10,7 @@
 using namespace tandem;
 
 namespace {
-nlohmann::json fixture(const std::string& name) {
-  return nlohmann::json::parse(test::read_file(test::data_path("reference/" + name)));
-}
+nlohmann::json fixture(const std::string& name) { return nlohmann::json::parse(test::read_file(test::data_path("reference/" + name))); }
 }  // namespace
 
 TEST_SUITE("run") {
@@ -42,8 +40,10 @@ TEST_SUITE("run") {
           REQUIRE(r.exit_code == 0);
           CHECK(r.out == want.out);
           CHECK(r.err.find("segments on the device") != std::string::npos);
-          if (budget == "64MiB") CHECK(r.err.find("streamed") == std::string::npos);
-          else CHECK(r.err.find("the rest streamed through") != std::string::npos);
+          if (budget == "64MiB")
+            CHECK(r.err.find("streamed") == std::string::npos);
+          else
+            CHECK(r.err.find("the rest streamed through") != std::string::npos);
           if (budget == budgets.back()) {
             CHECK(r.err.find(": 0 of ") != std::string::npos);
             CHECK(r.err.find("streamed through 1 stream slot\n") != std::string::npos);
@@ -98,7 +98,8 @@ TEST_SUITE("run") {
   }
 
   TEST_CASE("a seed makes sampling repeatable; different seeds differ") {
-    const std::string base = "run -m '" + test::data_path("stories260K.gguf").string() + "' -p 'Once upon a time' -n 40 --temp 1.2 --top-k 0 --top-p 1 --min-p 0 --seed ";
+    const std::string base =
+        "run -m '" + test::data_path("stories260K.gguf").string() + "' -p 'Once upon a time' -n 40 --temp 1.2 --top-k 0 --top-p 1 --min-p 0 --seed ";
     const auto a = test::run_tandem(base + "7");
     const auto b = test::run_tandem(base + "7");
     const auto c = test::run_tandem(base + "8");
@@ -160,8 +161,7 @@ TEST_SUITE("smollm_run") {
   TEST_CASE("--chat renders the model's template, answers, and stops at end of turn") {
     test::require_smollm();
     SUBCASE("no system message: the template's default system prompt is not injected") {
-      const auto r = test::run_tandem("run -m '" + test::smollm_path().string() +
-                                      "' --chat 'What is the capital of France?' -n 32 --temp 0");
+      const auto r = test::run_tandem("run -m '" + test::smollm_path().string() + "' --chat 'What is the capital of France?' -n 32 --temp 0");
       REQUIRE(r.exit_code == 0);
       CHECK(r.out == "The capital of France is Paris.\n");
       CHECK(r.err.find("generated: 7 tokens") != std::string::npos);  // <|im_end|> ended the turn
@@ -176,8 +176,8 @@ TEST_SUITE("smollm_run") {
       // smollm2-chat.json is llama.cpp's greedy answer to the Jinja-rendered prompt; its first
       // tokens are well clear of near-ties, so the start of the answer must be the same.
       const auto ref = fixture("smollm2-chat.json");
-      const auto r = test::run_tandem("run -m '" + test::smollm_path().string() +
-                                      "' --chat 'What is the capital of France?' --default-system -n 6 --temp 0");
+      const auto r =
+          test::run_tandem("run -m '" + test::smollm_path().string() + "' --chat 'What is the capital of France?' --default-system -n 6 --temp 0");
       REQUIRE(r.exit_code == 0);
       REQUIRE(r.out.size() > 1);
       CHECK(ref["generated_text"].get<std::string>().rfind(r.out.substr(0, r.out.size() - 1), 0) == 0);

@@ -8,8 +8,8 @@ using namespace tandem;
 namespace {
 
 std::string synth_args(const std::string& extra, const std::string& out) {
-  return "synth --arch llama --dim 64 --layers 2 --heads 4 --kv-heads 2 --ffn 128 --vocab-from '" +
-         test::data_path("stories260K.gguf").string() + "' " + extra + " '" + out + "'";
+  return "synth --arch llama --dim 64 --layers 2 --heads 4 --kv-heads 2 --ffn 128 --vocab-from '" + test::data_path("stories260K.gguf").string() +
+         "' " + extra + " '" + out + "'";
 }
 
 }  // namespace
@@ -67,8 +67,8 @@ TEST_SUITE("synth") {
     r = test::run_tandem(synth_args("--type f16 --seed 1 --head-dim 7", out));
     CHECK(r.exit_code == 1);
     CHECK(r.err.find("--head-dim 7") != std::string::npos);
-    r = test::run_tandem("synth --arch gpt2 --dim 64 --layers 1 --heads 1 --ffn 64 --vocab-from '" +
-                         test::data_path("stories260K.gguf").string() + "' --type f16 --seed 1 '" + out + "'");
+    r = test::run_tandem("synth --arch gpt2 --dim 64 --layers 1 --heads 1 --ffn 64 --vocab-from '" + test::data_path("stories260K.gguf").string() +
+                         "' --type f16 --seed 1 '" + out + "'");
     CHECK(r.exit_code != 0);
     CHECK(r.err.find("--arch") != std::string::npos);
     CHECK_FALSE(std::filesystem::exists(out));

@@ -94,8 +94,10 @@ class json_schema_check {
         if (!v.contains(r.get<std::string>())) out.push_back(path + ": missing " + r.get<std::string>());
       const auto props = s.value("properties", nlohmann::json::object());
       for (const auto& [k, val] : v.items()) {
-        if (props.contains(k)) check(props[k], val, path + "." + k, out);
-        else if (s.contains("additionalProperties") && s["additionalProperties"] == false) out.push_back(path + ": unexpected key " + k);
+        if (props.contains(k))
+          check(props[k], val, path + "." + k, out);
+        else if (s.contains("additionalProperties") && s["additionalProperties"] == false)
+          out.push_back(path + ": unexpected key " + k);
       }
     }
     if (v.is_array()) {

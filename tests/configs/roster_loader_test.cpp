@@ -182,7 +182,8 @@ TEST_SUITE("roster_loader") {
     CHECK(r.find("gone") == nullptr);
     // Without require_files (sim, serve --check) it stays when it states its sizes.
     CHECK(configs::parse_roster(yaml, "r.yaml", dir.path().string(), {.require_files = false}).models.size() == 1);
-    const auto sized = configs::parse_roster(yaml + "    size: 1GiB\n    kv_bytes_per_token: 1KiB\n", "r.yaml", dir.path().string(), {.require_files = false});
+    const auto sized =
+        configs::parse_roster(yaml + "    size: 1GiB\n    kv_bytes_per_token: 1KiB\n", "r.yaml", dir.path().string(), {.require_files = false});
     CHECK(sized.models.size() == 2);
     const std::string only_gone = "devices:\n  - name: d\n    vram: 64MiB\nmodels:\n  - name: gone\n    path: nowhere.gguf\n    optional: true\n";
     CHECK_THROWS_WITH_AS(configs::parse_roster(only_gone, "r.yaml", dir.path().string()), doctest::Contains("none of their files"), config_error);

@@ -35,10 +35,12 @@ TEST_SUITE("trace_loader") {
       return std::string("(no error)");
     };
     const std::string costs = "costs:\n  models:\n    chat: {prefill_tok_s: 1, decode_tok_s: 1}\n    code: {prefill_tok_s: 1, decode_tok_s: 1}\n";
-    CHECK(error_of(costs + "streams:\n  - {model: ghost, rate: 1/s, prompt: 1, output: 1}\n").find("t.yaml:6:13: streams[0].model: no model named 'ghost'") !=
+    CHECK(error_of(costs + "streams:\n  - {model: ghost, rate: 1/s, prompt: 1, output: 1}\n")
+              .find("t.yaml:6:13: streams[0].model: no model named 'ghost'") != std::string::npos);
+    CHECK(error_of(costs + "streams:\n  - {model: chat, rate: fast, prompt: 1, output: 1}\n").find("streams[0].rate: expected a rate") !=
           std::string::npos);
-    CHECK(error_of(costs + "streams:\n  - {model: chat, rate: fast, prompt: 1, output: 1}\n").find("streams[0].rate: expected a rate") != std::string::npos);
-    CHECK(error_of(costs + "streams:\n  - {model: chat, kind: bursts, rate: 1/s, prompt: 1, output: 1}\n").find("needs on and off") != std::string::npos);
+    CHECK(error_of(costs + "streams:\n  - {model: chat, kind: bursts, rate: 1/s, prompt: 1, output: 1}\n").find("needs on and off") !=
+          std::string::npos);
     CHECK(error_of("costs:\n  models:\n    chat: {prefill_tok_s: 1, decode_tok_s: 1}\n").find("no costs for model 'code'") != std::string::npos);
     CHECK(error_of(costs + "lenght: 1h\n").find("lenght: unknown key") != std::string::npos);
     CHECK(error_of("costs:\n  models:\n    chat: {prefill_tok_s: 1, decode_tok_s: 1, layers: 0}\n    code: {prefill_tok_s: 1, decode_tok_s: 1}\n")

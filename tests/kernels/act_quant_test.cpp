@@ -111,8 +111,7 @@ TEST_SUITE("act_quant") {
 
   TEST_CASE("round trip through every activation type") {
     const auto x = tandem::test::gaussian(512, 9);
-    for (const auto act : {weight_type::q8_0, weight_type::q8_1, weight_type::q8_k, weight_type::f16, weight_type::bf16,
-                           weight_type::f32}) {
+    for (const auto act : {weight_type::q8_0, weight_type::q8_1, weight_type::q8_k, weight_type::f16, weight_type::bf16, weight_type::f32}) {
       CAPTURE(display_name(act));
       std::vector<uint8_t> q(static_cast<size_t>(row_bytes(act, 512)));
       quantize_activation_row(act, x.data(), q.data(), 512);
@@ -128,9 +127,12 @@ TEST_SUITE("act_quant") {
           // Half a step of the block's 8-bit grid (plus the fp16 rounding of d), or the
           // element's own relative rounding for the float formats.
           float tol = 0;
-          if (act == weight_type::f16) tol = std::fabs(xi) * 4.9e-4f;
-          else if (act == weight_type::bf16) tol = std::fabs(xi) * 3.91e-3f;
-          else if (act != weight_type::f32) tol = amax * 0.0045f;
+          if (act == weight_type::f16)
+            tol = std::fabs(xi) * 4.9e-4f;
+          else if (act == weight_type::bf16)
+            tol = std::fabs(xi) * 3.91e-3f;
+          else if (act != weight_type::f32)
+            tol = amax * 0.0045f;
           REQUIRE(std::fabs(yi - xi) <= tol);
         }
       }
@@ -185,7 +187,6 @@ TEST_SUITE("act_quant") {
   TEST_CASE("only activation types are accepted") {
     std::vector<float> x(256);
     std::vector<uint8_t> q(1024);
-    CHECK_THROWS_WITH_AS(quantize_activation_row(weight_type::q4_0, x.data(), q.data(), 256),
-                         doctest::Contains("Q4_0"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(quantize_activation_row(weight_type::q4_0, x.data(), q.data(), 256), doctest::Contains("Q4_0"), std::invalid_argument);
   }
 }

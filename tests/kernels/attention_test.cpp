@@ -31,8 +31,10 @@ struct test_cache {
   std::vector<float> decoded;
 
   test_cache(kv_type t, int64_t n_ctx, int64_t row_elems) : kt(t), row(row_elems) {
-    if (t == kv_type::f32) f32.assign(size_t(n_ctx * row), 0.0f);
-    else f16.assign(size_t(n_ctx * row), 0);
+    if (t == kv_type::f32)
+      f32.assign(size_t(n_ctx * row), 0.0f);
+    else
+      f16.assign(size_t(n_ctx * row), 0);
     decoded.assign(size_t(n_ctx * row), 0.0f);
   }
   void* data() { return kt == kv_type::f32 ? static_cast<void*>(f32.data()) : static_cast<void*>(f16.data()); }
@@ -47,9 +49,8 @@ struct test_cache {
 // the contract for an f16 cache instead (llama.cpp's CPU flash-attention arithmetic): Q
 // rounded to f16, online softmax, and the weighted sum of values kept in an f16 accumulator
 // that is rounded after every rescale and every added row, divided by the sum at the end.
-std::vector<double> reference_attention(const std::vector<float>& q, int64_t n_q, int64_t pos0, const test_cache& k,
-                                        const test_cache& v, int n_heads, int n_kv_heads, int head_dim, double scale,
-                                        bool f16_contract) {
+std::vector<double> reference_attention(const std::vector<float>& q, int64_t n_q, int64_t pos0, const test_cache& k, const test_cache& v, int n_heads,
+                                        int n_kv_heads, int head_dim, double scale, bool f16_contract) {
   std::vector<double> out(q.size(), 0.0);
   const int group = n_heads / n_kv_heads;
   for (int64_t r = 0; r < n_q; ++r)
@@ -102,7 +103,6 @@ std::vector<float> random_vector(std::mt19937& rng, size_t n, float sd) {
   return v;
 }
 
-
 struct shape {
   int n_heads, n_kv_heads, head_dim;
   int64_t n_q, pos0;
@@ -150,8 +150,7 @@ problem make_problem(std::mt19937& rng, const shape& sh, kv_type kt) {
 
 std::vector<float> run(problem& p, const shape& sh, kv_type kt, thread_pool* pool) {
   std::vector<float> out(p.q.size(), -1.0f);
-  attention(p.q.data(), sh.n_q, sh.pos0, p.k.data(), p.v.data(), kt, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale,
-            out.data(), pool);
+  attention(p.q.data(), sh.n_q, sh.pos0, p.k.data(), p.v.data(), kt, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale, out.data(), pool);
   return out;
 }
 
@@ -160,8 +159,7 @@ struct run_set {
   std::vector<problem> ps;
   std::vector<shape> shapes;
 };
-run_set make_runs(std::mt19937& rng, const std::vector<std::pair<int64_t, int64_t>>& lens, kv_type kt, int n_heads = 8,
-                  int n_kv_heads = 2) {
+run_set make_runs(std::mt19937& rng, const std::vector<std::pair<int64_t, int64_t>>& lens, kv_type kt, int n_heads = 8, int n_kv_heads = 2) {
   run_set s;
   for (const auto& [n_q, pos0] : lens) {
     s.shapes.push_back({n_heads, n_kv_heads, 64, n_q, pos0});
@@ -187,12 +185,9 @@ TEST_SUITE("attention") {
         CAPTURE(int(kt));
         auto p = make_problem(rng, sh, kt);
         const bool f16 = kt == kv_type::f16;
-        const auto ref =
-            reference_attention(p.q, sh.n_q, sh.pos0, p.k, p.v, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale, f16);
+        const auto ref = reference_attention(p.q, sh.n_q, sh.pos0, p.k, p.v, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale, f16);
         // The f16 arithmetic still lands close to exact attention over the same cache.
-        const auto exact =
-            f16 ? reference_attention(p.q, sh.n_q, sh.pos0, p.k, p.v, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale, false)
-                : ref;
+        const auto exact = f16 ? reference_attention(p.q, sh.n_q, sh.pos0, p.k, p.v, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale, false) : ref;
         for (const isa path : tandem::test::supported_isas())
           for (thread_pool* pool : {static_cast<thread_pool*>(nullptr), &pool2}) {
             CAPTURE(isa_name(path));
@@ -268,8 +263,8 @@ TEST_SUITE("attention") {
         set_isa(path);
         std::vector<float> alone(p.q.size(), -1.0f);
         for (int64_t r = 0; r < sh.n_q; ++r)
-          attention(p.q.data() + r * row_floats, 1, sh.pos0 + r, p.k.data(), p.v.data(), kv_type::f16, sh.n_heads,
-                    sh.n_kv_heads, sh.head_dim, p.scale, alone.data() + r * row_floats, nullptr);
+          attention(p.q.data() + r * row_floats, 1, sh.pos0 + r, p.k.data(), p.v.data(), kv_type::f16, sh.n_heads, sh.n_kv_heads, sh.head_dim,
+                    p.scale, alone.data() + r * row_floats, nullptr);
         for (thread_pool* pool : {static_cast<thread_pool*>(nullptr), &pool2, &pool3}) {
           CAPTURE(pool != nullptr);
           CHECK(run(p, sh, kv_type::f16, pool) == alone);
@@ -297,10 +292,10 @@ TEST_SUITE("attention") {
     for (int64_t t = 0; t < n_keys; ++t)
       for (int64_t e = 0; e < row; ++e) {
         const float along = u[size_t(e % sh.head_dim)];
-        if (t >= 3 && t < 11) key(t, e) = 0.25f * along;                          // ties
-        if (t >= 17 && t < 37) key(t, e) = 0.05f * float(t - 16) * along;        // rising
+        if (t >= 3 && t < 11) key(t, e) = 0.25f * along;                   // ties
+        if (t >= 17 && t < 37) key(t, e) = 0.05f * float(t - 16) * along;  // rising
       }
-    key(44, 0) = std::numeric_limits<float>::infinity();  // one KV head's score of +-inf
+    key(44, 0) = std::numeric_limits<float>::infinity();         // one KV head's score of +-inf
     key(49, row - 1) = std::numeric_limits<float>::quiet_NaN();  // the other's NaN, for the last rows
     p.k.store(0, keys, n_keys);
     set_isa(isa::scalar);
@@ -368,8 +363,7 @@ TEST_SUITE("attention") {
       CAPTURE(isa_name(path));
       for (const kv_type kt : {kv_type::f16, kv_type::f32}) {
         for (const case_t& c : {case_t{lens_t{{1, 37}}, 8, 2}, case_t{lens_t{{1, 37}}, 9, 3}, case_t{lens_t{{1, 0}}, 9, 3},
-                                case_t{lens_t{{1, 0}, {1, 5}, {1, 40}, {1, 17}, {1, 3}}, 8, 2},
-                                case_t{lens_t{{7, 0}, {1, 30}, {3, 12}}, 8, 2}}) {
+                                case_t{lens_t{{1, 0}, {1, 5}, {1, 40}, {1, 17}, {1, 3}}, 8, 2}, case_t{lens_t{{7, 0}, {1, 30}, {3, 12}}, 8, 2}}) {
           CAPTURE(c.n_heads);
           const int n_heads = c.n_heads, n_kv_heads = c.n_kv_heads;
           auto [ps, shapes] = make_runs(rng, c.lens, kt, n_heads, n_kv_heads);
@@ -390,8 +384,7 @@ TEST_SUITE("attention") {
             CAPTURE(count);
             const auto parts = runs_into(got);
             for (int i = 0; i < count; ++i)
-              attention_many_part(parts.data(), static_cast<int64_t>(parts.size()), kt, n_heads, n_kv_heads, 64, ps[0].scale,
-                                  {i, count});
+              attention_many_part(parts.data(), static_cast<int64_t>(parts.size()), kt, n_heads, n_kv_heads, 64, ps[0].scale, {i, count});
             CHECK(got == want);
           }
         }
@@ -400,8 +393,7 @@ TEST_SUITE("attention") {
     std::vector<float> q(64), out(64, -1.0f);
     std::vector<float> kv(64);
     const attention_run one{q.data(), 1, 0, kv.data(), kv.data(), out.data()};
-    CHECK_THROWS_WITH_AS(attention_many_part(&one, 1, kv_type::f32, 1, 1, 64, 1.0f, {1, 1}), doctest::Contains("team part"),
-                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(attention_many_part(&one, 1, kv_type::f32, 1, 1, 64, 1.0f, {1, 1}), doctest::Contains("team part"), std::invalid_argument);
     CHECK(out[0] == -1.0f);
   }
 
@@ -462,10 +454,10 @@ TEST_SUITE("attention") {
     std::mt19937 rng(31337);
     thread_pool pool2(2);
     std::vector<shape> shapes(std::begin(k_shapes), std::end(k_shapes));
-    shapes.push_back({14, 2, 64, 9, 40});   // GQA 7: tiles of 2 rows x 7 heads
-    shapes.push_back({32, 1, 64, 5, 20});   // GQA 32: a KV head's heads split over two tiles
-    shapes.push_back({4, 1, 256, 3, 50});   // wide heads
-    shapes.push_back({16, 4, 64, 70, 0});   // a prompt chunk as the 250M model's
+    shapes.push_back({14, 2, 64, 9, 40});  // GQA 7: tiles of 2 rows x 7 heads
+    shapes.push_back({32, 1, 64, 5, 20});  // GQA 32: a KV head's heads split over two tiles
+    shapes.push_back({4, 1, 256, 3, 50});  // wide heads
+    shapes.push_back({16, 4, 64, 70, 0});  // a prompt chunk as the 250M model's
     for (const auto& sh : shapes)
       for (kv_type kt : {kv_type::f32, kv_type::f16}) {
         CAPTURE(sh.n_heads);
@@ -506,7 +498,8 @@ TEST_SUITE("attention") {
       all.prompt_rows = whole.n_q;
       attention_many(&all, 1, kt, 16, 4, 64, p.scale, nullptr);
       const int64_t row = 16 * 64;
-      for (const std::vector<int64_t>& cuts : {std::vector<int64_t>{0, 1, 2, 45}, std::vector<int64_t>{0, 5, 21, 45}, std::vector<int64_t>{0, 16, 17, 40, 45}})
+      for (const std::vector<int64_t>& cuts :
+           {std::vector<int64_t>{0, 1, 2, 45}, std::vector<int64_t>{0, 5, 21, 45}, std::vector<int64_t>{0, 16, 17, 40, 45}})
         for (thread_pool* pl : {static_cast<thread_pool*>(nullptr), &pool}) {
           std::vector<float> got(p.q.size(), -1.0f), side(other.q.size(), -1.0f);
           for (size_t c = 0; c + 1 < cuts.size(); ++c) {

@@ -45,12 +45,10 @@ struct product_bounds {
   bool x_block_sum;
 };
 constexpr product_bounds k_product_bounds[] = {
-    {weight_type::f32, 1e-5, 0.0, false, false},    {weight_type::f16, 1e-5, 4.9e-4, false, false},
-    {weight_type::bf16, 1e-5, 3.91e-3, false, false}, {weight_type::q8_0, 1e-5, 4.5e-3, true, false},
-    {weight_type::q4_0, 1e-5, 4.5e-3, true, false}, {weight_type::q4_1, 1e-5, 4.5e-3, true, true},
-    {weight_type::q5_0, 1e-5, 4.5e-3, true, false}, {weight_type::q5_1, 1e-5, 4.5e-3, true, true},
-    {weight_type::q4_k, 1e-5, 4e-3, true, false},   {weight_type::q5_k, 1e-5, 4e-3, true, false},
-    {weight_type::q6_k, 1e-5, 4e-3, true, false},
+    {weight_type::f32, 1e-5, 0.0, false, false},    {weight_type::f16, 1e-5, 4.9e-4, false, false}, {weight_type::bf16, 1e-5, 3.91e-3, false, false},
+    {weight_type::q8_0, 1e-5, 4.5e-3, true, false}, {weight_type::q4_0, 1e-5, 4.5e-3, true, false}, {weight_type::q4_1, 1e-5, 4.5e-3, true, true},
+    {weight_type::q5_0, 1e-5, 4.5e-3, true, false}, {weight_type::q5_1, 1e-5, 4.5e-3, true, true},  {weight_type::q4_k, 1e-5, 4e-3, true, false},
+    {weight_type::q5_k, 1e-5, 4e-3, true, false},   {weight_type::q6_k, 1e-5, 4e-3, true, false},
 };
 // The CPU's own accumulation error, as a fraction of sum_i |W x| (matmul_test's bound).
 constexpr double k_cpu_accumulation = 1e-5;
@@ -108,8 +106,7 @@ weights make_weights(weight_type t, int64_t rows, int64_t cols, uint32_t seed) {
 
 // Double-precision y = W x over the dequantized weights and the f32 activations, and
 // sum_i |W[o, i] x[r, i]| per output (the scale of the accumulation error).
-void reference_product(const weights& w, const std::vector<float>& x, int64_t n_x, std::vector<double>& ref,
-                       std::vector<double>& mag) {
+void reference_product(const weights& w, const std::vector<float>& x, int64_t n_x, std::vector<double>& ref, std::vector<double>& mag) {
   ref.assign(size_t(n_x * w.rows), 0.0);
   mag.assign(ref.size(), 0.0);
   for (int64_t r = 0; r < n_x; ++r)
@@ -129,8 +126,7 @@ void reference_product(const weights& w, const std::vector<float>& x, int64_t n_
 
 // Per output: sum_i |W[o, i]| * e_i, the most the CPU's conversion of x (see product_bounds)
 // can move it.
-std::vector<double> cpu_conversion_bound(const weights& w, const std::vector<float>& x, int64_t n_x,
-                                         const product_bounds& b) {
+std::vector<double> cpu_conversion_bound(const weights& w, const std::vector<float>& x, int64_t n_x, const product_bounds& b) {
   const int64_t block = b.x_per_block ? info(cpu::activation_type(w.t)).block_elems : 1;
   std::vector<double> e(size_t(n_x * w.cols));
   for (size_t i = 0; i < e.size(); i += size_t(block)) {
@@ -156,7 +152,6 @@ std::vector<double> cpu_conversion_bound(const weights& w, const std::vector<flo
     }
   return out;
 }
-
 
 // matvec_q8 rounds each activation to a step of amax/127 of its 32 (amax over those 32): per
 // output, sum_i |W[o, i]| * half a step, with a hair for the f32 scale's own rounding.
@@ -216,14 +211,12 @@ TEST_SUITE("gpu_matmul") {
           const auto conv = cpu_conversion_bound(w, x, n_x, b);
           double worst_cpu = 0;
           for (size_t i = 0; i < y.size(); ++i)
-            worst_cpu = std::max(worst_cpu, std::fabs(double(y[i]) - yc[i]) /
-                                                (conv[i] + (b.matvec_exact + k_cpu_accumulation) * mag[i] + 1e-30));
+            worst_cpu = std::max(worst_cpu, std::fabs(double(y[i]) - yc[i]) / (conv[i] + (b.matvec_exact + k_cpu_accumulation) * mag[i] + 1e-30));
           CHECK(worst_cpu <= 1.0);
           margin_cpu = std::max(margin_cpu, worst_cpu);
         }
       }
-      MESSAGE("matvec " << display_name(t) << ": " << margin_exact << " of the exact bound, " << margin_cpu
-                        << " of the CPU bound");
+      MESSAGE("matvec " << display_name(t) << ": " << margin_exact << " of the exact bound, " << margin_cpu << " of the CPU bound");
     }
   }
 
@@ -256,8 +249,7 @@ TEST_SUITE("gpu_matmul") {
           reference_product(w, x, n_x, ref, mag);
           const auto conv = q8_conversion_bound(w, x, n_x);
           double worst = 0;
-          for (size_t i = 0; i < y.size(); ++i)
-            worst = std::max(worst, std::fabs(y[i] - ref[i]) / (conv[i] + k_q8_accumulation * mag[i] + 1e-30));
+          for (size_t i = 0; i < y.size(); ++i) worst = std::max(worst, std::fabs(y[i] - ref[i]) / (conv[i] + k_q8_accumulation * mag[i] + 1e-30));
           CHECK(worst <= 1.0);
           margin_exact = std::max(margin_exact, worst);
           // The CPU twin rounds x its own way (act_quant.h): both roundings may add up.
@@ -266,9 +258,8 @@ TEST_SUITE("gpu_matmul") {
           const auto conv_cpu = cpu_conversion_bound(w, x, n_x, b);
           double worst_cpu = 0;
           for (size_t i = 0; i < y.size(); ++i)
-            worst_cpu = std::max(worst_cpu, std::fabs(double(y[i]) - yc[i]) /
-                                                (conv[i] + conv_cpu[i] + (k_q8_accumulation + k_cpu_accumulation) * mag[i] +
-                                                 1e-30));
+            worst_cpu = std::max(
+                worst_cpu, std::fabs(double(y[i]) - yc[i]) / (conv[i] + conv_cpu[i] + (k_q8_accumulation + k_cpu_accumulation) * mag[i] + 1e-30));
           CHECK(worst_cpu <= 1.0);
           margin_cpu = std::max(margin_cpu, worst_cpu);
           // Each activation row's result does not depend on the others sharing the call.
@@ -281,8 +272,7 @@ TEST_SUITE("gpu_matmul") {
           }
         }
       }
-      MESSAGE("matvec_q8 " << display_name(t) << ": " << margin_exact << " of its bound, " << margin_cpu
-                           << " of the bound against the CPU");
+      MESSAGE("matvec_q8 " << display_name(t) << ": " << margin_exact << " of its bound, " << margin_cpu << " of the bound against the CPU");
     }
     CHECK(types == 7);
 
@@ -296,8 +286,8 @@ TEST_SUITE("gpu_matmul") {
       cu::device_buffer shared(need), own(need);
       cu::quantize_q8(dx.get(), n_x, cols, shared.get(), need, s.get());
       uint32_t wseed = 900;
-      for (const weight_type t : {weight_type::q4_k, weight_type::q6_k, weight_type::q8_0, weight_type::q4_0,
-                                  weight_type::q4_1, weight_type::q5_0, weight_type::q5_1}) {
+      for (const weight_type t :
+           {weight_type::q4_k, weight_type::q6_k, weight_type::q8_0, weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1}) {
         CAPTURE(display_name(t));
         const weights w = make_weights(t, 33, cols, ++wseed);
         dev_array<uint8_t> dw(w.q, s);
@@ -353,8 +343,7 @@ TEST_SUITE("gpu_matmul") {
     uint32_t seed = 300;
     for (const weight_type t : cuda_types(tandem::kernels::op::matmul)) {
       const auto cols_list = cols_for(t);
-      for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{67, cols_list[1]}, {259, cols_list.back()},
-                                       {1031, cols_list.front()}}) {
+      for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{67, cols_list[1]}, {259, cols_list.back()}, {1031, cols_list.front()}}) {
         const weights w = make_weights(t, rows, cols, ++seed);
         const auto x = gaussian(size_t(k_max_x * cols), seed + 5000);
         dev_array<uint8_t> dw(w.q, s);
@@ -385,9 +374,8 @@ TEST_SUITE("gpu_matmul") {
           const auto conv = cpu_conversion_bound(w, x, n_x, bounds_of(t));
           double worst_cpu = 0;
           for (size_t i = 0; i < y.size(); ++i)
-            worst_cpu = std::max(worst_cpu, std::fabs(double(y[i]) - yc[i]) /
-                                                (conv[i] + conv_q8[i] + (k_gemm_rel + k_cpu_accumulation) * mag[i] +
-                                                 k_gemm_abs_per_col * double(cols)));
+            worst_cpu = std::max(worst_cpu, std::fabs(double(y[i]) - yc[i]) / (conv[i] + conv_q8[i] + (k_gemm_rel + k_cpu_accumulation) * mag[i] +
+                                                                               k_gemm_abs_per_col * double(cols)));
           CHECK(worst_cpu <= 1.0);
         }
       }
@@ -400,8 +388,7 @@ TEST_SUITE("gpu_matmul") {
     uint32_t seed = 500;
     for (const weight_type t : cuda_types(tandem::kernels::op::dequantize)) {
       const auto cols_list = cols_for(t);
-      for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1, cols_list.front()}, {67, cols_list[1]},
-                                       {259, cols_list.back()}}) {
+      for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1, cols_list.front()}, {67, cols_list[1]}, {259, cols_list.back()}}) {
         CAPTURE(display_name(t));
         CAPTURE(rows);
         CAPTURE(cols);
@@ -449,8 +436,7 @@ TEST_SUITE("gpu_matmul") {
         cu::get_rows(t, table.get(), cols, dids.get(), int64_t(n), out.get(), s.get());
         const auto got = out.read();
         std::vector<float> want(got.size());
-        for (size_t r = 0; r < n; ++r)
-          std::copy_n(w.wd.begin() + ids[r] * cols, cols, want.begin() + int64_t(r) * cols);
+        for (size_t r = 0; r < n; ++r) std::copy_n(w.wd.begin() + ids[r] * cols, cols, want.begin() + int64_t(r) * cols);
         // Exact scale products round once on both sides; 1e-6 only allows another order.
         CHECK(worst_ratio(got, want, 1e-6, 1e-30) <= 1.0);
       }
@@ -469,17 +455,14 @@ TEST_SUITE("gpu_matmul") {
     dev_array<float> dy(size_t(16 * rows), s);
     dev_array<int32_t> ids(std::vector<int32_t>{0, 1}, s);
     dev_array<uint16_t> half(size_t(rows * cols), s);
-    CHECK_THROWS_WITH_AS(cu::matvec(missing, dw.get(), rows, cols, dx.get(), 1, dy.get(), s.get()),
-                         doctest::Contains("Q2_K"), std::invalid_argument);
-    CHECK_THROWS_WITH_AS(cu::dequantize_f16(missing, dw.get(), rows * cols, half.get(), s.get()),
-                         doctest::Contains("Q2_K"), std::invalid_argument);
-    CHECK_THROWS_WITH_AS(cu::get_rows(missing, dw.get(), cols, ids.get(), 2, dy.get(), s.get()),
-                         doctest::Contains("Q2_K"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(cu::matvec(missing, dw.get(), rows, cols, dx.get(), 1, dy.get(), s.get()), doctest::Contains("Q2_K"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(cu::dequantize_f16(missing, dw.get(), rows * cols, half.get(), s.get()), doctest::Contains("Q2_K"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(cu::get_rows(missing, dw.get(), cols, ids.get(), 2, dy.get(), s.get()), doctest::Contains("Q2_K"), std::invalid_argument);
     cu::gemm g(s.get());
     const size_t need = cu::gemm::scratch_bytes(rows, cols, 16);
     cu::device_buffer scratch(std::max<size_t>(need, 1));
-    CHECK_THROWS_WITH_AS(g.run(missing, dw.get(), rows, cols, dx.get(), 16, dy.get(), scratch.get(), need),
-                         doctest::Contains("Q2_K"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(g.run(missing, dw.get(), rows, cols, dx.get(), 16, dy.get(), scratch.get(), need), doctest::Contains("Q2_K"),
+                         std::invalid_argument);
     // Refused before anything was queued: the outputs are untouched and the stream is fine.
     CHECK_NOTHROW(s.synchronize());
     const auto y = dy.read(false);

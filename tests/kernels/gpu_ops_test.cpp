@@ -69,7 +69,6 @@ std::vector<int32_t> permutation(int32_t n, uint32_t seed) {
   return p;
 }
 
-
 }  // namespace
 
 TEST_SUITE("gpu_ops") {
@@ -96,8 +95,7 @@ TEST_SUITE("gpu_ops") {
           cu::rms_norm(dx.get(), weighted ? dw.get() : nullptr, out, n_rows, n, eps, s.get());
           const auto got = in_place ? dx.read() : dout.read();
           std::vector<float> want(x.size());
-          for (int64_t r = 0; r < n_rows; ++r)
-            cpu::rms_norm(x.data() + r * n, weighted ? wv.data() : nullptr, want.data() + r * n, n, eps);
+          for (int64_t r = 0; r < n_rows; ++r) cpu::rms_norm(x.data() + r * n, weighted ? wv.data() : nullptr, want.data() + r * n, n, eps);
           // The CPU sums squares in double; a float tree sum and rsqrtf stay within ~1e-6.
           CHECK(worst_ratio(got, want, 1e-5, 1e-7) <= 1.0);
         }
@@ -153,8 +151,7 @@ TEST_SUITE("gpu_ops") {
         const auto x = gaussian(size_t(n_rows * row_stride), ++seed);
         dev_array<float> dx(x, s);
         dev_array<float> dff(ff, s);
-        cu::rope(dx.get(), n_rows, row_stride, c.n_heads, c.head_dim, dpos.get(), p, c.factors ? dff.get() : nullptr,
-                 s.get());
+        cu::rope(dx.get(), n_rows, row_stride, c.n_heads, c.head_dim, dpos.get(), p, c.factors ? dff.get() : nullptr, s.get());
         const auto got = dx.read();
         auto want = x;
         for (int64_t r = 0; r < n_rows; ++r) cpu::rope(want.data() + r * row_stride, c.n_heads, c.head_dim, pos[size_t(r)], p_host);
@@ -167,8 +164,10 @@ TEST_SUITE("gpu_ops") {
           size_t others_changed = 0;
           for (int64_t i = 0; i < row_stride; ++i) {
             const size_t k = size_t(r * row_stride + i);
-            if (i < used) worst = std::max(worst, std::fabs(double(got[k]) - want[k]));
-            else others_changed += got[k] != x[k];
+            if (i < used)
+              worst = std::max(worst, std::fabs(double(got[k]) - want[k]));
+            else
+              others_changed += got[k] != x[k];
           }
           CHECK(worst <= tol);
           CHECK(others_changed == 0);
@@ -346,15 +345,13 @@ TEST_SUITE("gpu_ops") {
 
         // Runs attention for the rows (queries q, in the rows' order) and checks it against
         // exact attention over the host cache and against the CPU twin (out_cpu, same order).
-        const auto attend = [&](const std::vector<kv_row>& rows, const std::vector<float>& q,
-                                const std::vector<float>& out_cpu) {
+        const auto attend = [&](const std::vector<kv_row>& rows, const std::vector<float>& q, const std::vector<float>& out_cpu) {
           const batch b = make_batch(rows);
           cu::row_map m = b.map();
           m.tables = dtables.get();
           dev_array<float> dq(q, s);
           dev_array<float> dout(q.size(), s);
-          cu::attention(dq.get(), dout.get(), int64_t(rows.size()), m, layer, sh.n_heads, sh.n_kv_heads, sh.head_dim,
-                        scale, s.get());
+          cu::attention(dq.get(), dout.get(), int64_t(rows.size()), m, layer, sh.n_heads, sh.n_kv_heads, sh.head_dim, scale, s.get());
           const auto got = dout.read();
           const int group = sh.n_heads / sh.n_kv_heads;
           double worst_exact = 0, worst_cpu = 0;
@@ -393,14 +390,12 @@ TEST_SUITE("gpu_ops") {
           for (size_t r = 0; r < rows.size();) {
             size_t e = r + 1;
             while (e < rows.size() && rows[e].seq == rows[r].seq) ++e;
-            cpu::attention_run run{q.data() + int64_t(r) * q_row, int64_t(e - r), rows[r].pos, hk.data(), hv.data(),
-                                   out.data() + int64_t(r) * q_row};
+            cpu::attention_run run{q.data() + int64_t(r) * q_row, int64_t(e - r), rows[r].pos, hk.data(), hv.data(), out.data() + int64_t(r) * q_row};
             run.pages = {tables.data() + table_at[size_t(rows[r].seq)], bt, stride};
             runs.push_back(run);
             r = e;
           }
-          cpu::attention_many(runs.data(), int64_t(runs.size()), kt, sh.n_heads, sh.n_kv_heads, sh.head_dim, scale,
-                              nullptr);
+          cpu::attention_many(runs.data(), int64_t(runs.size()), kt, sh.n_heads, sh.n_kv_heads, sh.head_dim, scale, nullptr);
           return out;
         };
 
@@ -455,10 +450,10 @@ TEST_SUITE("gpu_ops") {
       float* r1 = x.data() + n;  // the maximum twice, far apart
       r1[n / 3] = 50.0f;
       r1[n - 1] = 50.0f;
-      std::fill(x.begin() + 2 * n, x.begin() + 3 * n, 1.5f);        // all equal: 0
-      std::fill(x.begin() + 3 * n, x.begin() + 4 * n, -inf);        // masked but the last
+      std::fill(x.begin() + 2 * n, x.begin() + 3 * n, 1.5f);  // all equal: 0
+      std::fill(x.begin() + 3 * n, x.begin() + 4 * n, -inf);  // masked but the last
       x[size_t(4 * n - 1)] = -1e30f;
-      std::fill(x.begin() + 4 * n, x.begin() + 5 * n, -inf);        // all masked: 0
+      std::fill(x.begin() + 4 * n, x.begin() + 5 * n, -inf);  // all masked: 0
       dev_array<float> dx(x, s);
       dev_array<int32_t> out(size_t(n_rows), s);
       cu::argmax(dx.get(), n_rows, n, out.get(), s.get());
@@ -492,7 +487,6 @@ TEST_SUITE("gpu_ops") {
         CHECK(got_v == want_v);
       }
   }
-
 }
 
 #else  // !TANDEM_HAVE_CUDA

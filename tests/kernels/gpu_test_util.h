@@ -58,8 +58,7 @@ inline std::vector<weight_type> cuda_types(tandem::kernels::op o) {
   size_t n = 0;
   const auto* t = tandem::kernels::op_table(&n);
   for (size_t i = 0; i < n; ++i)
-    if (t[i].device == tandem::kernels::device_kind::cuda && t[i].o == o)
-      return std::vector<weight_type>(t[i].types, t[i].types + t[i].n_types);
+    if (t[i].device == tandem::kernels::device_kind::cuda && t[i].o == o) return std::vector<weight_type>(t[i].types, t[i].types + t[i].n_types);
   return {};
 }
 
@@ -121,11 +120,9 @@ class dev_array {
 // Largest |a - b| / (rel * |b| + abs) over the elements: <= 1 passes.
 inline double worst_ratio(const std::vector<float>& a, const std::vector<float>& b, double rel, double abs) {
   double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, std::fabs(double(a[i]) - double(b[i])) / (rel * std::fabs(double(b[i])) + abs));
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(double(a[i]) - double(b[i])) / (rel * std::fabs(double(b[i])) + abs));
   return worst;
 }
-
 
 }  // namespace tandem::test::gpu
 

@@ -35,10 +35,9 @@ inline float float_of(uint32_t u) {
 // Every weight type the CPU kernels compute with.
 inline const std::vector<kernels::weight_type>& computable_types() {
   using kernels::weight_type;
-  static const std::vector<weight_type> types{weight_type::f32,  weight_type::f16,  weight_type::bf16,
-                                              weight_type::q4_0, weight_type::q4_1, weight_type::q5_0,
-                                              weight_type::q5_1, weight_type::q8_0, weight_type::q4_k,
-                                              weight_type::q5_k, weight_type::q6_k};
+  static const std::vector<weight_type> types{weight_type::f32,  weight_type::f16,  weight_type::bf16, weight_type::q4_0,
+                                              weight_type::q4_1, weight_type::q5_0, weight_type::q5_1, weight_type::q8_0,
+                                              weight_type::q4_k, weight_type::q5_k, weight_type::q6_k};
   return types;
 }
 
@@ -58,16 +57,14 @@ inline std::vector<float> gaussian(size_t n, uint32_t seed, float sigma = 1.0f, 
 }
 
 // `rows` rows of `cols` values quantized to t, laid out as a GGUF tensor.
-inline std::vector<uint8_t> quantize_matrix(kernels::weight_type t, const std::vector<float>& x, int64_t rows,
-                                            int64_t cols) {
+inline std::vector<uint8_t> quantize_matrix(kernels::weight_type t, const std::vector<float>& x, int64_t rows, int64_t cols) {
   const auto rb = static_cast<size_t>(kernels::row_bytes(t, cols));
   std::vector<uint8_t> out(rb * static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) kernels::cpu::quantize_row(t, x.data() + r * cols, out.data() + r * rb, cols);
   return out;
 }
 
-inline std::vector<float> dequantize_matrix(kernels::weight_type t, const std::vector<uint8_t>& q, int64_t rows,
-                                            int64_t cols) {
+inline std::vector<float> dequantize_matrix(kernels::weight_type t, const std::vector<uint8_t>& q, int64_t rows, int64_t cols) {
   const auto rb = static_cast<size_t>(kernels::row_bytes(t, cols));
   std::vector<float> out(static_cast<size_t>(rows * cols));
   for (int64_t r = 0; r < rows; ++r) kernels::cpu::dequantize_row(t, q.data() + r * rb, out.data() + r * cols, cols);

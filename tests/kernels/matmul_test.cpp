@@ -87,7 +87,6 @@ std::vector<float> run(const problem& p, int64_t n_x, thread_pool* pool) {
   return y;
 }
 
-
 bool has_offset(weight_type t) { return t == weight_type::q4_1 || t == weight_type::q5_1; }
 
 std::vector<int64_t> cols_for(weight_type t) {
@@ -104,11 +103,16 @@ double activation_error(weight_type act, const float* block, int64_t block_len, 
   for (int64_t i = 0; i < block_len; ++i) amax = std::max(amax, std::fabs(block[i]));
   switch (act) {
     case weight_type::q8_0:
-    case weight_type::q8_1: return amax * 0.0045;
-    case weight_type::q8_k: return amax * 0.004;
-    case weight_type::f16: return std::fabs(xi) * 4.9e-4 + 3e-8;
-    case weight_type::bf16: return std::fabs(xi) * 3.91e-3;
-    default: return 0.0;
+    case weight_type::q8_1:
+      return amax * 0.0045;
+    case weight_type::q8_k:
+      return amax * 0.004;
+    case weight_type::f16:
+      return std::fabs(xi) * 4.9e-4 + 3e-8;
+    case weight_type::bf16:
+      return std::fabs(xi) * 3.91e-3;
+    default:
+      return 0.0;
   }
 }
 
@@ -153,41 +157,41 @@ TEST_SUITE("matmul") {
         for (const int64_t cols : cols_for(t)) {
           const auto p = make_problem(t, rows, cols, ++seed);
           for (const int64_t n_x : {1, 3, 8}) {
-           for (const isa path : paths) {
-            CAPTURE(display_name(t));
-            CAPTURE(isa_name(path));
-            CAPTURE(rows);
-            CAPTURE(cols);
-            CAPTURE(n_x);
-            set_isa(isa::scalar);
-            const auto ys = run(p, n_x, nullptr);
-            set_isa(path);
-            const auto yv = run(p, n_x, nullptr);
-            std::vector<uint8_t> aq(static_cast<size_t>(row_bytes(act, cols)));
-            std::vector<float> ad(static_cast<size_t>(cols));
-            for (int64_t r = 0; r < n_x; ++r) {
-              quantize_activation_row(act, p.x.data() + r * cols, aq.data(), cols);
-              dequantize_activation_row(act, aq.data(), ad.data(), cols);
-              for (int64_t o = 0; o < rows; ++o) {
-                double mag = 0;
-                for (int64_t i = 0; i < cols; ++i)
-                  mag += std::fabs(static_cast<double>(p.wd[static_cast<size_t>(o * cols + i)]) * ad[static_cast<size_t>(i)]);
-                if (has_offset(t)) {
-                  // |m| <= the block's largest |w| (the minimum element decodes to m exactly).
-                  for (int64_t b = 0; b < cols; b += 32) {
-                    double wmax = 0, asum = 0;
-                    for (int64_t i = b; i < b + 32; ++i) {
-                      wmax = std::max(wmax, std::fabs(static_cast<double>(p.wd[static_cast<size_t>(o * cols + i)])));
-                      asum += std::fabs(static_cast<double>(ad[static_cast<size_t>(i)]));
+            for (const isa path : paths) {
+              CAPTURE(display_name(t));
+              CAPTURE(isa_name(path));
+              CAPTURE(rows);
+              CAPTURE(cols);
+              CAPTURE(n_x);
+              set_isa(isa::scalar);
+              const auto ys = run(p, n_x, nullptr);
+              set_isa(path);
+              const auto yv = run(p, n_x, nullptr);
+              std::vector<uint8_t> aq(static_cast<size_t>(row_bytes(act, cols)));
+              std::vector<float> ad(static_cast<size_t>(cols));
+              for (int64_t r = 0; r < n_x; ++r) {
+                quantize_activation_row(act, p.x.data() + r * cols, aq.data(), cols);
+                dequantize_activation_row(act, aq.data(), ad.data(), cols);
+                for (int64_t o = 0; o < rows; ++o) {
+                  double mag = 0;
+                  for (int64_t i = 0; i < cols; ++i)
+                    mag += std::fabs(static_cast<double>(p.wd[static_cast<size_t>(o * cols + i)]) * ad[static_cast<size_t>(i)]);
+                  if (has_offset(t)) {
+                    // |m| <= the block's largest |w| (the minimum element decodes to m exactly).
+                    for (int64_t b = 0; b < cols; b += 32) {
+                      double wmax = 0, asum = 0;
+                      for (int64_t i = b; i < b + 32; ++i) {
+                        wmax = std::max(wmax, std::fabs(static_cast<double>(p.wd[static_cast<size_t>(o * cols + i)])));
+                        asum += std::fabs(static_cast<double>(ad[static_cast<size_t>(i)]));
+                      }
+                      mag += wmax * asum * 1.001;
                     }
-                    mag += wmax * asum * 1.001;
                   }
+                  const size_t k = static_cast<size_t>(r * rows + o);
+                  REQUIRE(std::fabs(static_cast<double>(yv[k]) - ys[k]) <= 1e-5 * mag);
                 }
-                const size_t k = static_cast<size_t>(r * rows + o);
-                REQUIRE(std::fabs(static_cast<double>(yv[k]) - ys[k]) <= 1e-5 * mag);
               }
             }
-           }
           }
         }
       }
@@ -318,8 +322,8 @@ TEST_SUITE("matmul") {
       if (path == isa::avx2 && cpu_has_avx_vnni()) paths.emplace_back(path, false);
     }
     uint32_t seed = 2000;
-    for (const auto t : {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1, weight_type::q8_0,
-                         weight_type::q4_k, weight_type::q5_k, weight_type::q6_k}) {
+    for (const auto t : {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1, weight_type::q8_0, weight_type::q4_k,
+                         weight_type::q5_k, weight_type::q6_k}) {
       const auto [p, packed] = make_packed_problem(t, ++seed);
       const int64_t rows = p.rows, cols = p.cols;
       for (const auto& [path, vnni] : paths) {
@@ -363,8 +367,8 @@ TEST_SUITE("matmul") {
     set_isa(isa::avx512);
     thread_pool pool(2);
     uint32_t seed = 3000;
-    for (const auto t : {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1, weight_type::q8_0,
-                         weight_type::q4_k, weight_type::q5_k, weight_type::q6_k}) {
+    for (const auto t : {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1, weight_type::q8_0, weight_type::q4_k,
+                         weight_type::q5_k, weight_type::q6_k}) {
       const auto [p, packed] = make_packed_problem(t, ++seed);
       const int64_t rows = p.rows, cols = p.cols;
       for (const int64_t n_x : {int64_t{8}, int64_t{16}, int64_t{21}, k_expand_min_act_rows, k_expand_min_act_rows + 7}) {
@@ -475,8 +479,8 @@ TEST_SUITE("matmul") {
           for (size_t j = 0; j < qs.size(); ++j) {
             ys.emplace_back(static_cast<size_t>(qs[j].rows * n_x), -7.0f);
             if (j < 3)
-              jobs.push_back({qs[j].wt, packed[j].data(), qs[j].rows, ys.back().data(), weight_layout::packed,
-                              j == 2 ? sum_order::tile : sum_order::ggml});
+              jobs.push_back(
+                  {qs[j].wt, packed[j].data(), qs[j].rows, ys.back().data(), weight_layout::packed, j == 2 ? sum_order::tile : sum_order::ggml});
             else
               jobs.push_back({qs[j].wt, qs[j].w.data(), qs[j].rows, ys.back().data()});
           }
@@ -491,8 +495,7 @@ TEST_SUITE("matmul") {
       }
     }
     std::vector<matmul_job> five(5, {weight_type::f32, nullptr, 0, nullptr});
-    CHECK_THROWS_WITH_AS(matmul_many(five.data(), 5, cols, ps[0].x.data(), 1, nullptr), doctest::Contains("at most"),
-                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(matmul_many(five.data(), 5, cols, ps[0].x.data(), 1, nullptr), doctest::Contains("at most"), std::invalid_argument);
     // A bad job is refused before any output is written.
     std::vector<float> y0(67, -7.0f);
     const matmul_job bad[2] = {{weight_type::q4_0, ps[0].w.data(), 67, y0.data()}, {weight_type::q2_k, ps[0].w.data(), 1, y0.data()}};
@@ -518,7 +521,9 @@ TEST_SUITE("matmul") {
     const pair pairs[] = {
         {"rows", {gate.wt, gate.w.data(), rows, nullptr}, {up.wt, up.w.data(), rows, nullptr}},
         {"K-quants", {gate_k.wt, gate_k.w.data(), rows, nullptr}, {up_k.wt, up_k.w.data(), rows, nullptr}},
-        {"packed", {gate.wt, gate_packed.data(), rows, nullptr, weight_layout::packed}, {up.wt, up_packed.data(), rows, nullptr, weight_layout::packed}},
+        {"packed",
+         {gate.wt, gate_packed.data(), rows, nullptr, weight_layout::packed},
+         {up.wt, up_packed.data(), rows, nullptr, weight_layout::packed}},
         {"packed gate, row up", {gate.wt, gate_packed.data(), rows, nullptr, weight_layout::packed}, {up.wt, up.w.data(), rows, nullptr}},
     };
     tandem::test::isa_guard guard;
@@ -659,8 +664,7 @@ TEST_SUITE("matmul") {
     std::vector<float> y(67, -7.0f);
     const matmul_job one{ps[0].wt, ps[0].w.data(), 67, y.data()};
     for (const team_part bad : {team_part{2, 2}, team_part{-1, 2}, team_part{0, 0}}) {
-      CHECK_THROWS_WITH_AS(matmul_many_part(&one, 1, cols, ps[0].x.data(), 1, bad), doctest::Contains("team part"),
-                           std::invalid_argument);
+      CHECK_THROWS_WITH_AS(matmul_many_part(&one, 1, cols, ps[0].x.data(), 1, bad), doctest::Contains("team part"), std::invalid_argument);
       CHECK_THROWS_AS(matmul_swiglu_part(one, one, cols, ps[0].x.data(), 1, bad, swiglu_exp::expf), std::invalid_argument);
     }
     CHECK(y[0] == -7.0f);
@@ -690,10 +694,10 @@ TEST_SUITE("matmul") {
   TEST_CASE("shapes and errors") {
     std::vector<uint8_t> w(4096);
     std::vector<float> x(512), y(64, 3.0f);
-    CHECK_THROWS_WITH_AS(matmul(weight_type::q4_k, w.data(), 2, 100, x.data(), 1, y.data(), nullptr),
-                         doctest::Contains("Q4_K"), std::invalid_argument);
-    CHECK_THROWS_WITH_AS(matmul(weight_type::q2_k, w.data(), 2, 256, x.data(), 1, y.data(), nullptr),
-                         doctest::Contains("Q2_K"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(matmul(weight_type::q4_k, w.data(), 2, 100, x.data(), 1, y.data(), nullptr), doctest::Contains("Q4_K"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(matmul(weight_type::q2_k, w.data(), 2, 256, x.data(), 1, y.data(), nullptr), doctest::Contains("Q2_K"),
+                         std::invalid_argument);
     matmul(weight_type::q8_0, w.data(), 0, 256, x.data(), 1, y.data(), nullptr);
     matmul(weight_type::q8_0, w.data(), 2, 256, x.data(), 0, y.data(), nullptr);
     CHECK(y[0] == 3.0f);

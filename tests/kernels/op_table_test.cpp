@@ -20,9 +20,8 @@ constexpr device_kind k_devices[] = {device_kind::cpu, device_kind::cuda};
 
 // Every op, spelled out rather than counted from the enum, so that an op added to the enum
 // without a line here (and in the table) fails "every (device, op) appears once".
-constexpr op k_ops[] = {op::matvec,  op::matmul, op::dequantize, op::get_rows, op::rms_norm,
-                        op::rope,    op::swiglu, op::add,        op::softmax,  op::kv_store,
-                        op::attention, op::argmax, op::top_k};
+constexpr op k_ops[] = {op::matvec, op::matmul,  op::dequantize, op::get_rows,  op::rms_norm, op::rope, op::swiglu,
+                        op::add,    op::softmax, op::kv_store,   op::attention, op::argmax,   op::top_k};
 
 // Every weight type GGUF defines (ids 0 .. 63 cover the enum with room to spare).
 std::vector<weight_type> all_weight_types() {
@@ -69,8 +68,10 @@ TEST_SUITE("op_table") {
     // "CPU first": once a CUDA entry appears, no CPU entry follows.
     bool cuda_seen = false;
     for (size_t i = 0; i < n; ++i) {
-      if (t[i].device == device_kind::cuda) cuda_seen = true;
-      else CHECK_FALSE(cuda_seen);
+      if (t[i].device == device_kind::cuda)
+        cuda_seen = true;
+      else
+        CHECK_FALSE(cuda_seen);
     }
   }
 
@@ -172,9 +173,8 @@ TEST_SUITE("op_table") {
     // The CUDA types people run (issue 8, and the legacy ones of the demo roster) are there for
     // every weight op.
     for (const auto o : {op::matvec, op::matmul, op::dequantize, op::get_rows})
-      for (const auto t : {weight_type::f32, weight_type::f16, weight_type::bf16, weight_type::q8_0, weight_type::q4_0,
-                           weight_type::q4_1, weight_type::q5_0, weight_type::q5_1, weight_type::q4_k,
-                           weight_type::q5_k, weight_type::q6_k}) {
+      for (const auto t : {weight_type::f32, weight_type::f16, weight_type::bf16, weight_type::q8_0, weight_type::q4_0, weight_type::q4_1,
+                           weight_type::q5_0, weight_type::q5_1, weight_type::q4_k, weight_type::q5_k, weight_type::q6_k}) {
         CAPTURE(name(o));
         CAPTURE(display_name(t));
         CHECK(supports(device_kind::cuda, o, t));

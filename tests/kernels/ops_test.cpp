@@ -42,7 +42,6 @@ std::vector<double> reference_rms_norm(const std::vector<float>& x, const float*
   return out;
 }
 
-
 }  // namespace
 
 TEST_SUITE("norm") {
@@ -101,8 +100,7 @@ namespace {
 
 // Straightforward double-precision RoPE from the published formulas (RoFormer; YaRN paper
 // and ggml's rope_yarn for the ramp between the correction dims and the magnitude scale).
-std::vector<double> reference_rope(const std::vector<float>& x, int n_heads, int head_dim, int64_t pos,
-                                   const rope_params& p) {
+std::vector<double> reference_rope(const std::vector<float>& x, int n_heads, int head_dim, int64_t pos, const rope_params& p) {
   const int n_rot = p.n_rot > 0 ? p.n_rot : head_dim;
   const int half = n_rot / 2;
   double low = 0, high = 0;
@@ -261,8 +259,8 @@ TEST_SUITE("rope") {
       int head_dim, n_rot;
     };
     for (const auto pairing : {rope_pairing::adjacent, rope_pairing::neox})
-      for (const shape sh : {shape{64, 0}, shape{128, 0}, shape{80, 32}, shape{48, 0}, shape{20, 0}, shape{14, 12}, shape{6, 6},
-                             shape{2, 2}, shape{96, 40}}) {
+      for (const shape sh :
+           {shape{64, 0}, shape{128, 0}, shape{80, 32}, shape{48, 0}, shape{20, 0}, shape{14, 12}, shape{6, 6}, shape{2, 2}, shape{96, 40}}) {
         CAPTURE(int(pairing));
         CAPTURE(sh.head_dim);
         CAPTURE(sh.n_rot);
@@ -349,13 +347,11 @@ TEST_SUITE("rope") {
 
 namespace {
 
-
 // |got - exact| in units of the float spacing at the exact value (subnormal spacing below).
 double ulp_error(float got, double exact) {
   const float r = static_cast<float>(exact);
-  const double spacing =
-      std::max(static_cast<double>(std::nextafter(std::fabs(r), std::numeric_limits<float>::infinity()) - std::fabs(r)),
-               static_cast<double>(std::numeric_limits<float>::denorm_min()));
+  const double spacing = std::max(static_cast<double>(std::nextafter(std::fabs(r), std::numeric_limits<float>::infinity()) - std::fabs(r)),
+                                  static_cast<double>(std::numeric_limits<float>::denorm_min()));
   return std::fabs(static_cast<double>(got) - exact) / spacing;
 }
 
@@ -461,8 +457,7 @@ TEST_SUITE("softmax") {
     CHECK(worst <= 2.0);  // 0.89 ulp measured
 
     const float inf = std::numeric_limits<float>::infinity();
-    std::vector<float> special = {0.0f, -0.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN(), 88.72f, 88.73f,
-                                  -87.33f, -103.9f, -200.0f, 200.0f};
+    std::vector<float> special = {0.0f, -0.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN(), 88.72f, 88.73f, -87.33f, -103.9f, -200.0f, 200.0f};
     std::vector<float> e(special.size());
     exp_avx2(special.data(), e.data(), static_cast<int64_t>(special.size()));
     CHECK(e[0] == 1.0f);
@@ -584,7 +579,6 @@ TEST_SUITE("activation") {
 
 namespace {
 
-
 using tandem::test::float_of;
 
 }  // namespace
@@ -648,9 +642,8 @@ TEST_SUITE("kv_store") {
     std::vector<float> x;
     for (int i = 0; i < 5000; ++i) x.push_back((i % 2 ? -1.0f : 1.0f) * std::ldexp(mant(rng), expo(rng)));
     const float inf = std::numeric_limits<float>::infinity();
-    for (float v : {0.0f, -0.0f, inf, -inf, 65504.0f, 65519.996f, 65520.0f, 65536.0f, 1e9f, -65520.0f,
-                    std::ldexp(1.0f, -14), std::ldexp(1.0f, -24), std::ldexp(1.0f, -25), std::ldexp(1.5f, -25),
-                    std::ldexp(1.0f, -26), std::ldexp(3.0f, -25), std::ldexp(1.0f, -20) * 1.3f})
+    for (float v : {0.0f, -0.0f, inf, -inf, 65504.0f, 65519.996f, 65520.0f, 65536.0f, 1e9f, -65520.0f, std::ldexp(1.0f, -14), std::ldexp(1.0f, -24),
+                    std::ldexp(1.0f, -25), std::ldexp(1.5f, -25), std::ldexp(1.0f, -26), std::ldexp(3.0f, -25), std::ldexp(1.0f, -20) * 1.3f})
       x.push_back(v);
     for (uint32_t h = 0x3c00; h < 0x3c40; ++h) {
       // Exactly halfway between f16 h and h+1: ties to the even one.
@@ -748,9 +741,26 @@ TEST_SUITE("expf_exact") {
 
   TEST_CASE("expf_exact at the edges of its vector range, the specials, and any length") {
     const float inf = std::numeric_limits<float>::infinity();
-    std::vector<float> x = {0.0f, -0.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN(), -87.0f, 88.0f,
-                            std::nextafter(-87.0f, -inf), std::nextafter(88.0f, inf), -103.9f, -104.0f, 88.72f,
-                            89.0f, 1e-30f, -1e-30f, std::numeric_limits<float>::denorm_min(), 0.5f, -0.5f, 1.0f, -1.0f};
+    std::vector<float> x = {0.0f,
+                            -0.0f,
+                            inf,
+                            -inf,
+                            std::numeric_limits<float>::quiet_NaN(),
+                            -87.0f,
+                            88.0f,
+                            std::nextafter(-87.0f, -inf),
+                            std::nextafter(88.0f, inf),
+                            -103.9f,
+                            -104.0f,
+                            88.72f,
+                            89.0f,
+                            1e-30f,
+                            -1e-30f,
+                            std::numeric_limits<float>::denorm_min(),
+                            0.5f,
+                            -0.5f,
+                            1.0f,
+                            -1.0f};
     std::mt19937 rng(11);
     std::uniform_real_distribution<float> d(-30.0f, 5.0f);
     for (int i = 0; i < 77; ++i) x.push_back(d(rng));

@@ -144,8 +144,8 @@ TEST_CASE("AVX-512 requests: none for front-to-back decode streams on AMD only, 
   CHECK(on(zen4, weight_type::q4_k, 1) == req::l2_and_l1);
   CHECK(on(zen4, weight_type::q6_k, 1) == req::l2_and_l1);
   // Elsewhere every decode stream asks at both levels.
-  for (const weight_type wt : {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1,
-                               weight_type::q8_0, weight_type::q4_k, weight_type::q5_k, weight_type::q6_k}) {
+  for (const weight_type wt : {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1, weight_type::q8_0, weight_type::q4_k,
+                               weight_type::q5_k, weight_type::q6_k}) {
     CAPTURE(display_name(wt));
     CHECK(on(xeon, wt, 1) == req::l2_and_l1);
     CHECK(on(xeon, wt, 1, sum_order::ggml) == req::l2_and_l1);
@@ -164,10 +164,9 @@ TEST_CASE("AVX-512 requests: none for front-to-back decode streams on AMD only, 
   CHECK_FALSE(packed_avx2_two_levels(weight_type::q4_1, sum_order::tile, streams_prefetch_themselves(zen4)));
   CHECK(packed_avx2_two_levels(weight_type::q4_1, sum_order::ggml, streams_prefetch_themselves(zen4)));
   CHECK(packed_avx2_two_levels(weight_type::q4_k, sum_order::tile, streams_prefetch_themselves(zen4)));
-  for (const weight_type wt : {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1,
-                               weight_type::q8_0, weight_type::q4_k, weight_type::q5_k, weight_type::q6_k})
-    for (const sum_order order : {sum_order::ggml, sum_order::tile})
-      CHECK(packed_avx2_two_levels(wt, order, streams_prefetch_themselves(xeon)));
+  for (const weight_type wt : {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1, weight_type::q8_0, weight_type::q4_k,
+                               weight_type::q5_k, weight_type::q6_k})
+    for (const sum_order order : {sum_order::ggml, sum_order::tile}) CHECK(packed_avx2_two_levels(wt, order, streams_prefetch_themselves(xeon)));
   // This process's choice is the one for this CPU.
   CHECK(g_packed_self_streaming == streams_prefetch_themselves(this_cpu()));
   CHECK(packed_avx2_two_levels(weight_type::q4_0, sum_order::tile) ==
@@ -187,8 +186,7 @@ TEST_CASE("AVX-512 tile passes: split sums everywhere on AMD, one sum per row fo
 }
 
 TEST_CASE("packed sizes: the GGUF size for the legacy types and Q6_K, 64 bytes more per 16 x 256 for Q4_K/Q5_K") {
-  for (const weight_type wt :
-       {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1, weight_type::q8_0, weight_type::q6_k})
+  for (const weight_type wt : {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1, weight_type::q8_0, weight_type::q6_k})
     CHECK(packed_bytes(wt, 32, 512) == static_cast<size_t>(32 * row_bytes(wt, 512)));
   for (const weight_type wt : {weight_type::q4_k, weight_type::q5_k})
     CHECK(packed_bytes(wt, 32, 512) == static_cast<size_t>(32 * row_bytes(wt, 512)) + 2 * 2 * 64);
@@ -237,11 +235,9 @@ TEST_CASE("packed products match the exact dot of the dequantized rows, on every
           // The AVX2 kernels with and without AVX-VNNI.
           std::vector<float> avx2(ref.size(), -7.0f), vnni(ref.size(), -7.0f);
           if (isa_supported(isa::avx2))
-            packed_dot_avx2(wt, m.packed.data() + p * pb, cols, a.codes.data(), a.aux.data(), n, avx2.data(), stride, n_w,
-                            sum_order::ggml, false);
+            packed_dot_avx2(wt, m.packed.data() + p * pb, cols, a.codes.data(), a.aux.data(), n, avx2.data(), stride, n_w, sum_order::ggml, false);
           if (cpu_has_avx_vnni())
-            packed_dot_avx2(wt, m.packed.data() + p * pb, cols, a.codes.data(), a.aux.data(), n, vnni.data(), stride, n_w,
-                            sum_order::ggml, true);
+            packed_dot_avx2(wt, m.packed.data() + p * pb, cols, a.codes.data(), a.aux.data(), n, vnni.data(), stride, n_w, sum_order::ggml, true);
           for (int r = 0; r < n; ++r)
             for (int o = 0; o < stride; ++o) {
               const size_t i = static_cast<size_t>(r * stride + o);
@@ -277,14 +273,13 @@ TEST_CASE("a packed product's row has the same bits however many rows share the 
     std::vector<float> all(static_cast<size_t>(16 * n_act), -7.0f), eights(all);
     packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n_act, all.data(), 16, n_w, order);
     for (int r0 = 0; r0 < n_act; r0 += k_panel_max_act_rows)
-      packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data() + r0 * cols, a.aux.data() + r0 * per_row,
-                        k_panel_max_act_rows, eights.data() + r0 * 16, 16, n_w, order);
+      packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data() + r0 * cols, a.aux.data() + r0 * per_row, k_panel_max_act_rows,
+                        eights.data() + r0 * 16, 16, n_w, order);
     CHECK(std::memcmp(all.data(), eights.data(), all.size() * sizeof(float)) == 0);
     for (const int r : {0, 5, n_act - 1}) {
       CAPTURE(r);
       std::vector<float> one(16, -7.0f);
-      packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data() + r * cols, a.aux.data() + r * per_row, 1, one.data(), 16,
-                        n_w, order);
+      packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data() + r * cols, a.aux.data() + r * per_row, 1, one.data(), 16, n_w, order);
       CHECK(std::memcmp(one.data(), all.data() + r * 16, one.size() * sizeof(float)) == 0);
     }
   });
@@ -451,8 +446,8 @@ TEST_CASE("packed Q4_1 and Q5_1 equal the row tiles of their path bit for bit (g
         for (int r = 0; r < n_act; ++r)
           for (int o = 0; o < 16; ++o) {
             float want = 0;
-            (wt == weight_type::q4_1 ? path.q4_1 : path.q5_1)(cols, m.w.data() + o * w_row, w_row, 1,
-                                                              a.converted.data() + r * a.a_row, a.a_row, 1, &want, 1);
+            (wt == weight_type::q4_1 ? path.q4_1 : path.q5_1)(cols, m.w.data() + o * w_row, w_row, 1, a.converted.data() + r * a.a_row, a.a_row, 1,
+                                                              &want, 1);
             CHECK(got[static_cast<size_t>(r * 16 + o)] == want);
           }
       }
@@ -471,17 +466,14 @@ TEST_CASE("packed Q4_1 and Q5_1 in the tile's order: the exact dot to rounding, 
       const acts a = make_acts(wt, cols, n_act, 17);
       const int n_w = 13;  // a partial panel: lanes past it are left alone
       std::vector<float> all(static_cast<size_t>(16 * n_act), -7.0f);
-      packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n_act, all.data(), 16, n_w,
-                        sum_order::tile);
+      packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data(), a.aux.data(), n_act, all.data(), 16, n_w, sum_order::tile);
       const auto per_row = static_cast<int64_t>(panel_act_aux_floats(wt, cols, 1));
       bool differs_from_ggml = false;
       for (int r = 0; r < n_act; ++r) {
         CAPTURE(r);
         std::vector<float> one(16, -7.0f), ggml(16, -7.0f);
-        packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data() + r * cols, a.aux.data() + r * per_row, 1, one.data(), 16,
-                          n_w, sum_order::tile);
-        packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data() + r * cols, a.aux.data() + r * per_row, 1, ggml.data(), 16,
-                          n_w);
+        packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data() + r * cols, a.aux.data() + r * per_row, 1, one.data(), 16, n_w, sum_order::tile);
+        packed_dot_avx512(wt, m.packed.data(), cols, a.codes.data() + r * cols, a.aux.data() + r * per_row, 1, ggml.data(), 16, n_w);
         for (int o = 0; o < 16; ++o) {
           const float got = all[static_cast<size_t>(r * 16 + o)];
           if (o >= n_w) {

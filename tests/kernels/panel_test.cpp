@@ -21,9 +21,8 @@ using namespace tandem::kernels::cpu;
 namespace {
 
 const std::vector<weight_type>& panel_types() {
-  static const std::vector<weight_type> types{weight_type::q4_0, weight_type::q4_1, weight_type::q5_0,
-                                              weight_type::q5_1, weight_type::q8_0, weight_type::q4_k,
-                                              weight_type::q5_k, weight_type::q6_k};
+  static const std::vector<weight_type> types{weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1,
+                                              weight_type::q8_0, weight_type::q4_k, weight_type::q5_k, weight_type::q6_k};
   return types;
 }
 
@@ -214,8 +213,8 @@ TEST_CASE("panel_dot_amx over a signed panel gives panel_dot_avx512's bits for e
           const int64_t stride = 21;
           std::vector<float> want(static_cast<size_t>(stride * n_act), -7.0f), got(want);
           for (int r0 = 0; r0 < n_act; r0 += k_panel_max_act_rows)
-            panel_dot_avx512(wt, plain.data, cols, codes.data() + r0 * cols, aux.data() + r0 * aux_row,
-                             std::min(k_panel_max_act_rows, n_act - r0), want.data() + r0 * stride, stride, n_rows);
+            panel_dot_avx512(wt, plain.data, cols, codes.data() + r0 * cols, aux.data() + r0 * aux_row, std::min(k_panel_max_act_rows, n_act - r0),
+                             want.data() + r0 * stride, stride, n_rows);
           panel_dot_amx(wt, sign.data, cols, codes.data(), aux.data(), n_act, got.data(), stride, n_rows);
           CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0);  // -7 past n_rows too
         }
@@ -231,7 +230,8 @@ TEST_CASE("panel_act_row writes what quantize_activation_row and panel_acts writ
     for (const weight_type wt : panel_types()) {
       const weight_type at = activation_type(wt);
       // Legacy types: 16 blocks at a time on AVX-512, then the last 1-15 as a group with empty lanes.
-      const std::vector<int64_t> widths = info(wt).block_elems == 256 ? std::vector<int64_t>{256, 768} : std::vector<int64_t>{32, 288, 576, 768, 1056};
+      const std::vector<int64_t> widths =
+          info(wt).block_elems == 256 ? std::vector<int64_t>{256, 768} : std::vector<int64_t>{32, 288, 576, 768, 1056};
       for (const int64_t cols : widths) {
         CAPTURE(static_cast<int>(path));
         CAPTURE(display_name(wt));
@@ -263,8 +263,7 @@ TEST_CASE("panel_act_row writes what quantize_activation_row and panel_acts writ
   std::vector<float> aux(8);
   CHECK_THROWS_WITH_AS(panel_act_row(weight_type::q4_0, x.data(), 48, codes.data(), aux.data()), doctest::Contains("48 columns"),
                        std::invalid_argument);
-  CHECK_THROWS_WITH_AS(panel_act_row(weight_type::f16, x.data(), 32, codes.data(), aux.data()), doctest::Contains("F16"),
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(panel_act_row(weight_type::f16, x.data(), 32, codes.data(), aux.data()), doctest::Contains("F16"), std::invalid_argument);
 }
 
 TEST_CASE("tiled_act_row writes what panel_act_row and tile_packed_act_row write, on every path") {
@@ -298,8 +297,8 @@ TEST_CASE("tiled_act_row writes what panel_act_row and tile_packed_act_row write
   std::vector<float> x(48);
   std::vector<int8_t> codes(48);
   std::vector<float> aux(8);
-  CHECK_THROWS_WITH_AS(tiled_act_row(weight_type::q4_0, x.data(), 48, 0, 1, codes.data(), aux.data()),
-                       doctest::Contains("48 columns"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(tiled_act_row(weight_type::q4_0, x.data(), 48, 0, 1, codes.data(), aux.data()), doctest::Contains("48 columns"),
+                       std::invalid_argument);
 }
 
 TEST_CASE("panel helpers reject types without a panel form") {
@@ -308,8 +307,7 @@ TEST_CASE("panel helpers reject types without a panel form") {
   std::vector<uint8_t> row(1024);
   std::vector<uint8_t> codes(256);
   float s[16], m[16];
-  CHECK_THROWS_WITH_AS(panel_decode_row(weight_type::bf16, row.data(), 256, codes.data(), s, m),
-                       doctest::Contains("BF16"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(panel_decode_row(weight_type::bf16, row.data(), 256, codes.data(), s, m), doctest::Contains("BF16"), std::invalid_argument);
 }
 
 TEST_CASE("Q4_1 and Q5_1 panels equal the row tiles bit for bit (ggml's float order)") {

@@ -49,9 +49,9 @@ TEST_SUITE("quants") {
       CHECK(fp32_to_fp16(1.0f) == 0x3C00);
       CHECK(fp32_to_fp16(-2.0f) == 0xC000);
       CHECK(fp32_to_fp16(0.5f) == 0x3800);
-      CHECK(fp32_to_fp16(65504.0f) == 0x7BFF);            // largest finite half
-      CHECK(fp32_to_fp16(65519.0f) == 0x7BFF);            // below the midpoint to 2^16
-      CHECK(fp32_to_fp16(65520.0f) == 0x7C00);            // midpoint ties to even: infinity
+      CHECK(fp32_to_fp16(65504.0f) == 0x7BFF);  // largest finite half
+      CHECK(fp32_to_fp16(65519.0f) == 0x7BFF);  // below the midpoint to 2^16
+      CHECK(fp32_to_fp16(65520.0f) == 0x7C00);  // midpoint ties to even: infinity
       CHECK(fp32_to_fp16(1e9f) == 0x7C00);
       CHECK(fp32_to_fp16(-1e9f) == 0xFC00);
       CHECK(fp32_to_fp16(std::ldexp(1.0f, -14)) == 0x0400);  // smallest normal
@@ -153,7 +153,7 @@ TEST_SUITE("quants") {
       CHECK(y[0] == 1.5f);    // (3 + 16 - 16) * 0.5
       CHECK(y[16] == -7.0f);  // (2 - 16) * 0.5
       CHECK(y[15] == -8.0f);
-      CHECK(y[31] == 7.5f);   // (15 + 16 - 16) * 0.5
+      CHECK(y[31] == 7.5f);  // (15 + 16 - 16) * 0.5
       CHECK(y[5] == -4.0f);
       block_q5_1 b1;
       store_half(b1.d, 0x3800);
@@ -279,10 +279,9 @@ TEST_SUITE("quants") {
     // measure (e.g. Q8_0 0.0053, Q6_K 0.017, Q5_K 0.036, Q4_K 0.071, Q4_0 0.084); the
     // theory for round-to-nearest is step / sqrt(12) with step = range / codes.
     const std::map<weight_type, double> bound{
-        {weight_type::f32, 0.0},     {weight_type::f16, 2.5e-4}, {weight_type::bf16, 2e-3},
-        {weight_type::q8_0, 6.5e-3}, {weight_type::q5_0, 0.05},  {weight_type::q5_1, 0.045},
-        {weight_type::q4_0, 0.1},    {weight_type::q4_1, 0.095}, {weight_type::q6_k, 0.021},
-        {weight_type::q5_k, 0.043},  {weight_type::q4_k, 0.085},
+        {weight_type::f32, 0.0},    {weight_type::f16, 2.5e-4}, {weight_type::bf16, 2e-3},  {weight_type::q8_0, 6.5e-3},
+        {weight_type::q5_0, 0.05},  {weight_type::q5_1, 0.045}, {weight_type::q4_0, 0.1},   {weight_type::q4_1, 0.095},
+        {weight_type::q6_k, 0.021}, {weight_type::q5_k, 0.043}, {weight_type::q4_k, 0.085},
     };
     for (const auto& [offset, seed] : {std::pair{0.0f, 11u}, std::pair{0.7f, 12u}}) {
       const auto x = tandem::test::gaussian(8192, seed, 0.02f, offset * 0.02f);
@@ -329,11 +328,8 @@ TEST_SUITE("quants") {
   TEST_CASE("bad arguments name the type") {
     std::vector<float> x(256);
     std::vector<uint8_t> q(1024);
-    CHECK_THROWS_WITH_AS(quantize_row(weight_type::q2_k, x.data(), q.data(), 256), doctest::Contains("Q2_K"),
-                         std::invalid_argument);
-    CHECK_THROWS_WITH_AS(dequantize_row(weight_type::iq4_xs, q.data(), x.data(), 256), doctest::Contains("IQ4_XS"),
-                         std::invalid_argument);
-    CHECK_THROWS_WITH_AS(quantize_row(weight_type::q4_k, x.data(), q.data(), 100), doctest::Contains("Q4_K"),
-                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(quantize_row(weight_type::q2_k, x.data(), q.data(), 256), doctest::Contains("Q2_K"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(dequantize_row(weight_type::iq4_xs, q.data(), x.data(), 256), doctest::Contains("IQ4_XS"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(quantize_row(weight_type::q4_k, x.data(), q.data(), 100), doctest::Contains("Q4_K"), std::invalid_argument);
   }
 }

@@ -362,9 +362,8 @@ TEST_SUITE("thread_pool") {
   TEST_CASE("nested calls on the same pool run inline") {
     thread_pool pool(2);
     std::atomic<int> inner{0};
-    pool.parallel_for(2, 1, [&](int64_t, int64_t) {
-      pool.parallel_for(10, 1, [&](int64_t b, int64_t e) { inner.fetch_add(static_cast<int>(e - b)); });
-    });
+    pool.parallel_for(2, 1,
+                      [&](int64_t, int64_t) { pool.parallel_for(10, 1, [&](int64_t b, int64_t e) { inner.fetch_add(static_cast<int>(e - b)); }); });
     CHECK(inner.load() == 20);
   }
 
@@ -384,8 +383,7 @@ TEST_SUITE("thread_pool") {
     thread_pool pool(2);
     std::atomic<int64_t> total{0};
     auto submit = [&] {
-      for (int i = 0; i < 200; ++i)
-        pool.parallel_for(16, 1, [&](int64_t b, int64_t e) { total.fetch_add(e - b); });
+      for (int i = 0; i < 200; ++i) pool.parallel_for(16, 1, [&](int64_t b, int64_t e) { total.fetch_add(e - b); });
     };
     std::thread other(submit);
     submit();

@@ -129,7 +129,6 @@ void check_against_scalar(const dot_case& c, dot_fn fn, int n_w, int n_act) {
     }
 }
 
-
 }  // namespace
 
 TEST_SUITE("vec_dot") {
@@ -144,13 +143,12 @@ TEST_SUITE("vec_dot") {
       CHECK((select_dot(k, isa::avx2) == k.avx2));
       CHECK(static_cast<bool>(select_dot(k, isa::avx512)));
     }
-    CHECK_THROWS_WITH_AS(find_dot_kernel(weight_type::q2_k), doctest::Contains("supported: F32"),
-                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(find_dot_kernel(weight_type::q2_k), doctest::Contains("supported: F32"), std::invalid_argument);
   }
 
   TEST_CASE("hand-built Q4_0 x Q8_0 block") {
     block_q4_0 w;
-    store_half(w.d, 0x4000);  // 2
+    store_half(w.d, 0x4000);                                                     // 2
     for (int j = 0; j < 16; ++j) w.qs[j] = static_cast<uint8_t>(j | (15 << 4));  // codes j-8, then 7
     block_q8_0 a;
     store_half(a.d, 0x3800);  // 0.5
@@ -240,8 +238,7 @@ TEST_SUITE("vec_dot") {
         for (int r = 0; r < k_max_act_rows; ++r)
           for (int o = 0; o < k_max_weight_rows; ++o) {
             float one = 0;
-            fn(c.n, c.w.data() + c.w_row * static_cast<size_t>(o), c.w_row, 1, c.a.data() + c.a_row * static_cast<size_t>(r),
-               c.a_row, 1, &one, 1);
+            fn(c.n, c.w.data() + c.w_row * static_cast<size_t>(o), c.w_row, 1, c.a.data() + c.a_row * static_cast<size_t>(r), c.a_row, 1, &one, 1);
             CHECK(one == at(all, o, r));
           }
       }
@@ -251,8 +248,7 @@ TEST_SUITE("vec_dot") {
     // The AVX-512 kernels take blocks in pairs / quads and convert scales 16 blocks at a time;
     // every remainder of those, alone and after full groups, must match the scalar sum.
     uint32_t seed = 400;
-    for (const auto t : {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1,
-                         weight_type::q8_0}) {
+    for (const auto t : {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1, weight_type::q8_0}) {
       for (int64_t blocks = 1; blocks <= 41; ++blocks) {
         const auto c = make_case(t, blocks * 32, ++seed);
         for (const auto& [path, fn] : simd_paths(t))
@@ -277,8 +273,7 @@ TEST_SUITE("vec_dot") {
       return;
     }
     uint32_t seed = 600;
-    for (const auto t : {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1,
-                         weight_type::q8_0}) {
+    for (const auto t : {weight_type::q4_0, weight_type::q4_1, weight_type::q5_0, weight_type::q5_1, weight_type::q8_0}) {
       const dot_kernel& k = find_dot_kernel(t);
       REQUIRE(static_cast<bool>(k.avx512));
       REQUIRE((select_dot(k, isa::avx512) == k.avx512));
@@ -387,9 +382,9 @@ constexpr int64_t k_n = k_blocks * k_qk_k;
 
 // The code and scale values one weight row was built from, per block.
 struct row_codes {
-  std::vector<int> q;    // k_n codes, unsigned (0..15 / 0..31 / 0..63)
-  std::vector<int> sc;   // per block: 8 (Q4_K/Q5_K) or 16 (Q6_K) sub-block scales
-  std::vector<int> m;    // per block: 8 mins (Q4_K/Q5_K)
+  std::vector<int> q;          // k_n codes, unsigned (0..15 / 0..31 / 0..63)
+  std::vector<int> sc;         // per block: 8 (Q4_K/Q5_K) or 16 (Q6_K) sub-block scales
+  std::vector<int> m;          // per block: 8 mins (Q4_K/Q5_K)
   std::vector<float> d, dmin;  // per block
 };
 
@@ -434,16 +429,12 @@ row_codes make_codes(weight_type t, int kind, uint32_t seed) {
   const int n_sc = t == weight_type::q6_k ? 16 : 8;
   std::mt19937 rng(seed);
   row_codes r;
-  for (int64_t i = 0; i < k_n; ++i)
-    r.q.push_back(kind == 3 ? static_cast<int>(rng() % (code_max + 1)) : kind == 2 ? 0 : code_max);
+  for (int64_t i = 0; i < k_n; ++i) r.q.push_back(kind == 3 ? static_cast<int>(rng() % (code_max + 1)) : kind == 2 ? 0 : code_max);
   for (int b = 0; b < k_blocks; ++b) {
     for (int j = 0; j < n_sc; ++j) {
       int sc = 0;
       if (t == weight_type::q6_k)
-        sc = kind == 0   ? 127
-             : kind == 1 ? -128
-             : kind == 2 ? (j % 2 ? 127 : -128)
-                         : static_cast<int>(rng() % 256) - 128;
+        sc = kind == 0 ? 127 : kind == 1 ? -128 : kind == 2 ? (j % 2 ? 127 : -128) : static_cast<int>(rng() % 256) - 128;
       else
         sc = kind == 2 ? (j * 9) % 64 : kind == 3 ? static_cast<int>(rng() % 64) : 63;
       r.sc.push_back(sc);
@@ -511,10 +502,7 @@ std::vector<block_q8_k> make_act(int kind, uint32_t seed) {
   for (int b = 0; b < k_blocks; ++b) {
     a[b].d = kind == 1 ? 0.25f : b == 1 ? 0.5f : 1.0f;
     for (int i = 0; i < k_qk_k; ++i) {
-      const int v = kind == 0   ? -128
-                    : kind == 1 ? 127
-                    : kind == 2 ? (i % 2 ? -128 : 127)
-                                : static_cast<int>(rng() % 256) - 128;
+      const int v = kind == 0 ? -128 : kind == 1 ? 127 : kind == 2 ? (i % 2 ? -128 : 127) : static_cast<int>(rng() % 256) - 128;
       a[b].qs[i] = static_cast<int8_t>(v);
     }
     for (int g = 0; g < 16; ++g) {
@@ -526,9 +514,7 @@ std::vector<block_q8_k> make_act(int kind, uint32_t seed) {
   return a;
 }
 
-dot_fn avx512_kernel(weight_type t) {
-  return t == weight_type::q4_k ? dot_q4_k_avx512 : t == weight_type::q5_k ? dot_q5_k_avx512 : dot_q6_k_avx512;
-}
+dot_fn avx512_kernel(weight_type t) { return t == weight_type::q4_k ? dot_q4_k_avx512 : t == weight_type::q5_k ? dot_q5_k_avx512 : dot_q6_k_avx512; }
 
 }  // namespace
 
@@ -567,8 +553,7 @@ TEST_SUITE("vec_dot_k_avx512") {
       const size_t a_row = k_blocks * sizeof(block_q8_k);
 
       float tile[k_max_act_rows][k_max_weight_rows];
-      avx512_kernel(t)(k_n, w.data(), w_row, k_max_weight_rows, act.data(), a_row, k_max_act_rows, &tile[0][0],
-                       k_max_weight_rows);
+      avx512_kernel(t)(k_n, w.data(), w_row, k_max_weight_rows, act.data(), a_row, k_max_act_rows, &tile[0][0], k_max_weight_rows);
       for (int r = 0; r < k_max_act_rows; ++r)
         for (int o = 0; o < k_max_weight_rows; ++o) {
           CAPTURE(r);
@@ -585,8 +570,8 @@ TEST_SUITE("vec_dot_k_avx512") {
           // (at least 4 * 128 * the smallest d * dy here).
           const double tol = 1e-6 * magnitude;
           float scalar = 0;
-          find_dot_kernel(t).scalar(k_n, w.data() + w_row * static_cast<size_t>(o), w_row, 1,
-                                    act.data() + static_cast<size_t>(r * k_blocks), a_row, 1, &scalar, 1);
+          find_dot_kernel(t).scalar(k_n, w.data() + w_row * static_cast<size_t>(o), w_row, 1, act.data() + static_cast<size_t>(r * k_blocks), a_row,
+                                    1, &scalar, 1);
           CHECK(std::fabs(scalar - expected) <= tol);
           CHECK(std::fabs(tile[r][o] - expected) <= tol);
         }

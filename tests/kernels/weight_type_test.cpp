@@ -10,10 +10,17 @@ TEST_SUITE("weight_type") {
       weight_type t;
       int64_t elems, bytes;
     };
-    for (auto e : {expect{weight_type::f32, 1, 4}, {weight_type::f16, 1, 2}, {weight_type::bf16, 1, 2},
-                   {weight_type::q8_0, 32, 34}, {weight_type::q4_0, 32, 18}, {weight_type::q4_1, 32, 20},
-                   {weight_type::q5_0, 32, 22}, {weight_type::q5_1, 32, 24}, {weight_type::q4_k, 256, 144},
-                   {weight_type::q5_k, 256, 176}, {weight_type::q6_k, 256, 210}}) {
+    for (auto e : {expect{weight_type::f32, 1, 4},
+                   {weight_type::f16, 1, 2},
+                   {weight_type::bf16, 1, 2},
+                   {weight_type::q8_0, 32, 34},
+                   {weight_type::q4_0, 32, 18},
+                   {weight_type::q4_1, 32, 20},
+                   {weight_type::q5_0, 32, 22},
+                   {weight_type::q5_1, 32, 24},
+                   {weight_type::q4_k, 256, 144},
+                   {weight_type::q5_k, 256, 176},
+                   {weight_type::q6_k, 256, 210}}) {
       CAPTURE(display_name(e.t));
       CHECK(info(e.t).block_elems == e.elems);
       CHECK(info(e.t).block_bytes == e.bytes);
@@ -27,9 +34,9 @@ TEST_SUITE("weight_type") {
   TEST_CASE("ids: known, removed and unknown") {
     CHECK(find_weight_type(12)->type == weight_type::q4_k);
     CHECK(find_weight_type(30)->type == weight_type::bf16);
-    CHECK_FALSE(find_weight_type(4));    // Q4_2, removed from ggml
-    CHECK_FALSE(find_weight_type(5));    // Q4_3, removed
-    CHECK_FALSE(find_weight_type(31));   // never assigned
+    CHECK_FALSE(find_weight_type(4));   // Q4_2, removed from ggml
+    CHECK_FALSE(find_weight_type(5));   // Q4_3, removed
+    CHECK_FALSE(find_weight_type(31));  // never assigned
     CHECK_FALSE(find_weight_type(1000));
   }
 

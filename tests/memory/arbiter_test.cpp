@@ -29,7 +29,8 @@ std::vector<segment_source> segments(int tag, const std::vector<uint64_t>& sizes
   for (size_t i = 0; i < sizes.size(); ++i) {
     const uint64_t n = sizes[i];
     out.push_back({label("seg", i), n, [tag, i, n, fills](std::byte* dst) {
-                     for (uint64_t k = 0; k < n; ++k) dst[k] = static_cast<std::byte>((tag * 31 + static_cast<int>(i) * 7 + static_cast<int>(k)) & 0xff);
+                     for (uint64_t k = 0; k < n; ++k)
+                       dst[k] = static_cast<std::byte>((tag * 31 + static_cast<int>(i) * 7 + static_cast<int>(k)) & 0xff);
                      if (fills) ++*fills;
                    }});
   }
@@ -87,7 +88,6 @@ TEST_SUITE("arbiter") {
     CHECK(b.copies == 3);
     a.check_integrity();
   }
-
 
   TEST_CASE("stage, load, lease, evict: bytes land where the lease says, owners add up") {
     auto b = make_cpu_backend();
@@ -246,10 +246,18 @@ TEST_SUITE("arbiter") {
         const int first = static_cast<int>(rng() % static_cast<uint64_t>(nseg));
         const segment_range r{first, 1 + static_cast<int>(rng() % static_cast<uint64_t>(nseg - first))};
         switch (rng() % 10) {
-          case 0: a.stage(m, r); break;
-          case 1: a.load(m, r); break;
-          case 2: a.evict(m, tier::device, r); break;
-          case 3: a.evict(m, tier::host, r); break;
+          case 0:
+            a.stage(m, r);
+            break;
+          case 1:
+            a.load(m, r);
+            break;
+          case 2:
+            a.evict(m, tier::device, r);
+            break;
+          case 3:
+            a.evict(m, tier::host, r);
+            break;
           case 4: {
             if (leases.size() > 6) break;
             status why = status::ok;
@@ -277,8 +285,12 @@ TEST_SUITE("arbiter") {
               allocs.erase(allocs.begin() + static_cast<long>(k));
             }
             break;
-          case 8: a.reserve_stream_slots(m, static_cast<int>(rng() % 3)); break;
-          case 9: a.prefetch(m, first); break;
+          case 8:
+            a.reserve_stream_slots(m, static_cast<int>(rng() % 3));
+            break;
+          case 9:
+            a.prefetch(m, first);
+            break;
         }
         a.check_integrity();
       }

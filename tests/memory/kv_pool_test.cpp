@@ -124,17 +124,27 @@ TEST_SUITE("kv_pool") {
     for (int step = 0; step < 3000; ++step) {
       const int64_t seq = static_cast<int64_t>(rng() % 8);
       switch (rng() % 6) {
-        case 0: p->reserve(seq, static_cast<int64_t>(rng() % 200)); break;
-        case 1: p->truncate(seq, static_cast<int64_t>(rng() % 100)); break;
-        case 2: p->drop(seq); break;
+        case 0:
+          p->reserve(seq, static_cast<int64_t>(rng() % 200));
+          break;
+        case 1:
+          p->truncate(seq, static_cast<int64_t>(rng() % 100));
+          break;
+        case 2:
+          p->drop(seq);
+          break;
         case 3: {
           const int64_t to = static_cast<int64_t>(rng() % 8);
           if (to != seq && p->table(to).empty() && !p->swapped_out(to) && !p->table(seq).empty())
             p->share_prefix(seq, to, static_cast<int32_t>(rng() % (p->table(seq).size() + 1)));
           break;
         }
-        case 4: p->swap_out(seq); break;
-        case 5: p->swap_in(seq); break;
+        case 4:
+          p->swap_out(seq);
+          break;
+        case 5:
+          p->swap_in(seq);
+          break;
       }
       p->check();
       a.check_integrity();

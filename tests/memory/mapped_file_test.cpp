@@ -20,9 +20,7 @@ void write_bytes(const std::filesystem::path& p, const std::string& content) {
   out.write(content.data(), static_cast<std::streamsize>(content.size()));
 }
 
-std::string as_string(const memory::mapped_file& m) {
-  return {reinterpret_cast<const char*>(m.bytes().data()), m.bytes().size()};
-}
+std::string as_string(const memory::mapped_file& m) { return {reinterpret_cast<const char*>(m.bytes().data()), m.bytes().size()}; }
 
 // The exception message of opening `path`, or "" (and a failed check) when none is thrown.
 std::string open_error(const std::string& path) {

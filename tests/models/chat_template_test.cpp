@@ -25,17 +25,15 @@ const std::vector<chat_message> k_conversation = {
     {"user", "Who are you"},
 };
 
-std::string render(chat_template_kind k, bool gen = true) {
-  return models::apply_chat_template(k, k_conversation, gen);
-}
+std::string render(chat_template_kind k, bool gen = true) { return models::apply_chat_template(k, k_conversation, gen); }
 
 }  // namespace
 
 TEST_SUITE("chat_template") {
   TEST_CASE("names round-trip and unknown names are rejected") {
-    for (auto k : {chat_template_kind::chatml, chat_template_kind::llama2, chat_template_kind::llama3,
-                   chat_template_kind::mistral, chat_template_kind::gemma, chat_template_kind::phi3,
-                   chat_template_kind::deepseek, chat_template_kind::zephyr, chat_template_kind::plain}) {
+    for (auto k :
+         {chat_template_kind::chatml, chat_template_kind::llama2, chat_template_kind::llama3, chat_template_kind::mistral, chat_template_kind::gemma,
+          chat_template_kind::phi3, chat_template_kind::deepseek, chat_template_kind::zephyr, chat_template_kind::plain}) {
       CHECK(models::parse_chat_template_name(models::chat_template_name(k)) == k);
     }
     CHECK(models::chat_template_name(chat_template_kind::llama3) == "llama3");
@@ -130,15 +128,13 @@ TEST_SUITE("chat_template") {
     CHECK(models::apply_chat_template(chat_template_kind::llama3, padded, false) ==
           "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
           "<|start_header_id|>assistant<|end_header_id|>\n\nyo<|eot_id|>");
-    CHECK(models::apply_chat_template(chat_template_kind::llama2, padded, false) ==
-          "<s>[INST] hi [/INST] yo </s>");
+    CHECK(models::apply_chat_template(chat_template_kind::llama2, padded, false) == "<s>[INST] hi [/INST] yo </s>");
     CHECK(models::apply_chat_template(chat_template_kind::gemma, padded, false) ==
           "<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\nyo<end_of_turn>\n");
     // ChatML and Mistral keep content byte for byte.
     CHECK(models::apply_chat_template(chat_template_kind::chatml, padded, false) ==
           "<|im_start|>user\n  hi \n<|im_end|>\n<|im_start|>assistant\n yo <|im_end|>\n");
-    CHECK(models::apply_chat_template(chat_template_kind::mistral, padded, false) ==
-          "<s> [INST]   hi \n [/INST]  yo </s>");
+    CHECK(models::apply_chat_template(chat_template_kind::mistral, padded, false) == "<s> [INST]   hi \n [/INST]  yo </s>");
   }
 
   TEST_CASE("default system prompts") {
@@ -157,21 +153,19 @@ TEST_SUITE("chat_template") {
       CHECK(models::apply_chat_template(t, question, true) ==
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nSort a list<|im_end|>\n"
             "<|im_start|>assistant\n");
-      CHECK(models::apply_chat_template(t, k_conversation, true) ==
-            render(chat_template_kind::chatml));
+      CHECK(models::apply_chat_template(t, k_conversation, true) == render(chat_template_kind::chatml));
       CHECK(models::apply_chat_template(t, {}, true) == "<|im_start|>assistant\n");
     }
     SUBCASE("other families inject nothing") {
-      CHECK(models::apply_chat_template(chat_template_kind::chatml, question, false) ==
-            "<|im_start|>user\nSort a list<|im_end|>\n");
+      CHECK(models::apply_chat_template(chat_template_kind::chatml, question, false) == "<|im_start|>user\nSort a list<|im_end|>\n");
       CHECK(models::family_default_system_prompt(chat_template_kind::llama3).empty());
     }
   }
 
   TEST_CASE("renders_bos matches the rendered text") {
-    for (auto k : {chat_template_kind::chatml, chat_template_kind::llama2, chat_template_kind::llama3,
-                   chat_template_kind::mistral, chat_template_kind::gemma, chat_template_kind::phi3,
-                   chat_template_kind::deepseek, chat_template_kind::zephyr, chat_template_kind::plain}) {
+    for (auto k :
+         {chat_template_kind::chatml, chat_template_kind::llama2, chat_template_kind::llama3, chat_template_kind::mistral, chat_template_kind::gemma,
+          chat_template_kind::phi3, chat_template_kind::deepseek, chat_template_kind::zephyr, chat_template_kind::plain}) {
       CAPTURE(models::chat_template_name(k));
       const auto bos = models::chat_template_bos_text(k);
       CHECK(models::renders_bos(k) == !bos.empty());
@@ -188,21 +182,14 @@ TEST_SUITE("chat_template") {
     CHECK(models::detect_chat_template("") == k::plain);
     CHECK(models::detect_chat_template("{{ messages[0]['content'] }}") == k::plain);
     CHECK(models::detect_chat_template("{{'<|im_start|>' + message['role'] + '\\n'}}") == k::chatml);
-    CHECK(models::detect_chat_template(
-              "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>'") ==
-          k::llama3);
+    CHECK(models::detect_chat_template("{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>'") == k::llama3);
     CHECK(models::detect_chat_template("{{ '<start_of_turn>' + role + '\\n' }}") == k::gemma);
     CHECK(models::detect_chat_template("{{ bos_token + '[INST] ' }}{{ '<<SYS>>\\n' }}") == k::llama2);
-    CHECK(models::detect_chat_template("{{ ' [INST] ' + message['content'] + ' [/INST]' }}") ==
-          k::mistral);
-    CHECK(models::detect_chat_template("{{'<|user|>\\n' + message['content'] + '<|end|>\\n'}}") ==
-          k::phi3);
-    CHECK(models::detect_chat_template("{{ '<|user|>\\n' + message['content'] + eos_token }}") ==
-          k::zephyr);
-    CHECK(models::detect_chat_template("{{'### Instruction:\\n' + message['content']}}") ==
-          k::deepseek);
-    CHECK(models::detect_chat_template("{{ 'User: ' + c }}{{ 'Assistant: ' + c + eos_token }}") ==
-          k::deepseek);
+    CHECK(models::detect_chat_template("{{ ' [INST] ' + message['content'] + ' [/INST]' }}") == k::mistral);
+    CHECK(models::detect_chat_template("{{'<|user|>\\n' + message['content'] + '<|end|>\\n'}}") == k::phi3);
+    CHECK(models::detect_chat_template("{{ '<|user|>\\n' + message['content'] + eos_token }}") == k::zephyr);
+    CHECK(models::detect_chat_template("{{'### Instruction:\\n' + message['content']}}") == k::deepseek);
+    CHECK(models::detect_chat_template("{{ 'User: ' + c }}{{ 'Assistant: ' + c + eos_token }}") == k::deepseek);
     // ChatGLM shares Phi-3's tag but not its format.
     CHECK(models::detect_chat_template("[gMASK]<sop><|user|>\n{{ item['content'] }}") == k::plain);
   }
@@ -261,7 +248,6 @@ TEST_SUITE("chat_template") {
     for (const auto& m : ref.at("messages")) {
       msgs.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
     }
-    CHECK(models::apply_chat_template(t, msgs, ref.at("add_generation_prompt").get<bool>()) ==
-          ref.at("prompt").get<std::string>());
+    CHECK(models::apply_chat_template(t, msgs, ref.at("add_generation_prompt").get<bool>()) == ref.at("prompt").get<std::string>());
   }
 }

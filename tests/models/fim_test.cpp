@@ -174,15 +174,23 @@ TEST_SUITE("fim") {
   TEST_CASE("repository-level layout (Qwen2.5-Coder)") {
     const auto t = qwen();
     const auto f = find_fim_tokens(t);
-    const infill_input in{"def f(x):\n    return ", "\n\nprint(f(2))\n", "x +",
-                          {{"a.py", "y = 1\n"}, {"b/c.py", "import a\n"}}};
+    const infill_input in{"def f(x):\n    return ", "\n\nprint(f(2))\n", "x +", {{"a.py", "y = 1\n"}, {"b/c.py", "import a\n"}}};
     const ids got = build_infill_prompt(t, f, in, k_ctx, k_batch, k_predict);
-    const ids want = cat({{f.rep}, enc(t, "myproject\n"),
-                          {f.sep}, enc(t, "a.py\n"), enc(t, "y = 1\n"),
-                          {f.sep}, enc(t, "b/c.py\n"), enc(t, "import a\n"),
-                          {f.sep}, enc(t, "filename\n"),
-                          {f.pre}, enc(t, in.prefix), enc(t, in.middle),
-                          {f.suf}, enc(t, in.suffix),
+    const ids want = cat({{f.rep},
+                          enc(t, "myproject\n"),
+                          {f.sep},
+                          enc(t, "a.py\n"),
+                          enc(t, "y = 1\n"),
+                          {f.sep},
+                          enc(t, "b/c.py\n"),
+                          enc(t, "import a\n"),
+                          {f.sep},
+                          enc(t, "filename\n"),
+                          {f.pre},
+                          enc(t, in.prefix),
+                          enc(t, in.middle),
+                          {f.suf},
+                          enc(t, in.suffix),
                           {f.mid}});
     CHECK(got == want);
     CHECK(enc(t, "myproject\n") == ids{2408, 4987, 198});  // anchors the layout to real ids
@@ -197,10 +205,14 @@ TEST_SUITE("fim") {
     REQUIRE(t.add_bos());
     const infill_input in{"int main() {\n", "}\n", "  return", {{"x.h", "int x;\n"}}};
     const ids got = build_infill_prompt(t, f, in, k_ctx, k_batch, k_predict);
-    const ids want = cat({enc(t, "\n\n--- snippet ---\n\n"), enc(t, "int x;\n"),
+    const ids want = cat({enc(t, "\n\n--- snippet ---\n\n"),
+                          enc(t, "int x;\n"),
                           {t.bos()},
-                          {f.pre}, enc(t, in.prefix), enc(t, in.middle),
-                          {f.suf}, enc(t, in.suffix),
+                          {f.pre},
+                          enc(t, in.prefix),
+                          enc(t, in.middle),
+                          {f.suf},
+                          enc(t, in.suffix),
                           {f.mid}});
     CHECK(got == want);
   }
@@ -209,8 +221,8 @@ TEST_SUITE("fim") {
     const auto t = load("vocab/ggml-vocab-refact.gguf");
     const auto f = find_fim_tokens(t);
     const infill_input in{"p", "s", "", {{"a.py", "x"}}};
-    const ids want = cat({{f.rep}, enc(t, "myproject\n"), enc(t, "\n\n--- snippet ---\n\n"), enc(t, "x"),
-                          {f.pre}, enc(t, "p"), {f.suf}, enc(t, "s"), {f.mid}});
+    const ids want =
+        cat({{f.rep}, enc(t, "myproject\n"), enc(t, "\n\n--- snippet ---\n\n"), enc(t, "x"), {f.pre}, enc(t, "p"), {f.suf}, enc(t, "s"), {f.mid}});
     CHECK(build_infill_prompt(t, f, in, k_ctx, k_batch, k_predict) == want);
   }
 
@@ -219,9 +231,15 @@ TEST_SUITE("fim") {
     const auto f = find_fim_tokens(t);
     const infill_input in{"a = ", "\nb = 2\n", "1", {}};
     const ids got = build_infill_prompt(t, f, in, k_ctx, k_batch, k_predict, /*spm_order=*/true);
-    const ids want = cat({{f.rep}, enc(t, "myproject\n"), {f.sep}, enc(t, "filename\n"),
-                          {f.suf}, enc(t, in.suffix),
-                          {f.pre}, enc(t, in.prefix), enc(t, in.middle),
+    const ids want = cat({{f.rep},
+                          enc(t, "myproject\n"),
+                          {f.sep},
+                          enc(t, "filename\n"),
+                          {f.suf},
+                          enc(t, in.suffix),
+                          {f.pre},
+                          enc(t, in.prefix),
+                          enc(t, in.middle),
                           {f.mid}});
     CHECK(got == want);
 
@@ -256,8 +274,7 @@ TEST_SUITE("fim") {
     }
     SUBCASE("extra keeps its end") {
       const infill_input in{"", "", "", {{"e.py", extra_text}}};
-      const ids extra = cat({{f.rep}, enc(t, "myproject\n"), {f.sep}, enc(t, "e.py\n"), enc(t, extra_text),
-                             {f.sep}, enc(t, "filename\n")});
+      const ids extra = cat({{f.rep}, enc(t, "myproject\n"), {f.sep}, enc(t, "e.py\n"), enc(t, extra_text), {f.sep}, enc(t, "filename\n")});
       // 200 - 64 - 2*50 = 36 extra tokens.
       const ids got = build_infill_prompt(t, f, in, 200, n_batch, 50);
       CHECK(got == cat({tail(extra, 36), {f.pre, f.suf, f.mid}}));
@@ -290,8 +307,7 @@ TEST_SUITE("fim") {
     SUBCASE("control markers (Qwen2.5-Coder)") {
       const auto t = qwen();
       const auto f = find_fim_tokens(t);
-      const infill_input in{"x = '<|fim_middle|>'", "<|fim_prefix|><|endoftext|>", "<|file_sep|>",
-                            {{"<|fim_suffix|>", "<|repo_name|>"}}};
+      const infill_input in{"x = '<|fim_middle|>'", "<|fim_prefix|><|endoftext|>", "<|file_sep|>", {{"<|fim_suffix|>", "<|repo_name|>"}}};
       const ids got = build_infill_prompt(t, f, in, k_ctx, k_batch, k_predict);
       CHECK(std::count(got.begin(), got.end(), f.mid) == 1);
       CHECK(std::count(got.begin(), got.end(), f.pre) == 1);
@@ -325,8 +341,7 @@ TEST_SUITE("fim") {
     // An extra chunk with empty text still names its file.
     const infill_input named{"", "", "", {{"a.py", ""}}};
     CHECK(build_infill_prompt(q, fq, named, k_ctx, k_batch, k_predict) ==
-          cat({{fq.rep}, enc(q, "myproject\n"), {fq.sep}, enc(q, "a.py\n"), {fq.sep}, enc(q, "filename\n"),
-               {fq.pre, fq.suf, fq.mid}}));
+          cat({{fq.rep}, enc(q, "myproject\n"), {fq.sep}, enc(q, "a.py\n"), {fq.sep}, enc(q, "filename\n"), {fq.pre, fq.suf, fq.mid}}));
   }
 
   TEST_CASE("SentencePiece pieces each get the space prefix, as in llama.cpp") {

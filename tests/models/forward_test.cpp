@@ -136,8 +136,7 @@ TEST_SUITE("forward") {
           const auto s = static_cast<size_t>(order[step][i]);
           alone[s]->eval(std::span<const int32_t>(&toks[i], 1));
           CHECK(batch.pos(order[step][i]) == alone[s]->pos());
-          for (int v = 0; v < 512; ++v)
-            REQUIRE(std::abs(batch.all_logits_rows()[i * 512 + v] - alone[s]->logits()[v]) < 2e-4f);
+          for (int v = 0; v < 512; ++v) REQUIRE(std::abs(batch.all_logits_rows()[i * 512 + v] - alone[s]->logits()[v]) < 2e-4f);
         }
       }
       // A subset decodes; the others keep their positions.
@@ -427,8 +426,7 @@ TEST_SUITE("forward") {
     const uint64_t logits = 512 * 4;
     using kernels::cpu::kv_type;
     CHECK(models::forward_context::memory_bytes(c, {.n_ctx = 128, .kv = kv_type::f16}) == 5 * 2 * 128 * 32 * 2 + 128 * row + logits);
-    CHECK(models::forward_context::memory_bytes(c, {.n_ctx = 128, .kv = kv_type::f32, .max_batch = 16}) ==
-          5 * 2 * 128 * 32 * 4 + 16 * row + logits);
+    CHECK(models::forward_context::memory_bytes(c, {.n_ctx = 128, .kv = kv_type::f32, .max_batch = 16}) == 5 * 2 * 128 * 32 * 4 + 16 * row + logits);
     CHECK(models::forward_context::memory_bytes(c, {.n_ctx = 100, .kv = kv_type::f16, .max_batch = 0}) == 5 * 2 * 100 * 32 * 2 + row + logits);
     // n_ctx 0 is sized as the context the constructor picks.
     CHECK(models::forward_context::memory_bytes(c, {}) == models::forward_context::memory_bytes(c, {.n_ctx = 128}));

@@ -13,10 +13,10 @@
 #include "tests/test_support.h"
 
 using namespace tandem;
+using kernels::weight_type;
 using models::gguf_error;
 using models::gguf_out_value;
 using models::gguf_writer;
-using kernels::weight_type;
 
 namespace {
 
@@ -27,24 +27,23 @@ constexpr uint64_t k_2_63 = 1ull << 63;
 // The valid file every case starts from. Tensor data is arbitrary but fixed.
 gguf_writer base_writer() {
   gguf_writer w;
-  w.set_alignment(32);                                                           // kv #0
-  w.set("general.architecture", gguf_out_value::string("llama"));                // #1
-  w.set("general.name", gguf_out_value::string("malformed-test-base"));          // #2
-  w.set("test.u32", gguf_out_value::u32(7));                                     // #3
-  w.set("test.flag", gguf_out_value::boolean(true));                             // #4
+  w.set_alignment(32);                                                   // kv #0
+  w.set("general.architecture", gguf_out_value::string("llama"));        // #1
+  w.set("general.name", gguf_out_value::string("malformed-test-base"));  // #2
+  w.set("test.u32", gguf_out_value::u32(7));                             // #3
+  w.set("test.flag", gguf_out_value::boolean(true));                     // #4
   w.set("test.tokens", gguf_out_value::strings({"<unk>", "<s>", "</s>", "hello", "world"}));
   w.set("test.bytes", gguf_out_value::array(std::vector<uint8_t>{1, 2, 3, 4}));  // #6
   w.set("test.bools", gguf_out_value::bools({true, false}));                     // #7
-  w.set("test.nested", gguf_out_value::arrays({gguf_out_value::array(std::vector<int32_t>{1, 2}),
-                                               gguf_out_value::strings({"a", "b"})}));
-  w.set("test.f64", gguf_out_value::f64(0.125));                                 // #9
+  w.set("test.nested", gguf_out_value::arrays({gguf_out_value::array(std::vector<int32_t>{1, 2}), gguf_out_value::strings({"a", "b"})}));
+  w.set("test.f64", gguf_out_value::f64(0.125));  // #9
   auto pattern = [](std::span<std::byte> out) {
     for (size_t k = 0; k < out.size(); ++k) out[k] = std::byte((k * 37 + 11) & 0x3f);
   };
-  w.add_tensor("tok.f32", {8, 2}, weight_type::f32, pattern);     // 64 bytes at data offset 0
-  w.add_tensor("blk.q8", {32, 2}, weight_type::q8_0, pattern);    // 68 bytes at 64
-  w.add_tensor("norm.f32", {16}, weight_type::f32, pattern);      // 64 bytes at 160
-  w.add_tensor("emb.f16", {16, 3}, weight_type::f16, pattern);    // 96 bytes at 224
+  w.add_tensor("tok.f32", {8, 2}, weight_type::f32, pattern);   // 64 bytes at data offset 0
+  w.add_tensor("blk.q8", {32, 2}, weight_type::q8_0, pattern);  // 68 bytes at 64
+  w.add_tensor("norm.f32", {16}, weight_type::f32, pattern);    // 64 bytes at 160
+  w.add_tensor("emb.f16", {16, 3}, weight_type::f16, pattern);  // 96 bytes at 224
   return w;
 }
 
@@ -188,20 +187,15 @@ TEST_SUITE("gguf_malformed") {
       fx.refused(fx.patched<uint64_t>(t.info_offset, ~0ull), t.info_offset, {"tensor info #1", "exceeds the limit"});
     }
     SUBCASE("empty key") {
-      fx.refused(fx.patched<uint64_t>(l.kv("general.name").key_offset, 0), l.kv("general.name").key_offset,
-                 {"metadata key #2 is empty"});
+      fx.refused(fx.patched<uint64_t>(l.kv("general.name").key_offset, 0), l.kv("general.name").key_offset, {"metadata key #2 is empty"});
     }
   }
 
   TEST_CASE("absurd counts are refused before anything is allocated") {
     fixture fx;
     const auto& l = fx.l;
-    SUBCASE("metadata count 2^60") {
-      fx.refused(fx.patched<uint64_t>(l.kv_count_offset, k_2_60), 16, {"metadata count " + std::to_string(k_2_60)});
-    }
-    SUBCASE("tensor count 2^63") {
-      fx.refused(fx.patched<uint64_t>(l.tensor_count_offset, k_2_63), 8, {"tensor count " + std::to_string(k_2_63)});
-    }
+    SUBCASE("metadata count 2^60") { fx.refused(fx.patched<uint64_t>(l.kv_count_offset, k_2_60), 16, {"metadata count " + std::to_string(k_2_60)}); }
+    SUBCASE("tensor count 2^63") { fx.refused(fx.patched<uint64_t>(l.tensor_count_offset, k_2_63), 8, {"tensor count " + std::to_string(k_2_63)}); }
     SUBCASE("more keys than the limit, though the file holds them") {
       CHECK_NOTHROW(models::gguf_file(fx.save(fx.base), {.metadata_keys = 10}));
       fx.refused(fx.base, 16, {"metadata count 10 exceeds the limit of 9"}, {.metadata_keys = 9});
@@ -273,9 +267,7 @@ TEST_SUITE("gguf_malformed") {
         fx.refused(fx.patched<uint32_t>(kv.value_offset, a), kv.key_offset, {"key 'general.alignment'", "multiple of 8"});
       }
     }
-    SUBCASE("alignment stored as i32") {
-      fx.refused(fx.patched<uint32_t>(kv.type_offset, 5), kv.key_offset, {"key 'general.alignment'", "u32"});
-    }
+    SUBCASE("alignment stored as i32") { fx.refused(fx.patched<uint32_t>(kv.type_offset, 5), kv.key_offset, {"key 'general.alignment'", "u32"}); }
     SUBCASE("a valid alignment of 64 that the tensor offsets do not honour") {
       const auto& t = fx.l.tensor("norm.f32");
       fx.refused(fx.patched<uint32_t>(kv.value_offset, 64), t.offset_offset, {"tensor 'norm.f32'", "alignment 64"});
@@ -317,19 +309,16 @@ TEST_SUITE("gguf_malformed") {
     // array that crosses it.
     SUBCASE("all elements") {
       CHECK_NOTHROW(models::gguf_file(fx.save(fx.base), {.array_elements = 17}));
-      fx.refused(fx.base, nested1, {"key 'test.nested'[1]", "total of array elements", "limit of 16"},
-                 {.array_elements = 16});
+      fx.refused(fx.base, nested1, {"key 'test.nested'[1]", "total of array elements", "limit of 16"}, {.array_elements = 16});
     }
     SUBCASE("string elements, counted across keys") {
       CHECK_NOTHROW(models::gguf_file(fx.save(fx.base), {.string_elements = 7}));
-      fx.refused(fx.base, nested1, {"key 'test.nested'[1]", "total of string array elements", "limit of 6"},
-                 {.string_elements = 6});
+      fx.refused(fx.base, nested1, {"key 'test.nested'[1]", "total of string array elements", "limit of 6"}, {.string_elements = 6});
       fx.refused(fx.base, fx.l.kv("test.tokens").value_offset, {"key 'test.tokens'", "limit of 4"}, {.string_elements = 4});
     }
     SUBCASE("nested arrays") {
       CHECK_NOTHROW(models::gguf_file(fx.save(fx.base), {.nested_arrays = 2}));
-      fx.refused(fx.base, nested.value_offset, {"key 'test.nested'", "total of nested arrays", "limit of 1"},
-                 {.nested_arrays = 1});
+      fx.refused(fx.base, nested.value_offset, {"key 'test.nested'", "total of nested arrays", "limit of 1"}, {.nested_arrays = 1});
     }
     SUBCASE("nested arrays spread over levels and keys, at the default limit") {
       // Key "a": 2^15 empty arrays; key "b": an array of 2 arrays of 2^14 empty arrays each,
@@ -360,9 +349,7 @@ TEST_SUITE("gguf_malformed") {
     const auto& q8 = l.tensor("blk.q8");
     SUBCASE("0 dimensions") { fx.refused(fx.patched<uint32_t>(q8.n_dims_offset, 0), q8.n_dims_offset, {"tensor 'blk.q8'", "0 dimensions"}); }
     SUBCASE("5 dimensions") { fx.refused(fx.patched<uint32_t>(q8.n_dims_offset, 5), q8.n_dims_offset, {"tensor 'blk.q8'", "5 dimensions"}); }
-    SUBCASE("a zero dimension") {
-      fx.refused(fx.patched<uint64_t>(q8.ne_offset + 8, 0), q8.ne_offset + 8, {"tensor 'blk.q8'", "dimension 1 is 0"});
-    }
+    SUBCASE("a zero dimension") { fx.refused(fx.patched<uint64_t>(q8.ne_offset + 8, 0), q8.ne_offset + 8, {"tensor 'blk.q8'", "dimension 1 is 0"}); }
     SUBCASE("a dimension past int64") {
       fx.refused(fx.patched<uint64_t>(q8.ne_offset, k_2_63), q8.ne_offset, {"tensor 'blk.q8'", "dimension 0 is " + std::to_string(k_2_63)});
     }
@@ -456,8 +443,7 @@ TEST_SUITE("gguf_malformed") {
           b[next() % size] ^= std::byte(1 + next() % 255);
           break;
       }
-      std::ofstream(path, std::ios::binary | std::ios::trunc)
-          .write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+      std::ofstream(path, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
       try {
         models::gguf_file f(path);
         // Touch everything the parse produced so the sanitizers see any bad view.

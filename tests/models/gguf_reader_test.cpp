@@ -40,9 +40,9 @@ void write_many_names(const std::string& path, uint32_t n_keys, uint32_t n_tenso
   }
   for (uint32_t k = 0; k < n_tensors; ++k) {
     put_string("t." + std::to_string(k));
-    put(uint32_t{1});   // dimensions
-    put(uint64_t{8});   // ne[0]
-    put(uint32_t{0});   // F32
+    put(uint32_t{1});  // dimensions
+    put(uint64_t{8});  // ne[0]
+    put(uint32_t{0});  // F32
     put(uint64_t{32} * k);
   }
   b.resize((b.size() + 31) / 32 * 32 + uint64_t{32} * n_tensors);
@@ -125,8 +125,7 @@ TEST_SUITE("gguf_reader") {
     CHECK(f.get_floats("a.u64s") == std::vector<float>{static_cast<float>(1ull << 40)});
     CHECK(f.get_floats("a.f32s") == std::vector<float>{1.5f});
     const auto offset = "offset " + std::to_string(w.layout().kv("a.u64big").key_offset) + ": ";
-    CHECK_THROWS_WITH_AS(f.get_int("a.u64big"), (path + ": " + offset + "key 'a.u64big': value out of range").c_str(),
-                         models::gguf_error);
+    CHECK_THROWS_WITH_AS(f.get_int("a.u64big"), (path + ": " + offset + "key 'a.u64big': value out of range").c_str(), models::gguf_error);
     CHECK_THROWS_WITH_AS(f.get_int("a.f64"), doctest::Contains("key 'a.f64': expected an integer, found f64"), models::gguf_error);
     CHECK_THROWS_WITH_AS(f.get_string("a.u8"), doctest::Contains("key 'a.u8': expected a string"), models::gguf_error);
     CHECK_THROWS_WITH_AS(f.get_bool("a.str"), doctest::Contains("key 'a.str'"), models::gguf_error);
@@ -235,8 +234,7 @@ TEST_SUITE("gguf_reader") {
       CHECK(s->array_integer(1) == min);
       CHECK(s->array_integer(2) == -7);
       // get_ints still refuses float arrays outright.
-      CHECK_THROWS_WITH_AS(f.get_ints("f64.ints"), doctest::Contains("key 'f64.ints': expected an array of integers"),
-                           models::gguf_error);
+      CHECK_THROWS_WITH_AS(f.get_ints("f64.ints"), doctest::Contains("key 'f64.ints': expected an array of integers"), models::gguf_error);
     }
     SUBCASE("u64 elements beyond int64") {
       CHECK_THROWS_WITH_AS(f.get_ints("u64.big"), doctest::Contains("key 'u64.big': element 1 (9223372036854775808) is out of range"),

@@ -8,10 +8,10 @@
 #include "tests/test_support.h"
 
 using namespace tandem;
+using kernels::weight_type;
 using models::gguf_out_value;
 using models::gguf_type;
 using models::gguf_writer;
-using kernels::weight_type;
 
 namespace {
 
@@ -52,8 +52,7 @@ TEST_SUITE("gguf_writer") {
     w.set("t.a_i64", gguf_out_value::array(std::vector<int64_t>{}));
     w.set("t.a_bool", gguf_out_value::bools({true, false, true}));
     w.set("t.a_str", gguf_out_value::strings({"<unk>", "", "a b"}));
-    w.set("t.nested", gguf_out_value::arrays({gguf_out_value::array(std::vector<uint8_t>{1, 2}),
-                                              gguf_out_value::strings({"x"}),
+    w.set("t.nested", gguf_out_value::arrays({gguf_out_value::array(std::vector<uint8_t>{1, 2}), gguf_out_value::strings({"x"}),
                                               gguf_out_value::arrays({gguf_out_value::bools({false})})}));
     test::scratch_dir dir;
     const auto path = (dir / "all.gguf").string();
@@ -259,17 +258,14 @@ TEST_SUITE("gguf_writer") {
     CHECK_THROWS_AS(w.set_alignment(1u << 21), std::invalid_argument);
     CHECK_THROWS_AS(gguf_out_value::arrays({gguf_out_value::u8(1)}), std::invalid_argument);
     w.add_tensor("t", {32}, weight_type::f32, std::vector<std::byte>(128));
-    CHECK_THROWS_WITH_AS(w.add_tensor("t", {32}, weight_type::f32, std::vector<std::byte>(128)),
-                         doctest::Contains("'t'"), std::invalid_argument);
-    CHECK_THROWS_WITH_AS(w.add_tensor("q", {33}, weight_type::q8_0, std::vector<std::byte>(34)),
-                         doctest::Contains("block size 32"), std::invalid_argument);
-    CHECK_THROWS_WITH_AS(w.add_tensor("s", {32}, weight_type::f32, std::vector<std::byte>(100)),
-                         doctest::Contains("'s'"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(w.add_tensor("t", {32}, weight_type::f32, std::vector<std::byte>(128)), doctest::Contains("'t'"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(w.add_tensor("q", {33}, weight_type::q8_0, std::vector<std::byte>(34)), doctest::Contains("block size 32"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(w.add_tensor("s", {32}, weight_type::f32, std::vector<std::byte>(100)), doctest::Contains("'s'"), std::invalid_argument);
     CHECK_THROWS_AS(w.add_tensor("z", {32, 0}, weight_type::f32, std::vector<std::byte>()), std::invalid_argument);
     CHECK_THROWS_AS(w.add_tensor("d", {}, weight_type::f32, std::vector<std::byte>()), std::invalid_argument);
     CHECK_THROWS_AS(w.add_tensor("d", {1, 1, 1, 1, 1}, weight_type::f32, std::vector<std::byte>(4)), std::invalid_argument);
-    CHECK_THROWS_AS(w.add_tensor("o", {1ll << 40, 1ll << 40}, weight_type::f32, gguf_writer::tensor_fill([](auto) {})),
-                    std::invalid_argument);
+    CHECK_THROWS_AS(w.add_tensor("o", {1ll << 40, 1ll << 40}, weight_type::f32, gguf_writer::tensor_fill([](auto) {})), std::invalid_argument);
     CHECK(w.tensor_count() == 1);  // refused tensors leave nothing behind
   }
 

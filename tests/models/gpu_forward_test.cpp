@@ -72,8 +72,8 @@ run_result cpu_greedy(const models::model& m, int n_gen, const std::vector<int32
   return greedy(ctx, n_gen, prompt);
 }
 
-run_result gpu_greedy(const models::model& m, int n_gen, models::weight_residency* res = nullptr,
-                      const std::vector<int32_t>& prompt = k_prompt, bool graphs = true) {
+run_result gpu_greedy(const models::model& m, int n_gen, models::weight_residency* res = nullptr, const std::vector<int32_t>& prompt = k_prompt,
+                      bool graphs = true) {
   models::gpu_forward ctx(m, {.n_ctx = 64, .n_seq = 1, .max_batch = 16, .kv = kernels::cpu::kv_type::f32, .cuda_graphs = graphs}, res);
   return greedy(ctx, n_gen, prompt);
 }
@@ -203,7 +203,8 @@ TEST_SUITE("gpu_forward") {
       for (size_t s = 0; s < 3; ++s) got[s].push_back(next[s]);
       ctx.decode(next, seqs);
       const auto rows = ctx.all_logits_rows();
-      for (size_t s = 0; s < 3; ++s) next[s] = argmax(rows.subspan(s * static_cast<size_t>(m.config().n_vocab), static_cast<size_t>(m.config().n_vocab)));
+      for (size_t s = 0; s < 3; ++s)
+        next[s] = argmax(rows.subspan(s * static_cast<size_t>(m.config().n_vocab), static_cast<size_t>(m.config().n_vocab)));
     }
     for (size_t s = 0; s < 3; ++s) CHECK(got[s] == alone[s].tokens);
   }

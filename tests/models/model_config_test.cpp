@@ -11,9 +11,9 @@
 #include "tests/test_support.h"
 
 using namespace tandem;
+using kernels::weight_type;
 using models::gguf_out_value;
 using models::gguf_writer;
-using kernels::weight_type;
 using test::tiny_model;  // llama, n_embd 16, 4 heads (2 kv), n_ff 24, vocab 32, context 64
 
 namespace {
@@ -94,8 +94,7 @@ TEST_SUITE("model_config") {
 
   TEST_CASE("optional keys take their defaults") {
     tiny_model m;
-    m.omit = {"llama.attention.head_count_kv", "llama.context_length", "llama.attention.layer_norm_rms_epsilon",
-              "general.name"};
+    m.omit = {"llama.attention.head_count_kv", "llama.context_length", "llama.attention.layer_norm_rms_epsilon", "general.name"};
     m.n_head_kv = m.n_head;  // tensors sized for no grouping
     const auto c = config_of(m.writer());
     CHECK(c.n_head_kv == 4);
@@ -129,8 +128,7 @@ TEST_SUITE("model_config") {
   }
 
   TEST_CASE("missing required keys are named") {
-    for (const std::string key : {"llama.embedding_length", "llama.block_count", "llama.feed_forward_length",
-                                  "llama.attention.head_count"}) {
+    for (const std::string key : {"llama.embedding_length", "llama.block_count", "llama.feed_forward_length", "llama.attention.head_count"}) {
       CAPTURE(key);
       tiny_model m;
       m.omit = {key};

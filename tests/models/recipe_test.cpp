@@ -119,9 +119,9 @@ models::model tiny(const std::string& arch, bool bias, bool qk_norm, const test:
 TEST_SUITE("recipe") {
   TEST_CASE("the llama recipe is the same layer for llama, qwen2 (biases) and qwen3 (q/k norms)") {
     test::scratch_dir dir;
-    const std::vector<std::string> llama_layer = {
-        "norm x xb",          "matmul xb -> q k v", "rope/4 q",   "rope/2 k",  "kv_store 1 k v", "attention 1 q attn",
-        "matmul attn -> xb",  "add x xb",           "norm x xb",  "swiglu xb gate up", "matmul gate -> xb", "add x xb"};
+    const std::vector<std::string> llama_layer = {"norm x xb",      "matmul xb -> q k v", "rope/4 q",          "rope/2 k",
+                                                  "kv_store 1 k v", "attention 1 q attn", "matmul attn -> xb", "add x xb",
+                                                  "norm x xb",      "swiglu xb gate up",  "matmul gate -> xb", "add x xb"};
     for (const auto& [arch, bias, norm] : {std::tuple{"llama", false, false}, {"qwen2", true, false}, {"qwen3", false, true}}) {
       CAPTURE(arch);
       const auto m = tiny(arch, bias, norm, dir);

@@ -20,9 +20,7 @@ using namespace tandem;
 
 namespace {
 
-nlohmann::json fixture(const std::string& name) {
-  return nlohmann::json::parse(test::read_file(test::data_path("reference/" + name)));
-}
+nlohmann::json fixture(const std::string& name) { return nlohmann::json::parse(test::read_file(test::data_path("reference/" + name))); }
 
 // Greedy decoding exactly as the fixtures were made: argmax at every step, EOS ends early.
 std::vector<int32_t> greedy(models::forward_context& ctx, std::span<const int32_t> prompt, size_t n, int32_t eos) {

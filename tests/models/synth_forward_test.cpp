@@ -32,13 +32,12 @@ namespace {
 // SHA-256 (FIPS 180-4), to check that a re-synthesized file is the one a fixture recorded.
 std::string sha256_hex(const std::string& data) {
   static constexpr std::array<uint32_t, 64> k = {
-      0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98, 0x12835b01,
-      0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc,
-      0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147,
-      0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-      0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08,
-      0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208,
-      0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+      0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be,
+      0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa,
+      0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85,
+      0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3,
+      0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f,
+      0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
   std::array<uint32_t, 8> h = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
   auto rotr = [](uint32_t x, int n) { return (x >> n) | (x << (32 - n)); };
   // Message + 0x80 + zero padding + 64-bit big-endian bit length, to a multiple of 64 bytes.
@@ -121,17 +120,17 @@ struct type_bound {
 };
 constexpr std::array<type_bound, 11> k_bounds = {{
     // type            kv f32  kv f16     measured: kv f32 | kv f16
-    {weight_type::f32, 1e-6, 2e-3},      // 4.3e-7 | 6.5e-4
-    {weight_type::f16, 1.5e-3, 2.5e-3},  // 5.3e-4 | 8.3e-4
-    {weight_type::bf16, 1e-2, 1e-2},     // 4.5e-3 | 4.5e-3
-    {weight_type::q8_0, 3e-2, 3e-2},     // 1.20e-2 | 1.39e-2
-    {weight_type::q4_0, 3e-2, 3e-2},     // 1.09e-2 | 1.31e-2
-    {weight_type::q5_0, 3e-2, 3e-2},     // 1.38e-2 | 1.27e-2
-    {weight_type::q4_1, 3.5e-2, 3.5e-2}, // 1.32e-2 | 1.35e-2
-    {weight_type::q5_1, 3.5e-2, 3.5e-2}, // 1.43e-2 | 1.53e-2
-    {weight_type::q4_k, 4.5e-2, 4.5e-2}, // 1.96e-2 | 1.80e-2
-    {weight_type::q5_k, 4.5e-2, 4.5e-2}, // 1.77e-2 | 2.00e-2
-    {weight_type::q6_k, 4.5e-2, 4.5e-2}, // 1.67e-2 | 1.83e-2
+    {weight_type::f32, 1e-6, 2e-3},       // 4.3e-7 | 6.5e-4
+    {weight_type::f16, 1.5e-3, 2.5e-3},   // 5.3e-4 | 8.3e-4
+    {weight_type::bf16, 1e-2, 1e-2},      // 4.5e-3 | 4.5e-3
+    {weight_type::q8_0, 3e-2, 3e-2},      // 1.20e-2 | 1.39e-2
+    {weight_type::q4_0, 3e-2, 3e-2},      // 1.09e-2 | 1.31e-2
+    {weight_type::q5_0, 3e-2, 3e-2},      // 1.38e-2 | 1.27e-2
+    {weight_type::q4_1, 3.5e-2, 3.5e-2},  // 1.32e-2 | 1.35e-2
+    {weight_type::q5_1, 3.5e-2, 3.5e-2},  // 1.43e-2 | 1.53e-2
+    {weight_type::q4_k, 4.5e-2, 4.5e-2},  // 1.96e-2 | 1.80e-2
+    {weight_type::q5_k, 4.5e-2, 4.5e-2},  // 1.77e-2 | 2.00e-2
+    {weight_type::q6_k, 4.5e-2, 4.5e-2},  // 1.67e-2 | 1.83e-2
 }};
 
 // Builds synth_options from a fixture's synth_args (the `tandem synth` flags it was made with),
@@ -147,16 +146,26 @@ models::synth_options options_from_args(const std::vector<std::string>& args) {
     }
     REQUIRE_MESSAGE(i + 1 < args.size(), "synth_args: " << flag << " has no value");
     const std::string& v = args[++i];
-    if (flag == "--arch") o.arch = v;
-    else if (flag == "--dim") o.dim = std::stoll(v);
-    else if (flag == "--layers") o.layers = std::stoll(v);
-    else if (flag == "--heads") o.heads = std::stoll(v);
-    else if (flag == "--kv-heads") o.kv_heads = std::stoll(v);
-    else if (flag == "--ffn") o.ffn = std::stoll(v);
-    else if (flag == "--context") o.context = std::stoll(v);
-    else if (flag == "--head-dim") o.head_dim = std::stoll(v);
-    else if (flag == "--seed") o.seed = std::stoull(v);
-    else if (flag == "--name") o.name = v;
+    if (flag == "--arch")
+      o.arch = v;
+    else if (flag == "--dim")
+      o.dim = std::stoll(v);
+    else if (flag == "--layers")
+      o.layers = std::stoll(v);
+    else if (flag == "--heads")
+      o.heads = std::stoll(v);
+    else if (flag == "--kv-heads")
+      o.kv_heads = std::stoll(v);
+    else if (flag == "--ffn")
+      o.ffn = std::stoll(v);
+    else if (flag == "--context")
+      o.context = std::stoll(v);
+    else if (flag == "--head-dim")
+      o.head_dim = std::stoll(v);
+    else if (flag == "--seed")
+      o.seed = std::stoull(v);
+    else if (flag == "--name")
+      o.name = v;
     else if (flag == "--type") {
       const auto t = kernels::parse_weight_type(v);
       REQUIRE_MESSAGE(t.has_value(), "synth_args: unknown --type " << v);
@@ -272,8 +281,7 @@ TEST_SUITE("synth_forward") {
             std::vector<std::vector<float>> runs;
             const std::pair<kernels::cpu::thread_pool*, bool> setups[] = {{nullptr, true}, {&two, true}, {&three, true}, {&two, false}};
             for (const auto& [pool, teams] : setups) {
-              models::forward_context ctx(m, {.n_ctx = 16, .kv = kv_type::f16, .max_batch = n_seq + 2, .n_seq = n_seq, .layer_teams = teams},
-                                          pool);
+              models::forward_context ctx(m, {.n_ctx = 16, .kv = kv_type::f16, .max_batch = n_seq + 2, .n_seq = n_seq, .layer_teams = teams}, pool);
               std::vector<int64_t> seqs(static_cast<size_t>(n_seq));
               std::vector<int32_t> toks(static_cast<size_t>(n_seq));
               for (int64_t s = 0; s < n_seq; ++s) {

@@ -127,8 +127,7 @@ TEST_SUITE("synth") {
         CHECK(copied == 9);
 
         const int64_t q = 4 * hd, kv = 2 * hd;
-        std::map<std::string, std::vector<int64_t>> want = {
-            {"token_embd.weight", {64, 512}}, {"output_norm.weight", {64}}};
+        std::map<std::string, std::vector<int64_t>> want = {{"token_embd.weight", {64, 512}}, {"output_norm.weight", {64}}};
         if (!tied) want["output.weight"] = {64, 512};
         for (int l = 0; l < 2; ++l) {
           const std::string b = "blk." + std::to_string(l) + ".";

@@ -20,9 +20,7 @@ namespace tandem::test {
 
 // Deterministic element values, exactly representable in F16 and BF16 (multiples of 1/8 in
 // [-1, 1)), different per tensor so a view bound to the wrong tensor shows.
-inline float tiny_value(size_t tensor_index, int64_t i) {
-  return static_cast<float>((i + static_cast<int64_t>(tensor_index) * 5) % 16 - 8) * 0.125f;
-}
+inline float tiny_value(size_t tensor_index, int64_t i) { return static_cast<float>((i + static_cast<int64_t>(tensor_index) * 5) % 16 - 8) * 0.125f; }
 
 // Tensors are F32 unless `types` says otherwise. Types quantize_row can write (F32, F16, BF16,
 // Q8_0) hold value(name, index in tensors(), i): tiny_value, except rope_freqs (positive
@@ -31,11 +29,11 @@ inline float tiny_value(size_t tensor_index, int64_t i) {
 struct tiny_model {
   std::string arch = "llama";
   int64_t n_embd = 16, n_layer = 2, n_head = 4, n_head_kv = 2, n_ff = 24, n_vocab = 32, n_ctx = 64;
-  int64_t key_length = 0;   // > 0: written as attention.key_length (head_dim != n_embd / n_head)
-  bool tied = false;        // no output.weight
-  bool qkv_bias = false;    // attn_{q,k,v}.bias in every layer (qwen2)
-  bool qk_norm = false;     // attn_{q,k}_norm.weight in every layer (qwen3)
-  bool rope_freqs = false;  // rope_freqs.weight, one divisor per rotated pair (Llama 3)
+  int64_t key_length = 0;                               // > 0: written as attention.key_length (head_dim != n_embd / n_head)
+  bool tied = false;                                    // no output.weight
+  bool qkv_bias = false;                                // attn_{q,k,v}.bias in every layer (qwen2)
+  bool qk_norm = false;                                 // attn_{q,k}_norm.weight in every layer (qwen3)
+  bool rope_freqs = false;                              // rope_freqs.weight, one divisor per rotated pair (Llama 3)
   std::set<std::string> omit;                           // keys or tensors left out
   std::map<std::string, std::vector<int64_t>> reshape;  // tensor name -> ne written instead
   std::map<std::string, kernels::weight_type> types;    // tensor name -> type written instead

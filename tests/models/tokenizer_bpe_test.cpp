@@ -54,8 +54,12 @@ TEST_SUITE("tokenizer_bpe") {
 
   TEST_CASE("words are byte-encoded first") {
     // " a" is spelled "Ġa" in the byte-level alphabet.
-    const auto v = make_vocab({"\xC4\xA0", "a", "\xC4\xA0" "a"}, {"\xC4\xA0 a"});
-    CHECK(pieces(v, " a") == strings{"\xC4\xA0" "a"});
+    const auto v = make_vocab({"\xC4\xA0", "a",
+                               "\xC4\xA0"
+                               "a"},
+                              {"\xC4\xA0 a"});
+    CHECK(pieces(v, " a") == strings{"\xC4\xA0"
+                                     "a"});
   }
 
   TEST_CASE("ignore_merges emits a word that is a token whole") {

@@ -57,9 +57,18 @@ TEST_SUITE("tokenizer_spm") {
   }
 
   TEST_CASE("merges continue on merged pieces") {
-    const auto v = make_vocab({{"a", 0}, {"b", 0}, {"ab", -1}, {"abab", -3}, {"\xE2\x96\x81", 0}, {"\xE2\x96\x81" "abab", -5}}, false);
+    const auto v = make_vocab({{"a", 0},
+                               {"b", 0},
+                               {"ab", -1},
+                               {"abab", -3},
+                               {"\xE2\x96\x81", 0},
+                               {"\xE2\x96\x81"
+                                "abab",
+                                -5}},
+                              false);
     CHECK(pieces(v, "abab") == strings{"abab"});
-    CHECK(pieces(v, spm_escape_whitespace(" abab")) == strings{"\xE2\x96\x81" "abab"});
+    CHECK(pieces(v, spm_escape_whitespace(" abab")) == strings{"\xE2\x96\x81"
+                                                               "abab"});
     CHECK(pieces(v, "ababa") == strings{"abab", "a"});
   }
 
@@ -74,13 +83,21 @@ TEST_SUITE("tokenizer_spm") {
     }
     SUBCASE("invalid bytes are single symbols") {
       const auto v = make_vocab({{"a", 0}}, true);
-      CHECK(pieces(v, "\xA9" "a\xC3") == strings{"<0xA9>", "a", "<0xC3>"});
+      CHECK(pieces(v,
+                   "\xA9"
+                   "a\xC3") == strings{"<0xA9>", "a", "<0xC3>"});
     }
   }
 
   TEST_CASE("whitespace escaping") {
-    CHECK(spm_escape_whitespace(" a  b") == "\xE2\x96\x81" "a" "\xE2\x96\x81\xE2\x96\x81" "b");
-    CHECK(spm_unescape_whitespace("\xE2\x96\x81" "a" "\xE2\x96\x81") == " a ");
+    CHECK(spm_escape_whitespace(" a  b") ==
+          "\xE2\x96\x81"
+          "a"
+          "\xE2\x96\x81\xE2\x96\x81"
+          "b");
+    CHECK(spm_unescape_whitespace("\xE2\x96\x81"
+                                  "a"
+                                  "\xE2\x96\x81") == " a ");
     CHECK(spm_escape_whitespace("\t\n") == "\t\n");
   }
 

@@ -72,10 +72,9 @@ TEST_SUITE("tokenizer") {
     // Every vocabulary of a supported type; bert-bge (WordPiece) is checked below to fail
     // cleanly instead.
     const char* files[] = {
-        "ggml-vocab-llama-spm.gguf",      "ggml-vocab-phi-3.gguf",        "ggml-vocab-gpt-2.gguf",
-        "ggml-vocab-llama-bpe.gguf",      "ggml-vocab-qwen2.gguf",        "ggml-vocab-qwen2.5-coder.gguf",
-        "ggml-vocab-deepseek-coder.gguf", "ggml-vocab-deepseek-llm.gguf", "ggml-vocab-falcon.gguf",
-        "ggml-vocab-mpt.gguf",            "ggml-vocab-refact.gguf",       "ggml-vocab-starcoder.gguf",
+        "ggml-vocab-llama-spm.gguf", "ggml-vocab-phi-3.gguf",         "ggml-vocab-gpt-2.gguf",          "ggml-vocab-llama-bpe.gguf",
+        "ggml-vocab-qwen2.gguf",     "ggml-vocab-qwen2.5-coder.gguf", "ggml-vocab-deepseek-coder.gguf", "ggml-vocab-deepseek-llm.gguf",
+        "ggml-vocab-falcon.gguf",    "ggml-vocab-mpt.gguf",           "ggml-vocab-refact.gguf",         "ggml-vocab-starcoder.gguf",
     };
     for (const char* name : files) {
       SUBCASE(name) {
@@ -95,9 +94,8 @@ TEST_SUITE("tokenizer") {
   }
 
   TEST_CASE("round trip: decode(encode(s)) == s") {
-    for (const char* name : {"ggml-vocab-llama-spm.gguf", "ggml-vocab-phi-3.gguf", "ggml-vocab-gpt-2.gguf",
-                             "ggml-vocab-llama-bpe.gguf", "ggml-vocab-qwen2.gguf", "ggml-vocab-deepseek-llm.gguf",
-                             "ggml-vocab-falcon.gguf", "ggml-vocab-starcoder.gguf"}) {
+    for (const char* name : {"ggml-vocab-llama-spm.gguf", "ggml-vocab-phi-3.gguf", "ggml-vocab-gpt-2.gguf", "ggml-vocab-llama-bpe.gguf",
+                             "ggml-vocab-qwen2.gguf", "ggml-vocab-deepseek-llm.gguf", "ggml-vocab-falcon.gguf", "ggml-vocab-starcoder.gguf"}) {
       SUBCASE(name) {
         const auto tok = load(name);
         for (const auto& c : read_cases(name)) {
@@ -229,10 +227,10 @@ TEST_SUITE("tokenizer") {
     constexpr size_t n = 20000;
     std::string random_bytes(n, '\0');
     for (auto& c : random_bytes) c = static_cast<char>(rng() & 0xFF);
-    const std::string inputs[] = {std::string(n, 'a'), std::string(n, ' '), std::string(n, '7'),
+    const std::string inputs[] = {std::string(n, 'a'),        std::string(n, ' '),  std::string(n, '7'),
                                   std::string(n, '\n') + "x", std::string(n, '\''), random_bytes};
-    for (const char* name : {"ggml-vocab-llama-bpe.gguf", "ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf",
-                             "ggml-vocab-deepseek-llm.gguf", "ggml-vocab-mpt.gguf"}) {
+    for (const char* name :
+         {"ggml-vocab-llama-bpe.gguf", "ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf", "ggml-vocab-deepseek-llm.gguf", "ggml-vocab-mpt.gguf"}) {
       const auto tok = load(name);
       for (const auto& text : inputs) {
         const auto t0 = std::chrono::steady_clock::now();

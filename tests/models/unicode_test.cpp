@@ -28,7 +28,9 @@ TEST_SUITE("unicode") {
         CHECK(d.len == 1);
       }
       // A truncated 4-byte sequence is one subpart of three bytes.
-      const auto d = utf8_decode(std::string("\xF0\x9F\xA6" "a"), 0);
+      const auto d = utf8_decode(std::string("\xF0\x9F\xA6"
+                                             "a"),
+                                 0);
       CHECK_FALSE(d.valid);
       CHECK(d.len == 3);
     }
@@ -45,7 +47,10 @@ TEST_SUITE("unicode") {
     CHECK(utf8_is_valid(s));
     CHECK_FALSE(utf8_is_valid("a\xC3"));
     CHECK(utf8_sanitize("ok") == "ok");
-    CHECK(utf8_sanitize("a\xFF" "b\xF0\x9F\xA6") == "a\xEF\xBF\xBD" "b\xEF\xBF\xBD");
+    CHECK(utf8_sanitize("a\xFF"
+                        "b\xF0\x9F\xA6") ==
+          "a\xEF\xBF\xBD"
+          "b\xEF\xBF\xBD");
     CHECK(utf8_lead_len(0x41) == 1);
     CHECK(utf8_lead_len(0x80) == 1);
     CHECK(utf8_lead_len(0xC3) == 2);

@@ -44,7 +44,10 @@ std::string write_vocab_file(const test::scratch_dir& dir, const std::function<v
   gguf_writer w;
   w.set("general.architecture", gguf_out_value::string("llama"));
   w.set("tokenizer.ggml.model", gguf_out_value::string("llama"));
-  w.set("tokenizer.ggml.tokens", gguf_out_value::strings({"<unk>", "<s>", "</s>", "\xE2\x96\x81" "a", "a"}));
+  w.set("tokenizer.ggml.tokens", gguf_out_value::strings({"<unk>", "<s>", "</s>",
+                                                          "\xE2\x96\x81"
+                                                          "a",
+                                                          "a"}));
   w.set("tokenizer.ggml.scores", gguf_out_value::array(std::vector<float>{0, 0, 0, -1, -2}));
   w.set("tokenizer.ggml.token_type", gguf_out_value::array(std::vector<int32_t>{2, 3, 3, 1, 1}));
   w.set("tokenizer.ggml.bos_token_id", gguf_out_value::u32(1));
@@ -92,7 +95,7 @@ TEST_SUITE("vocab") {
     const vocab v(small_data());
     const std::string text = "x<tool_call><s><unk>";
     CHECK_FALSE(v.match_special(text, 0, true));
-    CHECK(v.match_special(text, 1, false) == 6);  // user-defined: always, longest first
+    CHECK(v.match_special(text, 1, false) == 6);              // user-defined: always, longest first
     CHECK(v.match_special(text, 12, false) == std::nullopt);  // control: only when parsing
     CHECK(v.match_special(text, 12, true) == 4);
     CHECK(v.match_special(text, 15, true) == 7);  // unknown behaves as control
@@ -194,11 +197,8 @@ TEST_SUITE("vocab") {
       CHECK(msg.find("expected an array of strings") != std::string::npos);
     }
     SUBCASE("BOS id out of range") {
-      const auto path = write_vocab_file(dir, [](gguf_writer& w) {
-        w.set("tokenizer.ggml.bos_token_id", gguf_out_value::u32(5));
-      });
-      CHECK(load_error(path).find("tokenizer.ggml.bos_token_id: token id 5 is outside the vocabulary of 5") !=
-            std::string::npos);
+      const auto path = write_vocab_file(dir, [](gguf_writer& w) { w.set("tokenizer.ggml.bos_token_id", gguf_out_value::u32(5)); });
+      CHECK(load_error(path).find("tokenizer.ggml.bos_token_id: token id 5 is outside the vocabulary of 5") != std::string::npos);
     }
     SUBCASE("no tokenizer at all") {
       gguf_writer w;
@@ -210,11 +210,8 @@ TEST_SUITE("vocab") {
       CHECK(msg.find("tokenizer.ggml.model") != std::string::npos);
     }
     SUBCASE("unsupported type names the supported ones") {
-      const auto path = write_vocab_file(dir, [](gguf_writer& w) {
-        w.set("tokenizer.ggml.model", gguf_out_value::string("t5"));
-      });
-      CHECK(load_error(path).find("tokenizer.ggml.model: unsupported tokenizer type 't5' (supported: llama, gpt2)") !=
-            std::string::npos);
+      const auto path = write_vocab_file(dir, [](gguf_writer& w) { w.set("tokenizer.ggml.model", gguf_out_value::string("t5")); });
+      CHECK(load_error(path).find("tokenizer.ggml.model: unsupported tokenizer type 't5' (supported: llama, gpt2)") != std::string::npos);
     }
   }
 }

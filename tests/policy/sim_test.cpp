@@ -84,7 +84,8 @@ models:
     kv_bytes_per_token: 1KB
     priority: 80
 policy:
-  interleave: )") + (interleave ? "true" : "false") + "\n",
+  interleave: )") + (interleave ? "true" : "false") +
+                                       "\n",
                                    "r.yaml", "", {.require_files = false});
     };
     const auto on = roster(true), off = roster(false);

@@ -144,8 +144,8 @@ TEST_SUITE("itl_estimator") {
   TEST_CASE("prompt rows fill a pass up to max(target, ratio x a decode pass)") {
     runtime::itl_estimator e;
     CHECK(e.prompt_row_limit({2.0, 0.05}, 16) == 4);  // costs unknown: a probe chunk
-    e.learn(4, 0, 0.010);                              // decode pass 10 ms
-    e.learn(4, 10, 0.030);                             // 10 prompt rows added 20 ms
+    e.learn(4, 0, 0.010);                             // decode pass 10 ms
+    e.learn(4, 10, 0.030);                            // 10 prompt rows added 20 ms
     CHECK(e.decode_pass_s == doctest::Approx(0.010));
     CHECK(e.prompt_row_s == doctest::Approx(0.002));
     CHECK(e.prompt_row_limit({2.0, 0.05}, 16) == 15);  // the target: (0.8 x 50 - 10) / 2

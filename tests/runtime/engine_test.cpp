@@ -109,9 +109,8 @@ TEST_SUITE("engine") {
       CHECK(streams[i]->finished() == runtime::finish_reason::length);
       // Passes between the last submission and the burst's end: this one's tokens released
       // in that window (a pass that ends the burst may release its token just before).
-      const auto passes = std::count_if(got[i].begin(), got[i].end(), [&](const runtime::piece& x) {
-        return x.token >= 0 && x.at > submitted && x.at <= last;
-      });
+      const auto passes =
+          std::count_if(got[i].begin(), got[i].end(), [&](const runtime::piece& x) { return x.token >= 0 && x.at > submitted && x.at <= last; });
       CHECK(passes <= 3);
       // The window means something only if this stream was still decoding after the burst (a
       // slow test thread could submit it after the streams ended).
@@ -266,7 +265,9 @@ TEST_SUITE("engine") {
       auto h = e.submit({"m", p, greedy(20 + static_cast<int64_t>(rng() % 60))});
       hs.push_back(h);
       switch (rng() % 3) {
-        case 0: h->cancel(); break;  // before it starts, most likely
+        case 0:
+          h->cancel();
+          break;  // before it starts, most likely
         case 1: {
           int32_t t = 0;
           for (int k = 0; k < static_cast<int>(rng() % 5) && h->next(&t, 10s); ++k) {
@@ -274,7 +275,8 @@ TEST_SUITE("engine") {
           h->cancel();
           break;
         }
-        default: break;
+        default:
+          break;
       }
     }
     e.drain();
@@ -410,8 +412,7 @@ TEST_SUITE("engine") {
       REQUIRE(pool);
       models::arbiter_residency place(a, m, "m");
       auto make = [&] {
-        runtime::engine eng({{"m", &m, &tok, 0, 1, 256, kernels::cpu::kv_type::f16, nullptr, pool.get(), &place}},
-                            {.threads = 1, .roster = &r});
+        runtime::engine eng({{"m", &m, &tok, 0, 1, 256, kernels::cpu::kv_type::f16, nullptr, pool.get(), &place}}, {.threads = 1, .roster = &r});
         // Streamed, it runs.
         CHECK(collect(*eng.submit({"m", {1, 403, 407}, greedy(6)})) == alone(m, tok, {1, 403, 407}, 6));
       };
@@ -489,7 +490,7 @@ TEST_SUITE("engine") {
     runtime::engine e({em}, {.threads = 1});
     auto a = e.submit({"m", {1, 403}, greedy(200)});
     int32_t t = 0;
-    REQUIRE(a->next(&t, 60s));  // running
+    REQUIRE(a->next(&t, 60s));                      // running
     auto b = e.submit({"m", {1, 404}, greedy(5)});  // waiting: the one place in the queue
     CHECK_THROWS_AS(e.submit({"m", {1, 405}, greedy(5)}), runtime::queue_full);
     const auto st = e.stats("m");

@@ -151,8 +151,7 @@ TEST_SUITE("sampler") {
   TEST_CASE("min-p drops tokens below min_p times the best") {
     // Relative to the best token (id 2): ids 0 and 4 at 0.5x, ids 1 and 3 at 0.02x.
     const float base = 2.0f;
-    const std::vector<float> l = {base + std::log(0.5f), base + std::log(0.02f), base, base + std::log(0.02f),
-                                  base + std::log(0.5f)};
+    const std::vector<float> l = {base + std::log(0.5f), base + std::log(0.02f), base, base + std::log(0.02f), base + std::log(0.5f)};
     for (float temp : {1.0f, 20.0f}) {
       CAPTURE(temp);
       sampling_params p = plain_params(temp, 8);

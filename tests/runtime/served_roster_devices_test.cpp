@@ -37,11 +37,14 @@ bool device_or_skip() {
 }
 
 std::string roster_yaml(const std::string& backend, const std::string& vram, const std::string& host) {
-  return "devices:\n  - name: d0\n    backend: " + backend + "\n    vram: " + vram + "\n    host: " + host + "\n"
+  return "devices:\n  - name: d0\n    backend: " + backend + "\n    vram: " + vram + "\n    host: " + host +
+         "\n"
          "models:\n"
-         "  - name: stories\n    path: " + test::data_path("stories260K.gguf").string() +
-         "\n    preload: " + (vram == "64MiB" ? "device" : "none") + "\n    context: 128\n    max_sequences: 3\n"
-         "  - name: q8\n    path: " + test::data_path("stories260K-q8_0.gguf").string() + "\n    context: 128\n    max_sequences: 2\n";
+         "  - name: stories\n    path: " +
+         test::data_path("stories260K.gguf").string() + "\n    preload: " + (vram == "64MiB" ? "device" : "none") +
+         "\n    context: 128\n    max_sequences: 3\n"
+         "  - name: q8\n    path: " +
+         test::data_path("stories260K-q8_0.gguf").string() + "\n    context: 128\n    max_sequences: 2\n";
 }
 
 // Greedy tokens of three concurrent requests on each model.

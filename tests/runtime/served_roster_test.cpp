@@ -18,9 +18,11 @@ namespace {
 std::string roster_yaml(const std::string& second_model_path, const std::string& devices = "") {
   return "devices:\n  - name: cpu0\n    backend: cpu\n    vram: 64MiB\n    host: 64MiB\n" + devices +
          "models:\n"
-         "  - name: stories\n    aliases: [default, tiny]\n    path: " + test::data_path("stories260K.gguf").string() +
+         "  - name: stories\n    aliases: [default, tiny]\n    path: " +
+         test::data_path("stories260K.gguf").string() +
          "\n    preload: device\n    context: 128\n    max_sequences: 2\n"
-         "  - name: second\n    path: " + second_model_path + "\n    chat_template: chatml\n    context: 128\n    max_sequences: 1\n";
+         "  - name: second\n    path: " +
+         second_model_path + "\n    chat_template: chatml\n    context: 128\n    max_sequences: 1\n";
 }
 
 }  // namespace
@@ -61,9 +63,7 @@ TEST_SUITE("served_roster") {
 
   TEST_CASE("errors name the model and file, or the roster") {
     test::scratch_dir dir;
-    {
-      std::ofstream(dir / "junk.gguf") << "this is not a GGUF file at all, just some text";
-    }
+    { std::ofstream(dir / "junk.gguf") << "this is not a GGUF file at all, just some text"; }
     const auto bad = configs::parse_roster(roster_yaml((dir / "junk.gguf").string()), "t.yaml", ".");
     try {
       runtime::served_roster s(bad, {.threads = 1});
@@ -74,8 +74,8 @@ TEST_SUITE("served_roster") {
       CHECK(msg.find("junk.gguf") != std::string::npos);
     }
     const auto two = configs::parse_roster(
-        roster_yaml(test::data_path("stories260K-q8_0.gguf").string(), "  - name: cpu1\n    backend: cpu\n    vram: 64MiB\n    host: 64MiB\n"), "t.yaml",
-        ".");
+        roster_yaml(test::data_path("stories260K-q8_0.gguf").string(), "  - name: cpu1\n    backend: cpu\n    vram: 64MiB\n    host: 64MiB\n"),
+        "t.yaml", ".");
     CHECK_THROWS_AS(runtime::served_roster(two, {.threads = 1}), std::invalid_argument);
   }
 }

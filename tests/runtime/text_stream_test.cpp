@@ -91,7 +91,7 @@ TEST_SUITE("text_stream") {
     CHECK(r.text == t);  // everything comes out, in order, by the end
     size_t most = 0;
     for (const size_t h : r.held) most = std::max(most, h);
-    CHECK(most > 0);  // " little" waited for what followed
+    CHECK(most > 0);           // " little" waited for what followed
     CHECK(r.held.back() > 0);  // "lot" could still become "lots" until the flush
   }
 
