@@ -125,4 +125,34 @@ size_t prompt_scratch_floats(int padded_dim);  // for either path
 void attend_prompt_avx512(const prompt_tile& t, float* scratch);
 void attend_prompt_avx2(const prompt_tile& t, float* scratch);
 
+// Helpers of the prompt kernel (attention_simd.h) over its lanes type V.
+// Key row j of the tile's KV heads into the interleaved block: P rows of dp floats at `rows`
+// (row h: KV head h, zero rows past the tile's) to dst[e * P + h].
+template <int P>
+inline void interleave_keys_any(const float* rows, int dp, float* dst) {
+  for (int e = 0; e < dp; ++e)
+    for (int h = 0; h < P; ++h) dst[static_cast<size_t>(e) * P + h] = rows[static_cast<size_t>(h) * dp + e];
+}
+
+// e^x lane-wise, within a few ulp: 2^n * p(r) with x = n ln2 + r, |r| <= ln2 / 2, ln2 in two
+// parts; x is clamped to [-87, 88], so n is in [-126, 127]. exp(0) is exactly 1 (the rescale
+// of a block that changes nothing). Written once so that every path takes the same steps,
+// which a row's equal bits on either path rely on.
+template <class V>
+inline typename V::vec prompt_exp(typename V::vec x) {
+  using vec = typename V::vec;
+  x = V::max(V::min(x, V::set1(88.0f)), V::set1(-87.0f));
+  const vec n = V::round(V::mul(x, V::set1(1.44269504088896341f)));
+  vec r = V::fnmadd(n, V::set1(0.693359375f), x);
+  r = V::fnmadd(n, V::set1(-2.12194440e-4f), r);
+  vec p = V::set1(1.9875691500e-4f);
+  p = V::fmadd(p, r, V::set1(1.3981999507e-3f));
+  p = V::fmadd(p, r, V::set1(8.3334519073e-3f));
+  p = V::fmadd(p, r, V::set1(4.1665795894e-2f));
+  p = V::fmadd(p, r, V::set1(1.6666665459e-1f));
+  p = V::fmadd(p, r, V::set1(5.0000001201e-1f));
+  p = V::fmadd(p, V::mul(r, r), V::add(r, V::set1(1.0f)));
+  return V::scale2(p, n);
+}
+
 }  // namespace tandem::kernels::cpu
