@@ -6,6 +6,11 @@ namespace tandem::api {
 
 model_residency residency_of(const memory::arbiter_snapshot& snap, const std::string& model) {
   model_residency r;
+  for (const auto& o : snap.owners)
+    if (o.who.kind == memory::owner_kind::kv && o.who.model == model) {
+      r.kv_device_bytes += o.device;
+      r.kv_host_bytes += o.host;
+    }
   for (const auto& m : snap.models) {
     if (m.name != model) continue;
     r.stream_slots = m.stream_slots;
@@ -35,6 +40,14 @@ model_residency residency_of(const memory::arbiter_snapshot& snap, const std::st
     r.runnable = runtime::runnable(snap, model);
   }
   return r;
+}
+
+double kv_usage_ratio(const memory::arbiter_snapshot& snap) {
+  uint64_t kv = 0;
+  for (const auto& o : snap.owners)
+    if (o.who.kind == memory::owner_kind::kv) kv += o.device;
+  const uint64_t free = snap.device.capacity > snap.device.used ? snap.device.capacity - snap.device.used : 0;
+  return kv + free == 0 ? 1.0 : static_cast<double>(kv) / static_cast<double>(kv + free);
 }
 
 }  // namespace tandem::api

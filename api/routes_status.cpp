@@ -39,7 +39,10 @@ route_result handle_metrics(server_context& ctx, const http_request&) {
       m.set("tandem_kv_blocks_used", l, st.kv_blocks_used);
       m.set("tandem_kv_blocks_cached", l, st.kv_blocks_cached);
       m.set("tandem_kv_blocks_total", l, st.kv_blocks_total);
+      m.set("tandem_kv_pages", l, st.kv_blocks_device);
       const auto res = residency_of(snap, name);
+      m.set("tandem_kv_bytes", {{"model", name}, {"tier", "device"}}, static_cast<double>(res.kv_device_bytes));
+      m.set("tandem_kv_bytes", {{"model", name}, {"tier", "host"}}, static_cast<double>(res.kv_host_bytes));
       m.set("tandem_model_bytes", {{"model", name}, {"tier", "device"}}, static_cast<double>(res.device_bytes));
       m.set("tandem_model_bytes", {{"model", name}, {"tier", "host"}}, static_cast<double>(res.host_bytes));
       m.set("tandem_model_on_device", l, res.runnable ? 1 : 0);
@@ -51,7 +54,14 @@ route_result handle_metrics(server_context& ctx, const http_request&) {
       grow("tandem_swap_in_seconds_total", name, st.swap_in_seconds);
       grow("tandem_swap_outs_total", name, static_cast<double>(st.swap_outs));
       grow("tandem_swap_out_bytes_total", name, static_cast<double>(st.swap_out_bytes));
+      for (const auto& [dir, total] : {std::pair{"to_host", st.kv_blocks_moved_to_host}, std::pair{"to_device", st.kv_blocks_moved_to_device}}) {
+        double& last = ctx.scraped[std::string("tandem_kv_pages_moved_total\n") + name + "\n" + dir];
+        const auto t = static_cast<double>(total);
+        if (t > last) m.add("tandem_kv_pages_moved_total", {{"model", name}, {"direction", dir}}, t - last);
+        last = std::max(last, t);
+      }
     }
+    m.set("tandem_kv_usage_ratio", {}, kv_usage_ratio(snap));
     m.set("tandem_tier_bytes", {{"tier", "device"}, {"kind", "used"}}, static_cast<double>(snap.device.used));
     m.set("tandem_tier_bytes", {{"tier", "device"}, {"kind", "capacity"}}, static_cast<double>(snap.device.capacity));
     m.set("tandem_tier_bytes", {{"tier", "host"}, {"kind", "used"}}, static_cast<double>(snap.host.used));

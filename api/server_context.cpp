@@ -19,7 +19,13 @@ server_context::server_context(runtime::served_roster& s, const configs::server_
   m.declare("tandem_preempted_sequences", "Sequences swapped out of the KV cache, waiting to resume.", metric_type::gauge);
   m.declare("tandem_kv_blocks_used", "KV cache blocks held by running sequences.", metric_type::gauge);
   m.declare("tandem_kv_blocks_cached", "KV cache blocks kept by the prefix cache (device tier).", metric_type::gauge);
-  m.declare("tandem_kv_blocks_total", "KV cache blocks of the model's pool.", metric_type::gauge);
+  m.declare("tandem_kv_blocks_total", "Most KV cache blocks the model may hold (its limit).", metric_type::gauge);
+  m.declare("tandem_kv_pages", "KV pages (one block each) the model holds on the device, from the pool all models share.", metric_type::gauge);
+  m.declare("tandem_kv_bytes", "KV bytes of the model per memory tier (device pages; host: swapped-out sequences, spilled prefixes).",
+            metric_type::gauge);
+  m.declare("tandem_kv_usage_ratio", "Share of the device memory KV could have that KV pages hold (0..1).", metric_type::gauge);
+  m.declare("tandem_kv_pages_moved_total", "KV pages copied between the device and the host, by direction (to_host, to_device).",
+            metric_type::counter);
   m.declare("tandem_model_bytes", "Weight bytes of the model per memory tier (device, host).", metric_type::gauge);
   m.declare("tandem_model_on_device", "1 when the model can run now (its weights on the device, or streamed), else 0.", metric_type::gauge);
   m.declare("tandem_tier_bytes", "Bytes in use and capacity per memory tier.", metric_type::gauge);

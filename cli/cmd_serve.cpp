@@ -2,6 +2,7 @@
 // HTTP API (api/) until SIGINT or SIGTERM, then shuts down gracefully. `--check` only
 // validates the roster (model files need not exist when it states their sizes).
 #include <csignal>
+#include <filesystem>
 #include <cstdio>
 #include <memory>
 #include <stdexcept>
@@ -19,6 +20,7 @@
 #include "configs/byte_size.h"
 #include "configs/duration.h"
 #include "configs/roster_loader.h"
+#include "runtime/roster_check.h"
 #include "runtime/served_roster.h"
 
 namespace tandem::cli {
@@ -71,8 +73,36 @@ void show_loading(runtime::served_roster& served) {
 
 void run_serve(const serve_args& a) {
   if (a.check) {
+    // serve's placement checks, on each model's file where it is there (opened as serve opens
+    // it, nothing allocated), else on the sizes the roster states.
     const auto r = configs::load_roster(a.roster, {.require_files = false});
+    std::vector<std::unique_ptr<models::model>> opened;
+    std::vector<runtime::model_needs> needs;
+    for (const auto& e : r.models) {
+      std::error_code ec;
+      std::unique_ptr<models::model> m;
+      if (std::filesystem::is_regular_file(e.file, ec)) {
+        try {
+          // As serve opens it: packed for the CPU kernels, the file layout on a CUDA device.
+          const bool cuda = r.devices.front().backend == configs::backend_choice::cuda;
+          m = std::make_unique<models::model>(e.file, models::load_options{.pack_weights = !cuda, .own_weights = false});
+        } catch (const std::exception& ex) {
+          throw std::runtime_error("model '" + e.name + "' (" + e.file + "): " + ex.what());
+        }
+      }
+      needs.push_back(runtime::needs_of(e, m.get(), runtime::kv_type_of(e.kv_type)));
+      opened.push_back(std::move(m));
+    }
+    const size_t unit = runtime::page_unit_of(needs);
+    runtime::check_placement(r, needs, unit);
     print_summary(r, nullptr, "");
+    for (const auto& n : needs) {
+      const auto ks = runtime::kv_shape_for(*n.entry, n.kv_bytes_per_token, unit);
+      std::printf("  kv %s: pages of %s (%lld positions), at most %d (%s), %d kept (%s)%s\n", n.entry->name.c_str(),
+                  configs::format_byte_size(ks.page_bytes).c_str(), static_cast<long long>(configs::k_kv_block_tokens), ks.limit_blocks,
+                  configs::format_byte_size(static_cast<uint64_t>(ks.limit_blocks) * ks.page_bytes).c_str(), ks.reserve_blocks,
+                  configs::format_byte_size(static_cast<uint64_t>(ks.reserve_blocks) * ks.page_bytes).c_str(), n.from_file ? "" : " [stated sizes]");
+    }
     std::puts("tandem: roster OK");
     return;
   }

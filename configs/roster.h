@@ -60,9 +60,14 @@ struct model_entry {
   bool pinned = false;  // never leaves the device
   keep_alive_setting keep_alive;
   preload_tier preload = preload_tier::none;
-  int64_t context = 4096;  // KV positions per sequence
-  int max_sequences = 4;   // concurrent sequences
+  int64_t context = 4096;  // KV positions per sequence (a limit: KV pages are taken as used)
+  int max_sequences = 4;   // concurrent sequences (a limit)
   kv_cache_type kv_type = kv_cache_type::f16;
+  // KV bytes on the device the model always keeps, taken at start (a code model's next
+  // completion then never waits for pages), and the most it may hold (default: context x
+  // max_sequences). Elastic in between: pages come from the device pool all models share.
+  uint64_t kv_reserve = 0;
+  std::optional<uint64_t> kv_limit;
   std::string draft;          // a draft model entry speculating for this one
   std::string medusa;         // a medusa entry attached to this one
   std::string chat_template;  // built-in template name; empty: detected from the file
@@ -107,8 +112,11 @@ struct roster {
   const model_entry* find(const std::string& name_or_alias) const;
 };
 
-// Bytes of KV a model's full allocation takes (context x max_sequences x per token), when the
-// per-token figure is known.
+// Positions of one KV block (a page of the device's KV pool holds one block of a model).
+inline constexpr int64_t k_kv_block_tokens = 16;
+
+// Bytes of KV a model may hold at most (kv_limit, else context x max_sequences x per token),
+// when the per-token figure is known.
 std::optional<uint64_t> kv_budget_bytes(const model_entry& m);
 
 const char* role_name(model_role r);

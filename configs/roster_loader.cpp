@@ -66,8 +66,8 @@ device_config read_device(const reader& r, const YAML::Node& n, const std::strin
 
 model_entry read_model(const reader& r, const YAML::Node& n, const std::string& path) {
   r.only_keys(n, path,
-              {"name", "aliases", "path", "role", "priority", "pinned", "keep_alive", "preload", "context", "max_sequences", "kv_type", "draft",
-               "medusa", "chat_template", "size", "kv_bytes_per_token", "optional"});
+              {"name", "aliases", "path", "role", "priority", "pinned", "keep_alive", "preload", "context", "max_sequences", "kv_type", "kv_reserve",
+               "kv_limit", "draft", "medusa", "chat_template", "size", "kv_bytes_per_token", "optional"});
   model_entry m;
   m.line = n.Mark().line + 1;
   if (!n["name"]) r.fail(n, path, "missing key 'name'");
@@ -101,6 +101,15 @@ model_entry read_model(const reader& r, const YAML::Node& n, const std::string& 
   if (n["size"]) m.size_bytes = r.size(n["size"], path + ".size");
   if (n["kv_bytes_per_token"]) m.kv_bytes_per_token = r.size(n["kv_bytes_per_token"], path + ".kv_bytes_per_token");
   if (m.kv_bytes_per_token && *m.kv_bytes_per_token == 0) r.fail(n["kv_bytes_per_token"], path + ".kv_bytes_per_token", "must be > 0");
+  if (n["kv_reserve"]) m.kv_reserve = r.size(n["kv_reserve"], path + ".kv_reserve");
+  if (n["kv_limit"]) m.kv_limit = r.size(n["kv_limit"], path + ".kv_limit");
+  if (m.kv_limit && m.kv_reserve > *m.kv_limit)
+    r.fail(n["kv_reserve"], path + ".kv_reserve",
+           "a floor of " + format_byte_size(m.kv_reserve) + " is above the model's kv_limit of " + format_byte_size(*m.kv_limit));
+  if (m.kv_limit && m.kv_bytes_per_token && *m.kv_limit < *m.kv_bytes_per_token * k_kv_block_tokens)
+    r.fail(n["kv_limit"], path + ".kv_limit",
+           format_byte_size(*m.kv_limit) + " is less than one KV block (" + std::to_string(k_kv_block_tokens) + " positions, " +
+               format_byte_size(*m.kv_bytes_per_token * k_kv_block_tokens) + ")");
 
   if (n["optional"]) m.optional = r.boolean(n["optional"], path + ".optional");
 
@@ -182,7 +191,12 @@ void check_roster(const reader& r, const YAML::Node& doc, roster& out) {
     const auto& m = out.models[i];
     const std::string path = "models[" + std::to_string(i) + "]";
     const uint64_t weights = m.size_bytes.value_or(0);
-    const uint64_t kv = kv_budget_bytes(m).value_or(0);
+    // KV is taken as it is used; only the floor is held from the start.
+    const uint64_t kv = m.kv_reserve;
+    if (m.kv_reserve > d.vram)
+      r.fail(models[i]["kv_reserve"], path + ".kv_reserve",
+             "a floor of " + format_byte_size(m.kv_reserve) + " of KV is more than the device budget of " + format_byte_size(d.vram) +
+                 " (devices[0].vram)");
     if (kv_budget_bytes(m) && m.kv_bytes_per_token && *m.kv_bytes_per_token * static_cast<uint64_t>(m.context) > d.vram)
       r.fail(models[i]["context"] ? models[i]["context"] : models[i], path + ".context",
              "one sequence of " + std::to_string(m.context) + " positions needs " +
@@ -226,7 +240,8 @@ const model_entry* roster::find(const std::string& name_or_alias) const {
 
 std::optional<uint64_t> kv_budget_bytes(const model_entry& m) {
   if (!m.kv_bytes_per_token) return std::nullopt;
-  return *m.kv_bytes_per_token * static_cast<uint64_t>(m.context) * static_cast<uint64_t>(m.max_sequences);
+  const uint64_t full = *m.kv_bytes_per_token * static_cast<uint64_t>(m.context) * static_cast<uint64_t>(m.max_sequences);
+  return m.kv_limit ? std::min(full, *m.kv_limit) : full;
 }
 
 const char* role_name(model_role r) {

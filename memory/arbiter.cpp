@@ -505,6 +505,11 @@ std::optional<allocation> arbiter::allocate(tier t, size_t bytes, owner who) {
   return allocation{t, *off, pool(t).blocks.size_at(*off), at(t, *off)};
 }
 
+uint64_t arbiter::free_bytes(tier t) const {
+  std::lock_guard lock(m_);
+  return pool(t).blocks.free_bytes();
+}
+
 void arbiter::release(const allocation& a) {
   std::lock_guard lock(m_);
   auto& p = pool(a.where);

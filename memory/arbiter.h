@@ -196,6 +196,11 @@ class arbiter {
 
   // Memory for KV and scratch. nullopt when the tier has no free run large enough.
   std::optional<allocation> allocate(tier t, size_t bytes, owner who);
+  // Where tier t's region starts: every allocation's data is region_base(t) + its offset, so
+  // pieces of one owner can be addressed as one base and block-sized strides (paged KV).
+  std::byte* region_base(tier t) const { return pool(t).mem->data(); }
+  // Bytes of tier t free now (other threads may take some meanwhile).
+  uint64_t free_bytes(tier t) const;
   // Throws std::logic_error for an allocation that is not live.
   void release(const allocation& a);
 

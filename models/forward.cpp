@@ -149,7 +149,7 @@ forward_context::forward_context(const model& m, const context_params& p, kernel
       throw std::invalid_argument("KV pool blocks are " + std::to_string(kv_pool_->block_bytes()) + " bytes; this model needs " +
                                   std::to_string(want) + " for " + std::to_string(kv_pool_->block_tokens()) + " positions");
     paged_part_bytes_ = static_cast<size_t>(kv_pool_->block_tokens() * c.kv_dim()) * kv_elem_bytes(kv_type_);
-    paged_block_stride_ = static_cast<int64_t>(kv_pool_->block_bytes() / kv_elem_bytes(kv_type_));
+    paged_block_stride_ = static_cast<int64_t>(kv_pool_->block_stride() / kv_elem_bytes(kv_type_));
   } else {
     // Uninitialised: the OS commits pages as they are written. Huge pages, because decode
     // reads a layer's whole cache at every token after the weights have pushed it out of every
@@ -358,7 +358,7 @@ void forward_context::paged_store(int64_t s, int64_t layer, int64_t p0, const fl
   for (int64_t done = 0; done < len;) {
     const int64_t p = p0 + done;
     const int64_t in_block = std::min(len - done, bt - p % bt);
-    std::byte* block = kv_pool_->data() + static_cast<size_t>(table[static_cast<size_t>(p / bt)]) * kv_pool_->block_bytes();
+    std::byte* block = kv_pool_->data() + static_cast<size_t>(table[static_cast<size_t>(p / bt)]) * kv_pool_->block_stride();
     kernels::cpu::kv_store(block + paged_offset(layer, 0), kv_type_, p % bt, k + done * KV, in_block, KV);
     kernels::cpu::kv_store(block + paged_offset(layer, 1), kv_type_, p % bt, v + done * KV, in_block, KV);
     done += in_block;

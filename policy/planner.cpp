@@ -86,8 +86,8 @@ struct world {
       act(action_kind::preempt, i, why);
       m[i].preempted += m[i].running;
       m[i].running = 0;
-      m[i].kv_device_bytes = 0;
     }
+    m[i].kv_device_bytes = 0;  // its sequences' and cached prefixes' KV leaves with it
     act(action_kind::evict_device, i, why);
     m[i].on_device = false;
   }

@@ -243,10 +243,16 @@ sim_result simulate(const configs::roster& r, const configs::trace_spec& t, cons
         st.on_device = m.on_device;
         st.device_bytes = m.on_device ? m.device_bytes : 0;
         st.on_host = m.on_host;
-        // Paged KV: a running sequence holds the blocks of the tokens it has so far.
-        uint64_t kv_tokens = 0;
-        for (const size_t k : m.running) kv_tokens += static_cast<uint64_t>(rs[k].prefilled + rs[k].generated);
-        st.kv_device_bytes = kv_tokens * m.e->kv_bytes_per_token.value_or(0);
+        // Paged KV, as the engine's pools hold it: a running sequence has the pages (blocks of
+        // configs::k_kv_block_tokens positions) of the tokens it has so far; the model's
+        // kv_reserve floor stays on the device whatever happens, like scratch.
+        const uint64_t bt = configs::k_kv_block_tokens;
+        uint64_t kv_blocks = 0;
+        for (const size_t k : m.running) kv_blocks += (static_cast<uint64_t>(rs[k].prefilled + rs[k].generated) + bt - 1) / bt;
+        const uint64_t page = bt * m.e->kv_bytes_per_token.value_or(0);
+        const uint64_t floor = page == 0 ? 0 : (m.e->kv_reserve + page - 1) / page * page;
+        s.device_other += floor;
+        st.kv_device_bytes = kv_blocks * page > floor ? kv_blocks * page - floor : 0;
         st.running = static_cast<int>(m.running.size());
         st.preempted = static_cast<int>(m.preempted.size());
         st.last_used = at(m.last_used);

@@ -102,6 +102,7 @@ engine::engine(std::vector<engine_model> models, const engine_config& config)
       s->cache = std::make_unique<prefix_cache>(*s->kv, config.prefix_host_blocks < 0 ? s->kv->total_blocks() : config.prefix_host_blocks);
     s->pass.row_tokens.reserve(static_cast<size_t>(config.max_batch_tokens));
     s->pass.row_seqs.reserve(static_cast<size_t>(config.max_batch_tokens));
+    s->publish();  // the pool's floor shows before the first iteration
     models_.push_back(std::move(s));
   }
   if (roster_) check_placeable();
@@ -221,9 +222,11 @@ void engine::retire(served& s, active& a, finish_reason why, const std::string& 
   if (completed)
     if (auto rest = a.text.flush(); !rest.empty()) a.handle->push(-1, std::move(rest));
   if (a.seq >= 0) {
-    // A sequence that ran to its end leaves its full blocks for later prompts: its KV holds
-    // the tokens of positions 0 .. pos-1 (the last sampled token was never evaluated).
-    if (s.cache && completed && !s.kv->swapped_out(a.seq))
+    // A sequence that ran to its end, or was cancelled between passes (a client that hung
+    // up, an infill cut off: the IDE's next keystroke starts with the same tokens), leaves its
+    // full blocks for later prompts: its KV holds the tokens of positions 0 .. pos-1 (the
+    // last sampled token was never evaluated). After an error its KV is not trusted.
+    if (s.cache && (completed || why == finish_reason::cancelled) && !s.kv->swapped_out(a.seq))
       s.cache->insert(std::span<const int32_t>(a.history.data(), static_cast<size_t>(s.ctx->pos(a.seq))), s.kv->table(a.seq));
     s.kv->drop(a.seq);
     s.ctx->reset(a.seq);

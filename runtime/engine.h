@@ -103,6 +103,11 @@ struct model_control {
 struct model_stats {
   int queued = 0, running = 0, preempted = 0;
   int32_t kv_blocks_used = 0, kv_blocks_total = 0, kv_blocks_cached = 0, kv_blocks_cached_host = 0;
+  // The elastic pool's pages (one KV block each): held on the device now, its floor, its
+  // bytes of the device tier each, and blocks copied to the host and back so far.
+  int32_t kv_blocks_device = 0, kv_blocks_floor = 0;
+  uint64_t kv_block_bytes = 0;
+  int64_t kv_blocks_moved_to_host = 0, kv_blocks_moved_to_device = 0;
   int priority = 0;
   bool pinned = false;
   configs::keep_alive_setting keep_alive;

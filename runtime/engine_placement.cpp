@@ -1,6 +1,7 @@
 // The engine's placement of models by the planner: the plan each iteration, its memory
 // actions, and the check that every roster model could run at all.
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 
 #include <spdlog/spdlog.h>
@@ -70,6 +71,7 @@ engine::served* engine::plan_and_pick() {
     f.last_used = m->last_pass;
     f.loaded_at = m->loaded_at;
     f.arrivals_per_s = m->arrivals.at(now);
+    f.kv_floor_bytes = static_cast<uint64_t>(m->kv->floor_blocks()) * m->kv->block_footprint();
     facts.push_back(std::move(f));
   }
   const double link = config_.link_gb_s > 0                       ? config_.link_gb_s
@@ -123,6 +125,9 @@ memory::status engine::carry_out(served& t, const policy::action& act, const mem
     t.swaps.in_bytes += absent;
     t.swaps.in_started = now;
   } else if (act.kind == policy::action_kind::evict_device && present > 0 && st == memory::status::ok) {
+    // Its KV follows it: cached prefix blocks go to the host tier (or are dropped when that
+    // has no room), to come back by copy when a request matches them again.
+    if (t.cache) t.cache->evict(std::numeric_limits<int32_t>::max());
     ++t.swaps.outs;
     t.swaps.out_bytes += present;
     t.swaps.in_started.reset();
@@ -204,6 +209,11 @@ model_stats engine::stats(const std::string& model) const {
   st.kv_blocks_total = s.kv->total_blocks();
   st.kv_blocks_cached = s.kv_cached.load();
   st.kv_blocks_cached_host = s.kv_cached_host.load();
+  st.kv_blocks_device = s.kv_device.load();
+  st.kv_blocks_floor = s.kv->floor_blocks();
+  st.kv_block_bytes = s.kv->block_footprint();
+  st.kv_blocks_moved_to_host = s.kv_moved_to_host.load();
+  st.kv_blocks_moved_to_device = s.kv_moved_to_device.load();
   st.priority = s.cfg.priority;
   if (roster_)
     if (const auto* e = roster_->find(model)) {

@@ -92,6 +92,8 @@ struct engine::served {
   std::atomic<int32_t> kv_in_use{0};
   std::atomic<int32_t> kv_cached{0};
   std::atomic<int32_t> kv_cached_host{0};
+  std::atomic<int32_t> kv_device{0};  // blocks the pool holds on the device (kv_pool::device_blocks)
+  std::atomic<int64_t> kv_moved_to_host{0}, kv_moved_to_device{0};
   std::atomic<int64_t> restored{0};
   clock_type::time_point last_pass = clock_type::now();
   clock_type::time_point loaded_at{};  // when the engine last started loading it (placement by plan)
@@ -103,7 +105,10 @@ struct engine::served {
     kv_cached = cached;
     kv_cached_host = cache ? cache->host_blocks() : 0;
     restored = cache ? cache->restored() : 0;
-    kv_in_use = kv->total_blocks() - kv->free_blocks() - cached;
+    kv_in_use = kv->held_blocks() - cached;
+    kv_device = kv->device_blocks();
+    kv_moved_to_host = kv->moved_to_host();
+    kv_moved_to_device = kv->moved_to_device();
   }
 };
 

@@ -23,7 +23,7 @@ policy::snapshot planner_snapshot(const memory::arbiter_snapshot& a, size_t bloc
   s.host_capacity = a.host.capacity;
   s.link_gb_s = link_gb_s;
   s.disk_gb_s = disk_gb_s;
-  uint64_t weights_on_device = 0;
+  uint64_t weights_on_device = 0, kv_movable = 0;
   for (const auto& f : facts) {
     const auto* m = find_model(a, f.name);
     if (!m) continue;
@@ -48,16 +48,21 @@ policy::snapshot planner_snapshot(const memory::arbiter_snapshot& a, size_t bloc
     st.on_device = st.device_bytes > 0;
     if (all_on) st.device_bytes = 0;  // the planner's "all of it"
     st.on_host = all_host;
-    // The engine's KV pools are fixed device allocations: they count as other bytes, and a
-    // preempted sequence's KV leaves the pool's blocks, not the device budget.
-    st.kv_device_bytes = 0;
+    // KV pages come and go with the model's sequences and cached prefixes (an eviction takes
+    // them to the host tier); the floor stays, like scratch.
+    uint64_t kv = 0;
+    for (const auto& o : a.owners)
+      if (o.who.kind == memory::owner_kind::kv && o.who.model == f.name) kv += o.device;
+    st.kv_device_bytes = kv > f.kv_floor_bytes ? kv - f.kv_floor_bytes : 0;
+    kv_movable += st.kv_device_bytes;
     st.running = f.running;
     st.preempted = f.preempted;
     st.last_used = f.last_used;
     st.loaded_at = f.loaded_at;
     s.models.push_back(std::move(st));
   }
-  s.device_other = a.device.used > weights_on_device ? a.device.used - weights_on_device : 0;
+  const uint64_t counted = weights_on_device + kv_movable;
+  s.device_other = a.device.used > counted ? a.device.used - counted : 0;
   return s;
 }
 

@@ -26,12 +26,14 @@ struct model_facts {
   policy::time_point last_used{};  // last pass
   policy::time_point loaded_at{};  // last load the engine started
   double arrivals_per_s = 0;
+  uint64_t kv_floor_bytes = 0;  // device KV its pool keeps whatever happens (kv_reserve)
 };
 
-// The planner's snapshot: capacities, the device bytes no model holds (KV pools, scratch),
-// and per model its weights' residency, a streamed model's stream slots counted as its own
-// device bytes (it is on the device in part). Models unknown to the arbiter are left out.
-// Sizes count whole arbiter blocks, as the pools do.
+// The planner's snapshot: capacities, the device bytes no model holds or can give back
+// (scratch, KV floors), and per model its weights' residency, a streamed model's stream slots
+// counted as its own device bytes (it is on the device in part), and its device KV pages above
+// its floor (owner {kv, model}: sequences' and cached prefixes' blocks, which leave with it).
+// Models unknown to the arbiter are left out. Sizes count whole arbiter blocks, as the pools do.
 policy::snapshot planner_snapshot(const memory::arbiter_snapshot& a, size_t block_bytes, std::span<const model_facts> facts, double link_gb_s,
                                   double disk_gb_s);
 policy::demand planner_demand(std::span<const model_facts> facts);

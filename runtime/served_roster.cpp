@@ -11,6 +11,7 @@
 #include "configs/byte_size.h"
 #include "models/forward.h"
 #include "runtime/memory_plan.h"
+#include "runtime/roster_check.h"
 
 #if defined(TANDEM_HAVE_CUDA)
 #include "models/cuda/gpu_forward.h"
@@ -20,7 +21,7 @@ namespace tandem::runtime {
 
 namespace {
 
-constexpr int64_t k_block_tokens = 16;  // the engine's KV block size
+constexpr int64_t k_block_tokens = configs::k_kv_block_tokens;
 
 memory::backend_kind backend_kind_of(configs::backend_choice c) {
   switch (c) {
@@ -34,10 +35,6 @@ memory::backend_kind backend_kind_of(configs::backend_choice c) {
   return memory::backend_kind::automatic;
 }
 
-kernels::cpu::kv_type kv_type_of(configs::kv_cache_type t) {
-  return t == configs::kv_cache_type::f32 ? kernels::cpu::kv_type::f32 : kernels::cpu::kv_type::f16;
-}
-
 std::chrono::system_clock::time_point modified(const std::string& path) {
   std::error_code ec;
   const auto t = std::filesystem::last_write_time(path, ec);
@@ -47,8 +44,36 @@ std::chrono::system_clock::time_point modified(const std::string& path) {
 
 }  // namespace
 
+kernels::cpu::kv_type kv_type_of(configs::kv_cache_type t) {
+  return t == configs::kv_cache_type::f32 ? kernels::cpu::kv_type::f32 : kernels::cpu::kv_type::f16;
+}
+
 int32_t kv_blocks_for(const configs::model_entry& e) {
   return static_cast<int32_t>(e.max_sequences * ((e.context + k_block_tokens - 1) / k_block_tokens));
+}
+
+size_t kv_page_unit(std::span<const uint64_t> block_bytes) {
+  size_t unit = memory::k_default_block_bytes;
+  const auto divides_all = [&](size_t u) { return std::all_of(block_bytes.begin(), block_bytes.end(), [&](uint64_t b) { return b % u == 0; }); };
+  while (unit > k_min_page_unit && !divides_all(unit)) unit /= 2;
+  return unit;
+}
+
+kv_shape kv_shape_for(const configs::model_entry& e, uint64_t bytes_per_token, size_t unit) {
+  kv_shape k;
+  k.block_bytes = bytes_per_token * static_cast<uint64_t>(k_block_tokens);
+  k.page_bytes = (k.block_bytes + unit - 1) / unit * unit;
+  k.limit_blocks = kv_blocks_for(e);
+  if (e.kv_limit) {
+    if (*e.kv_limit < k.page_bytes)
+      throw std::runtime_error("model '" + e.name + "' (line " + std::to_string(e.line) + "): kv_limit " + configs::format_byte_size(*e.kv_limit) +
+                               " is less than one KV page (" + std::to_string(k_block_tokens) + " positions, " +
+                               configs::format_byte_size(k.page_bytes) + " of the device)");
+    k.limit_blocks = static_cast<int32_t>(std::min<uint64_t>(static_cast<uint64_t>(k.limit_blocks), *e.kv_limit / k.page_bytes));
+  }
+  k.reserve_blocks =
+      static_cast<int32_t>(std::min<uint64_t>((e.kv_reserve + k.page_bytes - 1) / k.page_bytes, static_cast<uint64_t>(k.limit_blocks)));
+  return k;
 }
 
 served_roster::served_roster(const configs::roster& r, const serve_options& o) : roster_(r) {
@@ -80,10 +105,10 @@ served_roster::served_roster(const configs::roster& r, const serve_options& o) :
                              "; set devices[0].backend: cpu to serve the roster on the CPU");
   }
 #endif
-  arbiter_ = std::make_unique<memory::arbiter>(*backend_, memory::arbiter_config{dev.vram, dev.host});
-
-  std::vector<engine_model> ems;
-  for (const auto& e : roster_.models) {
+  // Every model opened first: the arbiter's allocation unit follows their KV blocks.
+  std::vector<uint64_t> per_token(roster_.models.size());
+  for (size_t i = 0; i < roster_.models.size(); ++i) {
+    auto& e = roster_.models[i];
     auto m = std::make_unique<served_model>();
     m->entry = &e;
     const auto t0 = std::chrono::steady_clock::now();
@@ -111,39 +136,55 @@ served_roster::served_roster(const configs::roster& r, const serve_options& o) :
     if (e.size_bytes && std::abs(static_cast<double>(*e.size_bytes) - static_cast<double>(m->file_bytes)) > 0.05 * static_cast<double>(m->file_bytes))
       runtime::logger().warn("serve: model '{}' states size {} but {} is {}", e.name, format_byte_size(*e.size_bytes), e.file,
                              format_byte_size(m->file_bytes));
-    const auto kv = kv_type_of(e.kv_type);
-    const uint64_t per_token = models::kv_bytes_per_token(m->model->config(), kv);
-    if (e.kv_bytes_per_token && *e.kv_bytes_per_token != per_token)
-      runtime::logger().warn("serve: model '{}' states {} KV bytes per token; its file needs {}", e.name, *e.kv_bytes_per_token, per_token);
+    per_token[i] = models::kv_bytes_per_token(m->model->config(), kv_type_of(e.kv_type));
+    if (e.kv_bytes_per_token && *e.kv_bytes_per_token != per_token[i])
+      runtime::logger().warn("serve: model '{}' states {} KV bytes per token; its file needs {}", e.name, *e.kv_bytes_per_token, per_token[i]);
+    // The planner keeps room for a sequence's KV beside the weights it places: the file's figure.
+    e.kv_bytes_per_token = per_token[i];
     if (e.context > m->model->config().n_ctx_train && m->model->config().n_ctx_train > 0)
       runtime::logger().warn("serve: model '{}' runs a context of {} beyond the {} it was trained with", e.name, e.context,
                              m->model->config().n_ctx_train);
-    const int32_t blocks = kv_blocks_for(e);
-    memory::status st = memory::status::ok;
-    m->kv = memory::kv_pool::make(*arbiter_, e.name, blocks, k_block_tokens, static_cast<size_t>(per_token * k_block_tokens), &st);
-    if (!m->kv)
-      throw std::runtime_error("model '" + e.name + "': its KV cache (" + std::to_string(e.max_sequences) + " x " + std::to_string(e.context) +
-                               " positions, " + format_byte_size(static_cast<uint64_t>(blocks) * per_token * k_block_tokens) +
-                               ") does not fit beside the others in the device budget of " + format_byte_size(dev.vram));
-    m->placement = std::make_unique<models::arbiter_residency>(*arbiter_, *m->model, e.name);
-    if (e.preload != configs::preload_tier::none) apply_memory_action(*m->placement, {policy::action_kind::stage, e.name, "preload", 0});
-    if (e.preload == configs::preload_tier::device || e.pinned) apply_memory_action(*m->placement, {policy::action_kind::load, e.name, "preload", 0});
     runtime::logger().info("serve: {} ({}, {} {}, {} x {} positions) opened in {:.0f} ms", e.name, e.file,
                            models::architecture_name(m->model->config().arch), format_byte_size(m->file_bytes), e.max_sequences, e.context,
                            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    models_.push_back(std::move(m));
+  }
+  // What `serve --check` checks, with the same messages, before anything is allocated.
+  std::vector<model_needs> needs;
+  for (const auto& m : models_) needs.push_back(needs_of(*m->entry, m->model.get(), kv_type_of(m->entry->kv_type)));
+  const size_t unit = page_unit_of(needs);
+  check_placement(roster_, needs, unit);
+  arbiter_ = std::make_unique<memory::arbiter>(*backend_, memory::arbiter_config{dev.vram, dev.host, unit});
+
+  std::vector<engine_model> ems;
+  for (size_t i = 0; i < models_.size(); ++i) {
+    served_model& m = *models_[i];
+    const auto& e = *m.entry;
+    // KV pages come from the device tier all models share, as sequences need them: context x
+    // max_sequences (or kv_limit) is a ceiling; only the kv_reserve floor is taken now.
+    const kv_shape ks = kv_shape_for(e, per_token[i], arbiter_->config().block_bytes);
+    memory::status st = memory::status::ok;
+    m.kv = memory::kv_pool::make_elastic(*arbiter_, e.name, ks.limit_blocks, ks.reserve_blocks, k_block_tokens, static_cast<size_t>(ks.block_bytes),
+                                         &st);
+    if (!m.kv)
+      throw std::runtime_error("model '" + e.name + "' (line " + std::to_string(e.line) + "): its kv_reserve of " +
+                               format_byte_size(static_cast<uint64_t>(ks.reserve_blocks) * ks.page_bytes) +
+                               " does not fit beside the others in the device budget of " + format_byte_size(dev.vram));
+    m.placement = std::make_unique<models::arbiter_residency>(*arbiter_, *m.model, e.name);
+    if (e.preload != configs::preload_tier::none) apply_memory_action(*m.placement, {policy::action_kind::stage, e.name, "preload", 0});
+    if (e.preload == configs::preload_tier::device || e.pinned) apply_memory_action(*m.placement, {policy::action_kind::load, e.name, "preload", 0});
     engine_model em;
     em.name = e.name;
-    em.model = m->model.get();
-    em.tokenizer = m->tokenizer.get();
+    em.model = m.model.get();
+    em.tokenizer = m.tokenizer.get();
     em.priority = e.priority;
     em.max_sequences = e.max_sequences;
     em.context = e.context;
-    em.kv = kv;
-    em.kv_pool = m->kv.get();
-    em.placement = m->placement.get();
+    em.kv = kv_type_of(e.kv_type);
+    em.kv_pool = m.kv.get();
+    em.placement = m.placement.get();
     em.max_queue = roster_.server.limits.max_queue;
     ems.push_back(em);
-    models_.push_back(std::move(m));
   }
   engine_config ec;
   ec.threads = o.threads;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,9 +47,9 @@ struct served_model {
 class served_roster {
  public:
   // Throws std::runtime_error naming the model and file when a model cannot be opened, its
-  // chat template is unknown, or the device cannot hold what the roster asks (KV pools, a
-  // model that could not run even alone); std::invalid_argument for a roster of more than one
-  // device.
+  // chat template is unknown, or the device cannot hold what the roster asks (kv_reserve
+  // floors, a model that could not run even alone); std::invalid_argument for a roster of more
+  // than one device.
   served_roster(const configs::roster& r, const serve_options& o);
   ~served_roster();  // the engine first (it finishes what runs), then placements, pools, arbiter
   served_roster(const served_roster&) = delete;
@@ -72,8 +73,30 @@ class served_roster {
   std::unique_ptr<engine> engine_;
 };
 
-// The device budget's KV blocks for one model: max_sequences sequences of its whole context,
-// in blocks of 16 positions.
+// The cache element type of a roster's kv_type.
+kernels::cpu::kv_type kv_type_of(configs::kv_cache_type t);
+
+// KV blocks of max_sequences sequences of a model's whole context, in blocks of
+// configs::k_kv_block_tokens positions.
 int32_t kv_blocks_for(const configs::model_entry& e);
+
+// A model's elastic KV pool as its roster entry sets it: blocks of block_bytes, each a page of
+// page_bytes of the device tier (rounded up to the arbiter's allocation unit `unit`); at most
+// limit_blocks (kv_blocks_for, or fewer under kv_limit), reserve_blocks of them kept from the
+// start (kv_reserve, rounded up to whole pages). Throws std::runtime_error naming the model
+// and its line for a kv_limit below one page.
+struct kv_shape {
+  uint64_t block_bytes = 0, page_bytes = 0;
+  int32_t limit_blocks = 0;
+  int32_t reserve_blocks = 0;
+};
+kv_shape kv_shape_for(const configs::model_entry& e, uint64_t bytes_per_token, size_t unit);
+
+// The arbiter's allocation unit for a roster whose models' KV blocks are these sizes: the
+// largest power of two from memory::k_default_block_bytes (64 KiB) down to k_min_page_unit
+// that divides every block, so each block is a whole number of units and a page wastes
+// nothing (real models' blocks are multiples of 16 KiB; tiny test models' of 2 KiB).
+inline constexpr size_t k_min_page_unit = 1024;
+size_t kv_page_unit(std::span<const uint64_t> block_bytes);
 
 }  // namespace tandem::runtime

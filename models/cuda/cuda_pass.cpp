@@ -74,7 +74,7 @@ cu::paged_layer cuda_pass::layer_of(int64_t layer) const {
           kv_base_ + (2 * static_cast<size_t>(layer) + 1) * d_.part_bytes,
           kv_,
           block_tokens_,
-          static_cast<int64_t>(d_.block_bytes / eb),
+          static_cast<int64_t>(d_.block_stride / eb),
           c_.kv_dim()};
 }
 

@@ -158,6 +158,7 @@ gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_res
   const size_t eb = elem_bytes(p.kv);
   d.part_bytes = static_cast<size_t>(bt * KV) * eb;
   d.block_bytes = 2 * static_cast<size_t>(c.n_layer) * d.part_bytes;
+  d.block_stride = kv_pool_ ? kv_pool_->block_stride() : d.block_bytes;
   const int64_t n_blocks = p.n_seq * blocks_per_seq_;
   if (!kv_pool_) d.kv = cu::device_buffer(static_cast<size_t>(n_blocks) * d.block_bytes);
   d.h_tables = cu::pinned_buffer(static_cast<size_t>(n_blocks) * sizeof(int32_t));

@@ -47,6 +47,7 @@ struct gpu_device_state {
   cu::event layer_done[2];                      // after the kernels of layers l and l-1 (streaming)
   float *x = nullptr, *xb = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *attn = nullptr, *gate = nullptr, *up = nullptr;
   size_t block_bytes = 0, part_bytes = 0;  // a KV block; one layer's K (or V) rows in it
+  size_t block_stride = 0;                 // bytes from one block id to the next (kv_pool::block_stride)
   // Pinned staging of the per-row arrays, so their copies overlap: positions and table
   // offsets, then one array of relative ids per embedding piece (a piece's ids must not be
   // rewritten while an earlier piece's copy is still queued). Every pass ends synchronised,

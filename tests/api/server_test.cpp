@@ -334,8 +334,20 @@ TEST_SUITE("server") {
     CHECK(done);
     CHECK(joined == alone.get<std::string>());
     CHECK(model_entry(f.port, "stories")["swap_outs"].get<int>() >= 1);
+    // Its KV went to the host with it and came back: pages moved both ways, and what the pool
+    // holds on the device is what the arbiter counts for it.
+    const auto st = model_entry(f.port, "stories");
+    CHECK(st["kv_pages"]["moved_to_host"].get<int64_t>() >= 1);
+    CHECK(st["kv_pages"]["moved_to_device"].get<int64_t>() >= 1);
+    CHECK(st["bytes"]["kv_device"].get<uint64_t>() == st["kv_pages"]["on_device"].get<uint64_t>() * st["kv_pages"]["page_bytes"].get<uint64_t>());
+    CHECK(st["bytes"]["kv_host"].is_number());
+    CHECK(st["kv_pages"]["limit"].get<int>() == st["kv_blocks"]["total"].get<int>());
     const auto m2 = http_call(f.port, "GET", "/metrics").body;
     CHECK(m2.find("tandem_requests_total{model=\"stories\",route=\"completions\",outcome=\"length\"} 2") != std::string::npos);
+    CHECK(m2.find("tandem_kv_pages_moved_total{model=\"stories\",direction=\"to_host\"}") != std::string::npos);
+    CHECK(m2.find("tandem_kv_pages{model=\"stories\"}") != std::string::npos);
+    CHECK(m2.find("tandem_kv_bytes{model=\"stories\",tier=\"device\"}") != std::string::npos);
+    CHECK(m2.find("\ntandem_kv_usage_ratio ") != std::string::npos);
     check_clean(f);
   }
 }

@@ -94,7 +94,7 @@ TEST_SUITE("serve") {
     CHECK(c.stop(SIGTERM) == 0);
   }
 
-  TEST_CASE("--check validates a roster without opening models; a broken roster is a clear error") {
+  TEST_CASE("--check validates a roster with serve's placement checks; a broken roster is a clear error") {
     const std::string roster = (std::filesystem::path(TANDEM_TEST_DATA) / "../../configs/demo.yaml").string();
     const auto ok = test::run_tandem("serve --check -c '" + roster + "'");
     CHECK(ok.exit_code == 0);
@@ -104,5 +104,16 @@ TEST_SUITE("serve") {
     const auto bad = test::run_tandem("serve -c '" + (dir / "bad.yaml").string() + "'");
     CHECK(bad.exit_code == 1);
     CHECK(bad.err.find("vram") != std::string::npos);
+    CHECK(ok.out.find("kv stories: pages of 10.0 KiB") != std::string::npos);  // KV limits and floors, in pages
+    // What serve refuses after opening the model, --check refuses with the same message.
+    std::ofstream(dir / "floor.yaml") << "devices:\n  - backend: cpu\n    vram: 1MiB\n    host: 8MiB\nmodels:\n  - name: tiny\n    path: "
+                                      << test::data_path("stories260K.gguf").string() << "\n    kv_reserve: 900KiB\n    context: 512\n";
+    const auto checked = test::run_tandem("serve --check -c '" + (dir / "floor.yaml").string() + "'");
+    const auto served = test::run_tandem("serve -c '" + (dir / "floor.yaml").string() + "'");
+    CHECK(checked.exit_code == 1);
+    CHECK(served.exit_code == 1);
+    const std::string says = "model 'tiny' (line 6) cannot run on a device budget of 1.0 MiB";
+    CHECK(checked.err.find(says) != std::string::npos);
+    CHECK(served.err.find(says) != std::string::npos);
   }
 }

@@ -73,6 +73,12 @@ TEST_SUITE("roster_loader") {
     CHECK(r.policy.interleave);  // the default
     CHECK(r.policy.itl_target == std::chrono::milliseconds(50));
     CHECK(r.policy.itl_budget == 2.0);
+    CHECK(r.models[0].kv_reserve == 0);
+    CHECK_FALSE(r.models[0].kv_limit);
+    const auto kv = parse(k_base + "    kv_reserve: 64MiB\n    kv_limit: 256MiB\n");
+    CHECK(kv.models[1].kv_reserve == 64u << 20);
+    CHECK(kv.models[1].kv_limit == 256u << 20);
+    CHECK(configs::kv_budget_bytes(kv.models[1]) == 256u << 20);  // below context x max_sequences
     const auto t = parse(k_base + "policy:\n  itl_target: 120ms\n  itl_budget: 0\n");
     CHECK(t.policy.itl_target == std::chrono::milliseconds(120));
     CHECK(t.policy.itl_budget == 0);
@@ -102,11 +108,20 @@ TEST_SUITE("roster_loader") {
         {with("    context: 4096\n", "    context: 4096\n    draft: ghost\n"), "models[0].draft: no model named 'ghost' in the roster"},
         {with("    role: code\n", "    role: coder\n"), "models[1].role: expected one of chat, code, draft, medusa, got 'coder'"},
         {with("    size: 1GiB\n", ""), "models[1].path: model file 'nowhere/code.gguf' is not there, so the entry must state 'size'"},
-        {edit(with("    priority: 10\n", "    priority: 10\n    pinned: true\n    keep_alive: -1\n"), "    vram: 8GiB\n", "    vram: 6GiB\n") +
+        {edit(with("    priority: 10\n", "    priority: 10\n    pinned: true\n    keep_alive: -1\n    kv_reserve: 512MiB\n"), "    vram: 8GiB\n",
+              "    vram: 5GiB\n") +
              "    pinned: true\n",
-         "models[1].pinned: the pinned models (chat, code) need 6.5 GiB of weights and KV on the device, more than the device budget of 6.0 GiB"},
-        {edit(with("    vram: 8GiB\n", "    vram: 4GiB\n"), "    priority: 10\n", "    priority: 10\n    preload: device\n"),
+         "models[1].pinned: the pinned models (chat, code) need 5.5 GiB of weights and KV on the device, more than the device budget of 5.0 GiB"},
+        {edit(with("    vram: 8GiB\n", "    vram: 3GiB\n"), "    priority: 10\n", "    priority: 10\n    preload: device\n"),
          "models[0].preload: the models pinned or preloaded to the device need"},
+        {with("    context: 4096\n", "    context: 4096\n    kv_reserve: 9GiB\n"),
+         "models[0].kv_reserve: a floor of 9.0 GiB of KV is more than the device budget of 8.0 GiB"},
+        {with("    context: 4096\n", "    context: 4096\n    kv_limit: 1MiB\n"),
+         "models[0].kv_limit: 1.0 MiB is less than one KV block (16 positions, 2.0 MiB)"},
+        {with("    context: 4096\n", "    context: 4096\n    kv_limit: 32MiB\n    kv_reserve: 64MiB\n"),
+         "models[0].kv_reserve: a floor of 64.0 MiB is above the model's kv_limit of 32.0 MiB"},
+        {with("    context: 4096\n", "    context: 4096\n    kv_limit: plenty\n"), "models[0].kv_limit: expected a size"},
+        {with("    context: 4096\n", "    context: 4096\n    kv_type: q3_k\n"), "models[0].kv_type: expected one of"},
         {with("    context: 4096\n", "    context: 100000\n"), "models[0].context: one sequence of 100000 positions needs 12.2 GiB of KV cache"},
         {edit(with("    host: 16GiB\n", "    host: 1GiB\n"), "    priority: 10\n", "    priority: 10\n    preload: host\n"),
          "the models preloaded to the host need 4.0 GiB, more than the host budget of 1.0 GiB"},
@@ -165,6 +180,8 @@ TEST_SUITE("roster_loader") {
     CHECK_FALSE(schema.errors(test::yaml_to_json(YAML::Load(k_base + "extra: 1\n"))).empty());
     CHECK_FALSE(schema.errors(test::yaml_to_json(YAML::Load("devices: [{vram: lots}]\nmodels: [{name: a, path: b}]\n"))).empty());
     CHECK(schema.errors(test::yaml_to_json(YAML::Load(k_base))).empty());
+    CHECK(schema.errors(test::yaml_to_json(YAML::Load(k_base + "    kv_reserve: 64MiB\n    kv_limit: 1GiB\n"))).empty());
+    CHECK_FALSE(schema.errors(test::yaml_to_json(YAML::Load(k_base + "    kv_limit: plenty\n"))).empty());
     CHECK(schema.errors(test::yaml_to_json(YAML::Load(k_base + "policy:\n  itl_target: 50ms\n  itl_budget: 2\n"))).empty());
     CHECK_FALSE(schema.errors(test::yaml_to_json(YAML::Load(k_base + "policy:\n  itl_budget: -1\n"))).empty());
   }

@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <stdexcept>
@@ -15,14 +16,14 @@ using namespace tandem::memory;
 namespace {
 
 void fill_seq(kv_pool& p, int64_t seq, unsigned char tag) {
-  for (const int32_t b : p.table(seq)) std::memset(p.data() + static_cast<size_t>(b) * p.block_bytes(), tag + b % 7, p.block_bytes());
+  for (const int32_t b : p.table(seq)) std::memset(p.data() + static_cast<size_t>(b) * p.block_stride(), tag + b % 7, p.block_bytes());
 }
 
 // The bytes of seq's blocks in table order.
 std::vector<unsigned char> bytes_of(const kv_pool& p, int64_t seq) {
   std::vector<unsigned char> out;
   for (const int32_t b : p.table(seq)) {
-    const auto* at = reinterpret_cast<const unsigned char*>(p.data() + static_cast<size_t>(b) * p.block_bytes());
+    const auto* at = reinterpret_cast<const unsigned char*>(p.data() + static_cast<size_t>(b) * p.block_stride());
     out.insert(out.end(), at, at + p.block_bytes());
   }
   return out;
@@ -115,14 +116,27 @@ TEST_SUITE("kv_pool") {
     CHECK(why == status::no_space);
   }
 
-  TEST_CASE("randomized: reserve, truncate, share, drop and swap keep the counts exact") {
+  TEST_CASE("randomized: reserve, truncate, share, drop and swap keep the counts exact (fixed, and elastic pools sharing a tier)") {
+    bool elastic = false;
+    SUBCASE("fixed") { elastic = false; }
+    SUBCASE("elastic") { elastic = true; }
+    CAPTURE(elastic);
     auto b = make_cpu_backend();
-    arbiter a(*b, {1 << 20, 256 << 10, 4096});
+    // Elastic: two models' pools over a device tier with room for 48 of their 64 + 64 blocks.
+    arbiter a(*b, {elastic ? size_t{48} * 4096 : size_t{1} << 20, 256 << 10, 4096});
     std::mt19937_64 rng(99);
-    auto p = kv_pool::make(a, "m", 64, 16, 4096);
+    auto p = elastic ? kv_pool::make_elastic(a, "m", 64, 4, 16, 4096) : kv_pool::make(a, "m", 64, 16, 4096);
+    auto other = elastic ? kv_pool::make_elastic(a, "other", 64, 0, 16, 4000) : nullptr;
     REQUIRE(p);
     for (int step = 0; step < 3000; ++step) {
       const int64_t seq = static_cast<int64_t>(rng() % 8);
+      if (other && rng() % 4 == 0) {
+        if (rng() % 2)
+          other->reserve(seq, static_cast<int64_t>(rng() % 300));
+        else
+          other->drop(seq);
+        other->check();
+      }
       switch (rng() % 6) {
         case 0:
           p->reserve(seq, static_cast<int64_t>(rng() % 200));
@@ -150,7 +164,108 @@ TEST_SUITE("kv_pool") {
       a.check_integrity();
     }
     for (int64_t s = 0; s < 8; ++s) p->drop(s);
-    CHECK(p->free_blocks() == 64);
+    if (other)
+      for (int64_t s = 0; s < 8; ++s) other->drop(s);
+    CHECK(p->free_blocks() == (elastic ? 48 : 64));  // elastic: what the tier holds, within the limit
+    CHECK(p->device_blocks() == (elastic ? 4 : 64));
     CHECK(a.snapshot().host.used == 0);
+  }
+
+  TEST_CASE("an elastic pool takes blocks from the device tier as sequences grow and gives them back as they end") {
+    auto b = make_cpu_backend();
+    arbiter a(*b, {size_t{1} << 20, size_t{1} << 20, 4096});
+    const uint64_t base = a.snapshot().device.used;
+    status why = status::no_space;
+    auto p = kv_pool::make_elastic(a, "chat", 20, 2, 16, 5000, &why);
+    REQUIRE(p);
+    CHECK(why == status::ok);
+    CHECK(p->elastic());
+    CHECK(p->block_stride() == 4096);
+    CHECK(p->block_footprint() == 8192);  // 5000 bytes in whole arbiter blocks
+    CHECK(p->total_blocks() == 20);       // a limit
+    CHECK(p->device_blocks() == 2);       // the floor, taken now
+    CHECK(a.snapshot().device.used == base + 2 * 8192);
+    auto kv_bytes = [&] {
+      for (const auto& o : a.snapshot().owners)
+        if (o.who == owner{owner_kind::kv, "chat", ""}) return o.device;
+      return uint64_t{0};
+    };
+    CHECK(kv_bytes() == 2 * 8192);
+    REQUIRE(p->reserve(1, 16 * 5) == status::ok);
+    CHECK(p->device_blocks() == 5);
+    CHECK(kv_bytes() == 5 * 8192);
+    fill_seq(*p, 1, 3);
+    const auto before = bytes_of(*p, 1);
+    CHECK(p->reserve(2, 16 * 16) == status::no_space);  // 5 + 16 > the limit of 20
+    CHECK(p->table(2).empty());
+    CHECK(p->device_blocks() == 5);  // nothing kept from the refused reserve
+    REQUIRE(p->reserve(2, 16 * 15) == status::ok);
+    CHECK(p->free_blocks() == 0);
+    p->drop(2);
+    CHECK(p->device_blocks() == 5);
+    // Swapped out, the blocks go back to the tier; swapped in, the bytes return.
+    REQUIRE(p->swap_out(1) == status::ok);
+    CHECK(p->device_blocks() == 2);
+    REQUIRE(p->swap_in(1) == status::ok);
+    CHECK(bytes_of(*p, 1) == before);
+    // A stash comes back into a block taken for it.
+    const int32_t first = p->table(1)[0];
+    p->retain(first);
+    const auto st = p->stash(first);
+    REQUIRE(st);
+    p->release_block(first);
+    const auto back = p->unstash(*st);
+    REQUIRE(back);
+    CHECK(std::memcmp(p->data() + static_cast<size_t>(*back) * p->block_stride(), p->data() + static_cast<size_t>(first) * p->block_stride(),
+                      p->block_bytes()) == 0);
+    p->release_block(*back);
+    p->drop_stash(*st);
+    p->drop(1);
+    CHECK(p->device_blocks() == 2);  // back to the floor
+    p->check();
+    a.check_integrity();
+    p.reset();
+    CHECK(a.snapshot().device.used == base);
+    CHECK(a.snapshot().host.used == 0);
+  }
+
+  TEST_CASE("elastic pools share one device tier: what one gives back another can take, weights included") {
+    auto b = make_cpu_backend();
+    arbiter a(*b, {16 * 4096, size_t{1} << 20, 4096});
+    auto chat = kv_pool::make_elastic(a, "chat", 16, 0, 16, 4096);
+    auto code = kv_pool::make_elastic(a, "code", 16, 0, 16, 4096);
+    REQUIRE(chat);
+    REQUIRE(code);
+    REQUIRE(chat->reserve(0, 16 * 16) == status::ok);  // the whole tier
+    CHECK(code->free_blocks() == 0);
+    CHECK(code->reserve(0, 16) == status::no_space);
+    CHECK_FALSE(a.allocate(tier::device, 4096, {owner_kind::scratch, "", ""}));
+    chat->truncate(0, 16 * 4);
+    CHECK(code->free_blocks() == 12);
+    REQUIRE(code->reserve(0, 16 * 10) == status::ok);
+    const auto scratch = a.allocate(tier::device, 2 * 4096, {owner_kind::scratch, "", ""});
+    REQUIRE(scratch);
+    CHECK(chat->reserve(0, 16 * 5) == status::no_space);
+    a.release(*scratch);
+    CHECK(chat->reserve(0, 16 * 5) == status::ok);
+    // Ids of both pools address the same region: no block is handed out twice.
+    std::vector<int32_t> ids(chat->table(0));
+    ids.insert(ids.end(), code->table(0).begin(), code->table(0).end());
+    std::sort(ids.begin(), ids.end());
+    CHECK(std::adjacent_find(ids.begin(), ids.end()) == ids.end());
+    chat->check();
+    code->check();
+    a.check_integrity();
+  }
+
+  TEST_CASE("an elastic pool refuses a floor it cannot have, or one above its limit") {
+    auto b = make_cpu_backend();
+    arbiter a(*b, {8 * 4096, size_t{1} << 20, 4096});
+    status why = status::ok;
+    CHECK_FALSE(kv_pool::make_elastic(a, "big", 20, 9, 16, 4096, &why));
+    CHECK(why == status::no_space);
+    CHECK(a.snapshot().device.used == 0);  // nothing kept of the floor's first blocks
+    CHECK_THROWS_AS(kv_pool::make_elastic(a, "m", 4, 5, 16, 4096), std::invalid_argument);
+    CHECK_THROWS_AS(kv_pool::make_elastic(a, "m", 4, 0, 10, 4096), std::invalid_argument);
   }
 }

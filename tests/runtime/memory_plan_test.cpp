@@ -22,7 +22,7 @@ policy::action act(policy::action_kind k, uint64_t bytes = 0) { return {k, "m", 
 }  // namespace
 
 TEST_SUITE("memory_plan") {
-  TEST_CASE("the snapshot counts weights per model and everything else as other bytes") {
+  TEST_CASE("the snapshot counts weights and KV pages per model (above its floor) and everything else as other bytes") {
     const models::model m(test::data_path("stories260K.gguf").string());
     auto backend = memory::make_cpu_backend();
     memory::arbiter a(*backend, {8 << 20, 8 << 20, k_block});
@@ -44,7 +44,8 @@ TEST_SUITE("memory_plan") {
     CHECK(s.host_capacity == 8 << 20);
     CHECK(s.link_gb_s == 12.5);
     CHECK(s.disk_gb_s == 3);
-    CHECK(s.device_other == kv->bytes);
+    CHECK(s.device_other == 0);
+    CHECK(s.models[0].kv_device_bytes == kv->bytes);  // its pages leave with it
     CHECK(s.models[0].weight_bytes == weights);
     CHECK_FALSE(s.models[0].on_device);
     CHECK_FALSE(s.models[0].on_host);
@@ -59,8 +60,19 @@ TEST_SUITE("memory_plan") {
     CHECK(s.models[0].on_device);
     CHECK(s.models[0].device_bytes == 0);  // all of it
     CHECK(s.models[0].on_host);
-    CHECK(s.device_other == kv->bytes);
+    CHECK(s.device_other == 0);
     CHECK(runtime::runnable(a.snapshot(), "m"));
+    // A floor it keeps whatever happens counts as other bytes, like scratch.
+    auto floored = facts;
+    floored[0].kv_floor_bytes = kv->bytes;
+    s = runtime::planner_snapshot(a.snapshot(), k_block, floored, 12.5, 3);
+    CHECK(s.models[0].kv_device_bytes == 0);
+    CHECK(s.device_other == kv->bytes);
+    const auto scratch = a.allocate(memory::tier::device, 64 << 10, {memory::owner_kind::scratch, "", ""});
+    REQUIRE(scratch);
+    s = runtime::planner_snapshot(a.snapshot(), k_block, facts, 12.5, 3);
+    CHECK(s.device_other == scratch->bytes);
+    a.release(*scratch);
 
     const auto d = runtime::planner_demand(facts);
     REQUIRE(d.models.size() == 2);

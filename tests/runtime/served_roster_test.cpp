@@ -5,7 +5,9 @@
 #include <doctest/doctest.h>
 
 #include <fstream>
+#include <random>
 #include <thread>
+#include <vector>
 
 #include "configs/roster_loader.h"
 #include "tests/test_support.h"
@@ -77,5 +79,119 @@ TEST_SUITE("served_roster") {
         roster_yaml(test::data_path("stories260K-q8_0.gguf").string(), "  - name: cpu1\n    backend: cpu\n    vram: 64MiB\n    host: 64MiB\n"),
         "t.yaml", ".");
     CHECK_THROWS_AS(runtime::served_roster(two, {.threads = 1}), std::invalid_argument);
+  }
+
+  TEST_CASE("a scaled office roster: KV pages come and go from one device pool, beyond what full reservations would allow") {
+    // A chat model with 4 x 2048 positions and a code model with 2 x 512, whose KV reserved
+    // up front (512 + 64 blocks of 10 KiB: 5.6 MiB) would not fit the 4 MiB device beside
+    // their 1.5 MiB of weights. KV pages are taken as sequences grow and given back as they end.
+    const std::string yaml =
+        "devices:\n  - backend: cpu\n    vram: 4MiB\n    host: 64MiB\n"
+        "models:\n"
+        "  - name: chat\n    path: " +
+        test::data_path("stories260K.gguf").string() +
+        "\n    priority: 10\n    context: 2048\n    max_sequences: 4\n"
+        "  - name: code\n    path: " +
+        test::data_path("stories260K-q8_0.gguf").string() +
+        "\n    role: code\n    priority: 50\n    preload: device\n    context: 512\n    max_sequences: 2\n"
+        "    kv_reserve: 256KiB\n";
+    const auto r = configs::parse_roster(yaml, "office.yaml", ".");
+    runtime::served_roster s(r, {.threads = 1});
+    auto& e = s.executor();
+    const auto floor = e.stats("code").kv_blocks_device;
+    CHECK(floor == 26);  // 256 KiB in whole pages of one 10 KiB block (16 positions) each
+    CHECK(e.stats("chat").kv_blocks_device == 0);
+    CHECK(e.stats("chat").kv_blocks_total == 4 * 2048 / 16);  // a limit, not a reservation
+    const uint64_t page = e.stats("chat").kv_block_bytes;
+    CHECK(page == 10u << 10);  // the arbiter's unit divides every model's block: no page is padded
+    CHECK(static_cast<uint64_t>(e.stats("chat").kv_blocks_total + e.stats("code").kv_blocks_total) * page > s.arbiter().snapshot().device.capacity);
+
+    runtime::generation_params longer;
+    longer.max_tokens = 1900;  // most of the chat's context
+    longer.stop_at_eog = false;
+    runtime::generation_params shorter;
+    shorter.max_tokens = 24;
+    shorter.stop_at_eog = false;
+    // A long chat, while the code model keeps answering.
+    auto big = e.submit({"chat", {1, 403, 407, 300}, longer});
+    std::vector<std::shared_ptr<runtime::request_handle>> code;
+    for (int i = 0; i < 6; ++i) {
+      code.push_back(e.submit({"code", {1, 261, static_cast<int32_t>(300 + i)}, shorter}));
+      code.back()->wait();
+      CHECK(code.back()->finished() == runtime::finish_reason::length);
+    }
+    int32_t most = 0;
+    while (big->finished() == runtime::finish_reason::none) {
+      most = std::max(most, e.stats("chat").kv_blocks_device);
+      std::this_thread::sleep_for(2ms);
+    }
+    CHECK(big->finished() == runtime::finish_reason::length);
+    CHECK(most >= 100);  // about 1904 positions in blocks of 16 at its peak
+    // Three chat sessions and code requests at once: all complete.
+    std::vector<std::shared_ptr<runtime::request_handle>> all;
+    for (int i = 0; i < 3; ++i) all.push_back(e.submit({"chat", {1, static_cast<int32_t>(400 + i), 286}, shorter}));
+    for (int i = 0; i < 4; ++i) all.push_back(e.submit({"code", {1, static_cast<int32_t>(350 + i), 287}, shorter}));
+    for (auto& h : all) {
+      h->wait();
+      CHECK(h->finished() == runtime::finish_reason::length);
+    }
+    e.drain();
+    // Back to what the prefix caches keep (and the code model's floor).
+    for (const char* m : {"chat", "code"}) {
+      CAPTURE(m);
+      const auto st = e.stats(m);
+      CHECK(st.kv_blocks_used == 0);
+      CHECK(st.kv_blocks_device <= std::max(st.kv_blocks_cached, st.kv_blocks_floor));
+    }
+    s.arbiter().check_integrity();
+  }
+
+  TEST_CASE("cancelling at random points, two models sharing the device's KV pages: every page comes back") {
+    const std::string yaml =
+        "devices:\n  - backend: cpu\n    vram: 3MiB\n    host: 8MiB\n"
+        "models:\n"
+        "  - name: a\n    path: " +
+        test::data_path("stories260K.gguf").string() +
+        "\n    context: 256\n    max_sequences: 4\n"
+        "  - name: b\n    path: " +
+        test::data_path("stories260K-q8_0.gguf").string() + "\n    context: 256\n    max_sequences: 4\n    kv_reserve: 40KiB\n";
+    const auto r = configs::parse_roster(yaml, "t.yaml", ".");
+    runtime::served_roster s(r, {.threads = 2, .max_batch_tokens = 32, .prefill_chunk = 8});
+    auto& e = s.executor();
+    std::mt19937 rng(7);
+    std::vector<std::shared_ptr<runtime::request_handle>> hs;
+    for (int i = 0; i < 32; ++i) {
+      std::vector<int32_t> p{1};
+      for (int k = 0; k < 5 + static_cast<int>(rng() % 40); ++k) p.push_back(static_cast<int32_t>(10 + rng() % 400));
+      runtime::generation_params g;
+      g.max_tokens = 20 + static_cast<int64_t>(rng() % 100);
+      g.stop_at_eog = false;
+      auto h = e.submit({i % 2 ? "a" : "b", p, g});
+      hs.push_back(h);
+      if (rng() % 3 == 0) h->cancel();
+      if (rng() % 3 == 1) {
+        int32_t t = 0;
+        for (int k = 0; k < static_cast<int>(rng() % 5) && h->next(&t, 10s); ++k) {
+        }
+        h->cancel();
+      }
+    }
+    e.drain();
+    int cancelled = 0;
+    for (const auto& h : hs) {
+      CHECK(h->finished() != runtime::finish_reason::none);
+      CHECK(h->finished() != runtime::finish_reason::error);
+      cancelled += h->finished() == runtime::finish_reason::cancelled;
+    }
+    CHECK(cancelled > 0);
+    for (const auto& m : s.models()) {
+      CAPTURE(m->name());
+      const auto st = e.stats(m->name());
+      CHECK(st.kv_blocks_used == 0);
+      CHECK(st.kv_blocks_device <= std::max(st.kv_blocks_cached, st.kv_blocks_floor));
+      m->kv->check();
+    }
+    CHECK(e.stats("b").kv_blocks_floor == 4);
+    s.arbiter().check_integrity();
   }
 }
