@@ -126,8 +126,9 @@ memory::status engine::carry_out(served& t, const policy::action& act, const mem
     t.swaps.in_started = now;
   } else if (act.kind == policy::action_kind::evict_device && present > 0 && st == memory::status::ok) {
     // Its KV follows it: cached prefix blocks go to the host tier (or are dropped when that
-    // has no room), to come back by copy when a request matches them again.
-    if (t.cache) t.cache->evict(std::numeric_limits<int32_t>::max());
+    // has no room), to come back by copy when a request matches them again. (A fixed pool's
+    // blocks free nothing for others: they stay.)
+    if (t.cache && t.kv->elastic()) t.cache->evict(std::numeric_limits<int32_t>::max());
     ++t.swaps.outs;
     t.swaps.out_bytes += present;
     t.swaps.in_started.reset();
