@@ -217,6 +217,11 @@ int64_t kv_pool::capacity(int64_t seq) const { return static_cast<int64_t>(table
 
 bool kv_pool::swapped_out(int64_t seq) const { return swapped_.count(seq) != 0; }
 
+int32_t kv_pool::swapped_blocks(int64_t seq) const {
+  const auto it = swapped_.find(seq);
+  return it == swapped_.end() ? 0 : it->second.blocks;
+}
+
 status kv_pool::swap_out(int64_t seq) {
   if (!arbiter_) return status::not_resident;
   if (swapped_.count(seq)) return status::ok;

@@ -102,6 +102,8 @@ class kv_pool {
   int64_t capacity(int64_t seq) const;
   int32_t refcount(int32_t block) const { return refs_.at(static_cast<size_t>(block)); }
   bool swapped_out(int64_t seq) const;
+  // Blocks a swapped-out sequence needs to come back (0 when it is not swapped out).
+  int32_t swapped_blocks(int64_t seq) const;
 
   // Copies `seq`'s blocks to one host allocation and frees them on the device (a block shared
   // with another sequence stays for that one). no_space when the host tier cannot take them;

@@ -22,10 +22,14 @@ struct model_state {
                                  // (the rest is streamed through stream slots each pass)
   bool on_host = false;          // a host copy of every segment (or landing)
   uint64_t kv_device_bytes = 0;  // KV its sequences hold on the device now
-  int running = 0;               // sequences being generated (their KV is on the device)
-  int preempted = 0;             // sequences whose KV waits on the host
-  time_point last_used{};        // last time a request of it ran
-  time_point loaded_at{};        // when it last came onto the device
+  // Device KV its waiting work needs and cannot get from the free device memory now: its
+  // preempted sequences' pages back (and one more each), the first pages of requests it has
+  // slots for. Room is made for it as for weights.
+  uint64_t kv_wanted_bytes = 0;
+  int running = 0;         // sequences being generated (their KV is on the device)
+  int preempted = 0;       // sequences whose KV waits on the host
+  time_point last_used{};  // last time a request of it ran
+  time_point loaded_at{};  // when it last came onto the device
 };
 
 struct snapshot {

@@ -215,7 +215,14 @@ plan plan_tandem(const configs::roster& r, const snapshot& s, const demand& d, t
       if (w.make_room(i, w.m[i].weight_bytes - resident_bytes(w.m[i]), false, why, false, true)) w.bring(i, "room for the rest");
       continue;
     }
-    if (w.m[i].on_device) continue;
+    if (w.m[i].on_device) {
+      // On the device but short of KV pages for its waiting work: room from others, by base
+      // priority first, then by aged rank, then preempting (as for weights below).
+      const uint64_t want = w.m[i].kv_wanted_bytes;
+      if (want > w.device_free() && !w.make_room(i, want, false, why + " (KV)", false, true) && !w.make_room(i, want, false, why + " (KV)"))
+        w.make_room(i, want, true, why + " (KV)");
+      continue;
+    }
     const uint64_t kv = w.need(i) - w.m[i].weight_bytes;
     const uint64_t at_least = kv + w.m[i].weight_bytes / 2;
     auto stream_beside = [&](bool by_base) {

@@ -37,6 +37,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -50,6 +51,7 @@
 #include "models/model.h"
 #include "models/tokenizer.h"
 #include "models/weight_residency.h"
+#include "runtime/memory_plan.h"
 #include "policy/plan_types.h"
 #include "runtime/batch_plan.h"
 #include "runtime/itl_estimator.h"
@@ -227,6 +229,12 @@ class engine {
   // (engine_interleave.cpp).
   void interleave(served& outer) noexcept;
   served* interleavable(const served& outer, std::chrono::steady_clock::duration paused);
+  // Device KV bytes a model's waiting work needs and its pool cannot get now (the planner
+  // makes room for them); 0 when the free pages suffice.
+  uint64_t kv_wanted(const served& s) const;
+  // Ends, with an error naming the sizes, each preempted sequence whose KV could not fit on the
+  // device even with every other model evicted (snap and facts in models_ order).
+  void end_unplaceable(const policy::snapshot& snap, std::span<const model_facts> facts);
   served* find(const std::string& name) const;         // null when no model has that name
   const served& known(const std::string& name) const;  // throws std::invalid_argument for an unknown name
   served* pick();

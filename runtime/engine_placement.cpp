@@ -53,6 +53,54 @@ engine::~engine() {
   thread_.join();
 }
 
+void engine::end_unplaceable(const policy::snapshot& snap, std::span<const model_facts> facts) {
+  for (size_t i = 0; i < models_.size() && i < snap.models.size(); ++i) {
+    served& s = *models_[i];
+    if (!s.kv->elastic() || s.queues.preempted.empty()) continue;
+    // The most pages one of its sequences could ever hold: the device without what no
+    // eviction frees (scratch, every floor but its own) and without its own weights. Judged
+    // only while all its weights are on the device (a model off it waits for its turn).
+    const policy::model_state& st = snap.models[i];
+    if (st.name != s.cfg.name || !st.on_device || st.device_bytes != 0) continue;
+    const uint64_t weights = st.weight_bytes;
+    const uint64_t fixed = snap.device_other > facts[i].kv_floor_bytes ? snap.device_other - facts[i].kv_floor_bytes : 0;
+    const uint64_t room = snap.device_capacity > fixed + weights ? snap.device_capacity - fixed - weights : 0;
+    const int64_t most = static_cast<int64_t>(room / s.kv->block_footprint());
+    for (auto it = s.queues.preempted.begin(); it != s.queues.preempted.end();) {
+      active& a = **it;
+      const int64_t need = (a.seq >= 0 && s.kv->swapped_out(a.seq) ? s.kv->swapped_blocks(a.seq) : 0) + 1;
+      if (need <= most) {
+        ++it;
+        continue;
+      }
+      // Waiting would be for ever: say so instead of truncating it.
+      const std::string why = "model '" + s.cfg.name + "': the sequence needs " + std::to_string(need) + " KV pages of " +
+                              std::to_string(s.kv->block_footprint()) + " bytes; the device can give it at most " + std::to_string(most) +
+                              " beside the model's weights";
+      runtime::logger().warn("engine: {}", why);
+      retire(s, a, finish_reason::error, why);
+      it = s.queues.preempted.erase(it);
+    }
+  }
+}
+
+uint64_t engine::kv_wanted(const served& s) const {
+  // Only an elastic pool takes pages from the device budget the planner can free.
+  if (!s.kv->elastic()) return 0;
+  const int64_t bt = s.kv->block_tokens();
+  int64_t pages = 0;
+  for (const auto& a : s.queues.preempted)  // swapped out, or to be evaluated again
+    pages += (a->seq >= 0 && s.kv->swapped_out(a->seq) ? s.kv->swapped_blocks(a->seq) : static_cast<int64_t>(a->history.size()) / bt) + 1;
+  size_t slots = s.free_seqs.size();
+  for (const auto& a : s.queues.waiting) {
+    if (slots-- == 0) break;
+    pages += (std::min<int64_t>(static_cast<int64_t>(a->prompt.size()), config_.prefill_chunk) + bt) / bt;
+  }
+  // Running sequences that could not grow this pass were preempted, and count above.
+  const int64_t short_by = pages - s.kv->free_blocks();
+  return short_by > 0 ? static_cast<uint64_t>(pages) * s.kv->block_footprint() : 0;
+}
+
 engine::served* engine::plan_and_pick() {
   const auto now = clock_type::now();
   auto& arb = models_.front()->cfg.placement->arbiter();
@@ -72,6 +120,7 @@ engine::served* engine::plan_and_pick() {
     f.loaded_at = m->loaded_at;
     f.arrivals_per_s = m->arrivals.at(now);
     f.kv_floor_bytes = static_cast<uint64_t>(m->kv->floor_blocks()) * m->kv->block_footprint();
+    f.kv_wanted_bytes = kv_wanted(*m);
     facts.push_back(std::move(f));
   }
   const double link = config_.link_gb_s > 0                       ? config_.link_gb_s
@@ -79,6 +128,7 @@ engine::served* engine::plan_and_pick() {
                                                                   : 25.0;
   const auto snap_now = arb.snapshot();
   const auto snap = planner_snapshot(snap_now, arb.config().block_bytes, facts, link, 2.0);
+  end_unplaceable(snap, facts);
   const auto plan = policy::make_plan(*roster_, snap, planner_demand(facts), now);
   for (const auto& act : plan.actions) {
     served* t = find(act.model);

@@ -55,6 +55,7 @@ policy::snapshot planner_snapshot(const memory::arbiter_snapshot& a, size_t bloc
       if (o.who.kind == memory::owner_kind::kv && o.who.model == f.name) kv += o.device;
     st.kv_device_bytes = kv > f.kv_floor_bytes ? kv - f.kv_floor_bytes : 0;
     kv_movable += st.kv_device_bytes;
+    st.kv_wanted_bytes = f.kv_wanted_bytes;
     st.running = f.running;
     st.preempted = f.preempted;
     st.last_used = f.last_used;

@@ -26,7 +26,8 @@ struct model_facts {
   policy::time_point last_used{};  // last pass
   policy::time_point loaded_at{};  // last load the engine started
   double arrivals_per_s = 0;
-  uint64_t kv_floor_bytes = 0;  // device KV its pool keeps whatever happens (kv_reserve)
+  uint64_t kv_floor_bytes = 0;   // device KV its pool keeps whatever happens (kv_reserve)
+  uint64_t kv_wanted_bytes = 0;  // policy::model_state::kv_wanted_bytes
 };
 
 // The planner's snapshot: capacities, the device bytes no model holds or can give back

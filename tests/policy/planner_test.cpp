@@ -99,6 +99,22 @@ TEST_SUITE("planner") {
     CHECK(p.actions.back().kind == action_kind::load);
   }
 
+  TEST_CASE("a model on the device short of KV pages gets room from an idle lower-priority one") {
+    const auto r = roster();
+    // chat (6 GB) and aux (3 GB) on the device; chat's preempted sequence wants 2 GB of KV back.
+    auto chat = state("chat", 6, true);
+    chat.preempted = 1;
+    chat.kv_wanted_bytes = 2000000000ull;
+    auto s = snap({chat, state("code", 3, false), state("aux", 3, true)});
+    const auto p = policy::plan_tandem(r, s, wants("chat", 0), t0);
+    CHECK(has(p, action_kind::evict_device, "aux"));
+    CHECK(p.run == "chat");
+    // Enough free memory: nothing moves.
+    chat.kv_wanted_bytes = 500000000ull;
+    const auto q = policy::plan_tandem(r, snap({chat, state("code", 3, false), state("aux", 3, true)}), wants("chat", 0), t0);
+    CHECK_FALSE(has(q, action_kind::evict_device, "aux"));
+  }
+
   TEST_CASE("cost-aware victim: of two equal candidates, the one with a host copy goes first") {
     auto r = roster();
     r.models[2].priority = 20;  // aux as important as chat

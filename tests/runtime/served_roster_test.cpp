@@ -194,4 +194,64 @@ TEST_SUITE("served_roster") {
     CHECK(e.stats("b").kv_blocks_floor == 4);
     s.arbiter().check_integrity();
   }
+
+  TEST_CASE("a model on the device whose sequence needs more KV pages than are free gets them from an idle model's weights") {
+    // 2.6 MiB: both models' weights (1.5 MiB) leave room for about 100 pages, and the chat's
+    // one sequence grows to about 120. The code model, idle, gives way.
+    const std::string yaml =
+        "devices:\n  - backend: cpu\n    vram: 2600KiB\n    host: 16MiB\n"
+        "models:\n"
+        "  - name: chat\n    path: " +
+        test::data_path("stories260K.gguf").string() +
+        "\n    priority: 10\n    context: 2048\n    max_sequences: 1\n    preload: device\n"
+        "  - name: code\n    path: " +
+        test::data_path("stories260K-q8_0.gguf").string() +
+        "\n    role: code\n    priority: 50\n    preload: device\n    context: 256\n    max_sequences: 1\n"
+        "policy:\n  idle_grace: 0s\n  hysteresis: 0s\n";
+    const auto r = configs::parse_roster(yaml, "t.yaml", ".");
+    runtime::served_roster s(r, {.threads = 1});
+    auto& e = s.executor();
+    runtime::generation_params g;
+    g.max_tokens = 1900;
+    g.stop_at_eog = false;
+    auto h = e.submit({"chat", {1, 403, 407, 300}, g});
+    int32_t t = 0;
+    int64_t got = 0;
+    while (h->next(&t, 20s)) ++got;
+    CHECK(h->finished() == runtime::finish_reason::length);
+    CHECK(got == 1900);
+    // The code model answers again afterwards.
+    runtime::generation_params small;
+    small.max_tokens = 8;
+    auto c = e.submit({"code", {1, 261}, small});
+    while (c->next(&t, 20s)) {
+    }
+    CHECK(c->finished() == runtime::finish_reason::length);
+    e.drain();
+    s.arbiter().check_integrity();
+  }
+
+  TEST_CASE("a sequence whose KV could never fit beside its model's weights ends with an error, not a wait for ever") {
+    const std::string yaml =
+        "devices:\n  - backend: cpu\n    vram: 1600KiB\n    host: 16MiB\n"
+        "models:\n"
+        "  - name: chat\n    path: " +
+        test::data_path("stories260K.gguf").string() + "\n    context: 2048\n    max_sequences: 1\n    preload: device\n";
+    const auto r = configs::parse_roster(yaml, "t.yaml", ".");
+    runtime::served_roster s(r, {.threads = 1});
+    runtime::generation_params g;
+    g.max_tokens = 1900;
+    g.stop_at_eog = false;
+    auto h = s.executor().submit({"chat", {1, 403, 407, 300}, g});
+    int32_t t = 0;
+    int64_t got = 0;
+    while (h->next(&t, 20s)) ++got;
+    CHECK(h->finished() == runtime::finish_reason::error);
+    CHECK(h->error().find("KV pages") != std::string::npos);
+    CHECK(got > 100);  // what fitted was served
+    CHECK(got < 1900);
+    s.executor().drain();
+    CHECK(s.executor().stats("chat").kv_blocks_used == 0);
+    s.arbiter().check_integrity();
+  }
 }
