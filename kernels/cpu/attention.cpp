@@ -161,6 +161,18 @@ void attend_runs(const attention_run* runs, int64_t n_runs, kv_type kt, int n_he
     if (runs[i].pages.table && (runs[i].pages.block_tokens <= 0 || runs[i].pages.block_tokens % k_attention_key_block != 0))
       throw std::invalid_argument("attention: a paged cache needs blocks of a multiple of " + std::to_string(k_attention_key_block) +
                                   " positions, got " + std::to_string(runs[i].pages.block_tokens));
+  if (kv_quantized(kt)) return attend_quantized(runs, n_runs, kt, n_heads, n_kv_heads, head_dim, scale, pool, part);
+  const size_t elem = kt == kv_type::f32 ? sizeof(float) : sizeof(uint16_t);
+  for (int64_t i = 0; i < n_runs; ++i)
+    if (runs[i].pages.table && runs[i].pages.block_stride % static_cast<int64_t>(elem) != 0)
+      throw std::invalid_argument("attention: block stride " + std::to_string(runs[i].pages.block_stride) + " bytes is not a whole number of " +
+                                  kv_type_name(kt) + " elements");
+  // The f32 and f16 paths count offsets in elements (attention_impl.h, kv_row_offset).
+  auto pages_of = [&](const attention_run& r) {
+    kv_pages pg = r.pages;
+    pg.block_stride /= static_cast<int64_t>(elem);
+    return pg;
+  };
   int64_t total_rows = 0, max_keys = 0;
   for (int64_t i = 0; i < n_runs; ++i) {
     total_rows += std::max<int64_t>(runs[i].n_q, 0);
@@ -242,7 +254,6 @@ void attend_runs(const attention_run* runs, int64_t n_runs, kv_type kt, int n_he
   const attend_fn attend = select_attend(path);
   const int dp = (head_dim + k_attention_pad - 1) / k_attention_pad * k_attention_pad;
   const int64_t kv_stride = static_cast<int64_t>(n_kv_heads) * head_dim;
-  const size_t elem = kt == kv_type::f32 ? sizeof(float) : sizeof(uint16_t);
   // Scores of a whole row for an f32 cache (two-pass softmax, rows one at a time), one key
   // block for f16 (every head of every row of the task: attention_scratch's H).
   const int64_t score_len = kt == kv_type::f32 ? max_keys : k_attention_key_block;
@@ -269,7 +280,7 @@ void attend_runs(const attention_run* runs, int64_t n_runs, kv_type kt, int n_he
     t.k = static_cast<const char*>(run.k_cache) + static_cast<size_t>(kv_head) * head_dim * elem;
     t.v = static_cast<const char*>(run.v_cache) + static_cast<size_t>(kv_head) * head_dim * elem;
     t.kv_stride = kv_stride;
-    t.pages = run.pages;
+    t.pages = pages_of(run);
     t.n_keys = run.pos0 + row + 1;  // causal: this row sees itself and everything before it
     t.n_rows = static_cast<int>(n_rows);
     t.row_stride = static_cast<int64_t>(n_heads) * head_dim;
@@ -318,7 +329,7 @@ void attend_runs(const attention_run* runs, int64_t n_runs, kv_type kt, int n_he
         prompt_tile pt;
         pt.q_row_stride = static_cast<int64_t>(n_heads) * head_dim;
         pt.kv_stride = kv_stride;
-        pt.pages = run.pages;
+        pt.pages = pages_of(run);
         pt.head_dim = head_dim;
         pt.padded_dim = dp;
         pt.scale = scale;

@@ -33,7 +33,8 @@ inline constexpr int k_attention_key_block = 16;            // keys widened and 
 inline constexpr int k_attention_task_rows = 8;             // query rows per task on an f16 cache (4: 5% slower a key)
 inline constexpr int k_attention_min_units_per_thread = 4;  // else tasks keep one row
 
-// Elements from the task's k (or v) to the row of position p.
+// Elements from the task's k (or v) to the row of position p. The f32 and f16 paths carry
+// pages.block_stride in elements (attend_runs converts ops.h's bytes once per call).
 inline int64_t kv_row_offset(const kv_pages& pg, int64_t kv_stride, int64_t p) {
   if (!pg.table) return p * kv_stride;
   return pg.table[p / pg.block_tokens] * pg.block_stride + (p % pg.block_tokens) * kv_stride;
@@ -84,6 +85,11 @@ inline attention_task task_row(const attention_task& t, int r) {
   one.n_rows = 1;
   return one;
 }
+
+// attention_many (part: null) or one member's part of it on a q8_0 or q4_0 cache
+// (attention_quant.cpp): every row alike, f32 arithmetic over dequantized rows.
+void attend_quantized(const attention_run* runs, int64_t n_runs, kv_type kt, int n_heads, int n_kv_heads, int head_dim, float scale,
+                      thread_pool* pool, const team_part* part);
 
 // Only call these when the CPU supports the path (isa_supported).
 void attend_avx2(const attention_task& t, const attention_scratch& s);

@@ -1,5 +1,6 @@
-// The element-wise ops of ops.h (RMSNorm, RoPE, softmax, SwiGLU, the KV store): the scalar
-// references, and the dispatch to their AVX2 and AVX-512 forms (ops_simd.h).
+// The element-wise ops of ops.h (RMSNorm, RoPE, softmax, SwiGLU, the KV store, the Hadamard
+// rotation of KV heads): the scalar references, and the dispatch to their AVX2 and AVX-512
+// forms (ops_simd.h).
 #include "kernels/cpu/ops.h"
 
 #include <algorithm>
@@ -7,6 +8,8 @@
 #include <cstring>
 #include <limits>
 #include <numbers>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/isa.h"
@@ -184,9 +187,31 @@ void swiglu_fast(float* gate, const float* up, int64_t n, thread_pool* pool) {
   pool->parallel_for(n, k_min_chunk, [&](int64_t b, int64_t e) { swiglu_avx2(gate + b, up + b, e - b); });
 }
 
+const char* kv_type_name(kv_type t) {
+  switch (t) {
+    case kv_type::f32:
+      return "f32";
+    case kv_type::f16:
+      return "f16";
+    case kv_type::q8_0:
+      return "q8_0";
+    case kv_type::q4_0:
+      return "q4_0";
+  }
+  return "?";
+}
+
 void kv_store(void* cache, kv_type kt, int64_t pos, const float* rows, int64_t n, int64_t row_elems) {
   const int64_t first = pos * row_elems;
   const int64_t count = n * row_elems;
+  if (kv_quantized(kt)) {
+    if (row_elems % k_kv_quant_block != 0)
+      throw std::invalid_argument(std::string("kv_store: a ") + kv_type_name(kt) + " cache needs rows of a multiple of 32 elements, got " +
+                                  std::to_string(row_elems));
+    const weight_type wt = kt == kv_type::q8_0 ? weight_type::q8_0 : weight_type::q4_0;
+    quantize_row(wt, rows, static_cast<char*>(cache) + kv_bytes(kt, first), count);
+    return;
+  }
   if (kt == kv_type::f32) {
     std::memcpy(static_cast<float*>(cache) + first, rows, static_cast<size_t>(count) * sizeof(float));
     return;
@@ -195,6 +220,26 @@ void kv_store(void* cache, kv_type kt, int64_t pos, const float* rows, int64_t n
   uint16_t* dst = static_cast<uint16_t*>(cache) + first;
   if (active_isa() != isa::scalar) return f32_to_f16_row_avx2(rows, dst, count);
   for (int64_t i = 0; i < count; ++i) dst[i] = fp32_to_fp16(rows[i]);
+}
+
+void hadamard_heads(float* x, int64_t n_rows, int64_t row_stride, int n_heads, int head_dim) {
+  if (head_dim <= 0 || (head_dim & (head_dim - 1)) != 0)
+    throw std::invalid_argument("hadamard_heads: head_dim must be a power of two, got " + std::to_string(head_dim));
+  const float norm = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  for (int64_t r = 0; r < n_rows; ++r) {
+    for (int h = 0; h < n_heads; ++h) {
+      float* v = x + r * row_stride + static_cast<int64_t>(h) * head_dim;
+      // The fast transform: log2(head_dim) rounds of butterflies (a + b, a - b).
+      for (int len = 1; len < head_dim; len <<= 1)
+        for (int i = 0; i < head_dim; i += 2 * len)
+          for (int j = i; j < i + len; ++j) {
+            const float a = v[j], b = v[j + len];
+            v[j] = a + b;
+            v[j + len] = a - b;
+          }
+      for (int e = 0; e < head_dim; ++e) v[e] *= norm;
+    }
+  }
 }
 
 }  // namespace tandem::kernels::cpu

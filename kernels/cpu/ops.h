@@ -70,7 +70,28 @@ void softmax(float* x, int64_t n);
 
 // Element type of one layer's KV cache, which is position-major:
 // [n_ctx][n_kv_heads][head_dim], so the row of one position is n_kv_heads * head_dim elements.
-enum class kv_type { f32, f16 };
+// q8_0 and q4_0 store ggml's blocks of 32 elements (block_q8_0: 34 bytes, block_q4_0: 18), so
+// head_dim must be a multiple of 32 for them: a head's elements are whole blocks of the row.
+enum class kv_type { f32, f16, q8_0, q4_0 };
+inline constexpr int64_t k_kv_quant_block = 32;
+
+// "f32", "f16", "q8_0", "q4_0".
+const char* kv_type_name(kv_type t);
+inline bool kv_quantized(kv_type t) { return t == kv_type::q8_0 || t == kv_type::q4_0; }
+// Bytes of `elems` cache elements (a multiple of k_kv_quant_block for the quantized types).
+inline int64_t kv_bytes(kv_type t, int64_t elems) {
+  switch (t) {
+    case kv_type::f32:
+      return elems * 4;
+    case kv_type::f16:
+      return elems * 2;
+    case kv_type::q8_0:
+      return elems / k_kv_quant_block * 34;
+    case kv_type::q4_0:
+      return elems / k_kv_quant_block * 18;
+  }
+  return 0;
+}
 
 // Causal self-attention with grouped-query heads for n_q query rows at positions
 // pos0 .. pos0+n_q-1 over keys/values at positions 0 .. pos0+n_q-1 (already written to the
@@ -78,7 +99,9 @@ enum class kv_type { f32, f16 };
 // (must not alias q). Head h uses KV head h / (n_heads / n_kv_heads); n_heads must be a
 // multiple of n_kv_heads. Scores are scaled by `scale` (1/sqrt(head_dim) normally).
 // With an f16 cache the arithmetic is llama.cpp's default CPU (flash-attention) path: Q
-// rounded to f16, online softmax, values accumulated in f16; with f32 nothing is rounded.
+// rounded to f16, online softmax, values accumulated in f16; with f32 nothing is rounded; with
+// q8_0 or q4_0 each key and value row is dequantized to f32 and the rest is f32 (an online
+// softmax over blocks of 16 keys, attention_quant.cpp).
 // The SIMD paths reproduce the scalar one bit for bit on an f16 cache (attention_impl.h).
 // Split over (row, KV head) pairs with the pool (may be null: runs on the calling thread); the
 // query heads sharing a KV head are split further only when that leaves threads idle.
@@ -88,14 +111,16 @@ void attention(const float* q, int64_t n_q, int64_t pos0, const void* k_cache, c
                int head_dim, float scale, float* out, thread_pool* pool);
 
 // Where a sequence's cache rows are when the cache is paged (blocks of positions from a
-// shared pool, the executor's KV): position p's row is at
-// cache + table[p / block_tokens] * block_stride + (p % block_tokens) * row, in elements.
-// block_tokens must be a multiple of 16 (the attention kernels read keys 16 at a time from one
-// block). A null table means one contiguous cache: position p at cache + p * row.
+// shared pool, the executor's KV): position p's row is at byte
+// table[p / block_tokens] * block_stride + (p % block_tokens) * row_bytes of the cache, where
+// row_bytes = kv_bytes(kt, n_kv_heads * head_dim). block_tokens must be a multiple of 16 (the
+// attention kernels read keys 16 at a time from one block); for f32 and f16 caches
+// block_stride must be a multiple of the element size. A null table means one contiguous
+// cache: position p at byte p * row_bytes.
 struct kv_pages {
   const int32_t* table = nullptr;
   int64_t block_tokens = 0;
-  int64_t block_stride = 0;  // elements from one block to the next
+  int64_t block_stride = 0;  // bytes from one block to the next
 };
 
 // One sequence's part of attention_many: n_q query rows at positions pos0 .. pos0+n_q-1 over
@@ -136,7 +161,17 @@ void attention_many_part(const attention_run* runs, int64_t n_runs, kv_type kt, 
                          team_part part);
 
 // Writes n rows of row_elems (= n_kv_heads * head_dim) floats into a cache at positions
-// pos .. pos+n-1, converting to the cache type (f16: round to nearest even).
+// pos .. pos+n-1, converting to the cache type (f16: round to nearest even; q8_0, q4_0:
+// ggml's reference quantizers, byte for byte).
 void kv_store(void* cache, kv_type kt, int64_t pos, const float* rows, int64_t n, int64_t row_elems);
+
+// Rotates each head_dim-wide head of n_rows rows (row r at x + r * row_stride, n_heads heads)
+// in place by the normalised Walsh-Hadamard transform H / sqrt(head_dim). H is symmetric and
+// orthogonal, so applying it twice gives the rows back (within float rounding) and dot
+// products of rotated vectors are those of the originals: rotating queries and keys alike
+// leaves the scores, rotating the values and then the attention output leaves the output.
+// Quantized KV stores rotated rows, whose outliers are spread over the head, so that one large
+// element no longer sets the scale of its whole block (QuaRot). head_dim: a power of two.
+void hadamard_heads(float* x, int64_t n_rows, int64_t row_stride, int n_heads, int head_dim);
 
 }  // namespace tandem::kernels::cpu

@@ -1,6 +1,7 @@
-// Paged KV store and causal GQA attention, the CUDA twins of kernels/cpu/ops.cpp (KV store) and
-// attention.cpp. Attention keeps f32 throughout (also on an f16 cache, unlike the CPU's
-// llama.cpp-compatible f16 accumulation), so it agrees with the CPU within float noise.
+// Paged KV store, causal GQA attention and the Hadamard rotation of heads, the CUDA twins of
+// kernels/cpu/ops.cpp (KV store, rotation) and attention.cpp. Attention keeps f32 throughout
+// (also on an f16 cache, unlike the CPU's llama.cpp-compatible f16 accumulation), so it agrees
+// with the CPU within float noise.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -20,33 +21,111 @@ constexpr int k_warp = 32;
 
 void fail(const char* op, const std::string& why) { throw std::invalid_argument(std::string(op) + ": " + why); }
 
-__device__ __forceinline__ float load(const float* p) { return *p; }
-__device__ __forceinline__ float load(const __half* p) { return __half2float(*p); }
+// How a row of each cache type is read and written: element e of a row that starts at byte
+// `row` (memory/kv_pool.h's layout, kernels/cpu/ops.h's kv_bytes).
+struct fmt_f32 {
+  __device__ static float at(const char* row, int64_t e) { return reinterpret_cast<const float*>(row)[e]; }
+  __device__ static void put(char* row, int64_t e, float v) { reinterpret_cast<float*>(row)[e] = v; }
+};
+struct fmt_f16 {
+  __device__ static float at(const char* row, int64_t e) { return __half2float(reinterpret_cast<const __half*>(row)[e]); }
+  // Round to nearest even, as the CPU's (ggml's) f32 -> f16 conversion into the cache.
+  __device__ static void put(char* row, int64_t e, float v) { reinterpret_cast<__half*>(row)[e] = __float2half_rn(v); }
+};
+// ggml's block_q8_0 (an f16 scale, 32 int8) and block_q4_0 (an f16 scale, 16 bytes: element j in
+// the low nibble of byte j, element j + 16 in the high one); every scale sits at an even byte.
+struct fmt_q8_0 {
+  static constexpr int bytes = 34;
+  __device__ static float at(const char* row, int64_t e) {
+    const char* b = row + (e >> 5) * bytes;
+    return __half2float(*reinterpret_cast<const __half*>(b)) * static_cast<float>(static_cast<int8_t>(b[2 + (e & 31)]));
+  }
+};
+struct fmt_q4_0 {
+  static constexpr int bytes = 18;
+  __device__ static float at(const char* row, int64_t e) {
+    const char* b = row + (e >> 5) * bytes;
+    const int j = static_cast<int>(e & 31);
+    const auto q = static_cast<uint8_t>(b[2 + (j & 15)]);
+    const int code = j < 16 ? (q & 15) : (q >> 4);
+    return __half2float(*reinterpret_cast<const __half*>(b)) * static_cast<float>(code - 8);
+  }
+};
 
-__device__ __forceinline__ void store(float* p, float v) { *p = v; }
-// Round to nearest even, as the CPU's (ggml's) f32 -> f16 conversion into the cache.
-__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
-
-// Element offset of position p's row in a paged cache (memory/kv_pool.h's layout).
-__device__ __forceinline__ int64_t row_offset(const int32_t* table, int64_t p, int64_t block_tokens, int64_t block_stride, int64_t row_elems) {
-  return static_cast<int64_t>(table[p / block_tokens]) * block_stride + (p % block_tokens) * row_elems;
+// Byte offset of position p's row in a paged cache (memory/kv_pool.h's layout).
+__device__ __forceinline__ int64_t row_offset(const int32_t* table, int64_t p, int64_t block_tokens, int64_t block_stride, int64_t row_bytes) {
+  return static_cast<int64_t>(table[p / block_tokens]) * block_stride + (p % block_tokens) * row_bytes;
 }
 
 // ---- kv_store ----
 
 constexpr int k_store_block = 256;
 
-template <class T>
-__global__ void kv_store_kernel(T* kc, T* vc, const float* k_rows, const float* v_rows, row_map rows, int64_t block_tokens, int64_t block_stride,
-                                int64_t row_elems) {
+template <class F>
+__global__ void kv_store_kernel(char* kc, char* vc, const float* k_rows, const float* v_rows, row_map rows, int64_t block_tokens,
+                                int64_t block_stride, int64_t row_elems, int64_t row_bytes) {
   const int64_t r = blockIdx.x;
   const int32_t* table = rows.tables + rows.table_of_row[r];
-  const int64_t off = row_offset(table, rows.pos[r], block_tokens, block_stride, row_elems);
+  const int64_t off = row_offset(table, rows.pos[r], block_tokens, block_stride, row_bytes);
   const float* ks = k_rows + r * row_elems;
   const float* vs = v_rows + r * row_elems;
   for (int64_t e = threadIdx.x; e < row_elems; e += blockDim.x) {
-    store(kc + off + e, ks[e]);
-    store(vc + off + e, vs[e]);
+    F::put(kc + off, e, ks[e]);
+    F::put(vc + off, e, vs[e]);
+  }
+}
+
+// One warp quantizes one block of 32 elements (lane = element), with the CPU quantizers'
+// formulas step for step: products and sums rounded apart (no fused multiply-add), so the
+// blocks are the CPU's byte for byte.
+__device__ void quantize_block_q8_0(float x, char* b, int lane) {
+  float amax = fabsf(x);
+  for (int o = k_warp / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  if (lane == 0) *reinterpret_cast<__half*>(b) = __float2half_rn(d);
+  b[2 + lane] = static_cast<char>(static_cast<int8_t>(roundf(__fmul_rn(x, id))));
+}
+
+__device__ void quantize_block_q4_0(float x, char* b, int lane) {
+  // The element of largest magnitude, the first such on ties (the CPU's signed_absmax).
+  float amax = fabsf(x);
+  int at = lane;
+  for (int o = k_warp / 2; o > 0; o >>= 1) {
+    const float a2 = __shfl_xor_sync(0xffffffffu, amax, o);
+    const int i2 = __shfl_xor_sync(0xffffffffu, at, o);
+    if (a2 > amax || (a2 == amax && i2 < at)) {
+      amax = a2;
+      at = i2;
+    }
+  }
+  const float mx = __shfl_sync(0xffffffffu, x, at);
+  const float d = mx / -8.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  const int code = min(15, static_cast<int>(__fadd_rn(__fmul_rn(x, id), 8.5f)));
+  const int hi = __shfl_down_sync(0xffffffffu, code, 16);
+  if (lane == 0) *reinterpret_cast<__half*>(b) = __float2half_rn(d);
+  if (lane < 16) b[2 + lane] = static_cast<char>(static_cast<uint8_t>(code | (hi << 4)));
+}
+
+template <bool Q8>
+__global__ void kv_store_quant_kernel(char* kc, char* vc, const float* k_rows, const float* v_rows, row_map rows, int64_t block_tokens,
+                                      int64_t block_stride, int64_t row_elems, int64_t row_bytes) {
+  const int64_t r = blockIdx.x;
+  const int32_t* table = rows.tables + rows.table_of_row[r];
+  const int64_t off = row_offset(table, rows.pos[r], block_tokens, block_stride, row_bytes);
+  const int lane = threadIdx.x % k_warp, warp = threadIdx.x / k_warp;
+  const int64_t nb = row_elems / 32;
+  constexpr int bytes = Q8 ? fmt_q8_0::bytes : fmt_q4_0::bytes;
+  for (int64_t b = warp; b < 2 * nb; b += blockDim.x / k_warp) {  // K's blocks, then V's
+    const bool is_v = b >= nb;
+    const int64_t bi = is_v ? b - nb : b;
+    const float x = (is_v ? v_rows : k_rows)[r * row_elems + bi * 32 + lane];
+    char* dst = (is_v ? vc : kc) + off + bi * bytes;
+    if constexpr (Q8)
+      quantize_block_q8_0(x, dst, lane);
+    else
+      quantize_block_q4_0(x, dst, lane);
   }
 }
 
@@ -63,10 +142,10 @@ constexpr int k_max_head_dim = 256;
 constexpr int k_dims_per_thread = k_max_head_dim / k_threads;
 static_assert(k_tile <= k_threads, "each tile weight is computed by one thread");
 
-template <class T>
+template <class F>
 __global__ void __launch_bounds__(k_threads)
-    attention_kernel(const float* q, float* out, row_map rows, const T* kc, const T* vc, int64_t block_tokens, int64_t block_stride,
-                     int64_t row_elems, int n_heads, int group, int head_dim, float scale) {
+    attention_kernel(const float* q, float* out, row_map rows, const char* kc, const char* vc, int64_t block_tokens, int64_t block_stride,
+                     int64_t row_bytes, int64_t head_bytes, int n_heads, int group, int head_dim, float scale) {
   __shared__ float q_s[k_max_head_dim];
   __shared__ float score_s[k_tile];
   __shared__ float weight_s[k_tile];
@@ -75,7 +154,7 @@ __global__ void __launch_bounds__(k_threads)
   const int64_t rh = blockIdx.x;  // r * n_heads + h: also the index of the q and out vectors
   const int64_t r = rh / n_heads;
   const int h = static_cast<int>(rh - r * n_heads);
-  const int64_t head_off = static_cast<int64_t>(h / group) * head_dim;
+  const int64_t head_off = static_cast<int64_t>(h / group) * head_bytes;
   const int lane = threadIdx.x % k_warp;
   const int warp = threadIdx.x / k_warp;
 
@@ -93,10 +172,10 @@ __global__ void __launch_bounds__(k_threads)
   for (int64_t t0 = 0; t0 < n_keys; t0 += k_tile) {
     const int tn = static_cast<int>(n_keys - t0 < k_tile ? n_keys - t0 : k_tile);
     for (int j = warp; j < tn; j += k_warps) {
-      const int64_t off = row_offset(table, t0 + j, block_tokens, block_stride, row_elems) + head_off;
-      const T* kr = kc + off;
+      const int64_t off = row_offset(table, t0 + j, block_tokens, block_stride, row_bytes) + head_off;
+      const char* kr = kc + off;
       float d = 0.0f;
-      for (int e = lane; e < head_dim; e += k_warp) d += q_s[e] * load(kr + e);
+      for (int e = lane; e < head_dim; e += k_warp) d += q_s[e] * F::at(kr, e);
       for (int o = k_warp / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
       if (lane == 0) {
         score_s[j] = d * scale;
@@ -121,10 +200,10 @@ __global__ void __launch_bounds__(k_threads)
     for (int j = 0; j < tn; ++j) {
       const float w = weight_s[j];
       tile_sum += w;
-      const T* vr = vc + off_s[j];
+      const char* vr = vc + off_s[j];
       for (int c = 0; c < k_dims_per_thread; ++c) {
         const int e = threadIdx.x + c * k_threads;
-        if (e < head_dim) acc[c] += w * load(vr + e);
+        if (e < head_dim) acc[c] += w * F::at(vr, e);
       }
     }
     l = l * rescale + tile_sum;
@@ -143,7 +222,10 @@ __global__ void __launch_bounds__(k_threads)
 
 void check_layer(const char* op, const paged_layer& kv, const row_map& rows) {
   if (!kv.k || !kv.v) fail(op, "null K or V cache");
-  if (kv.type != cpu::kv_type::f32 && kv.type != cpu::kv_type::f16) fail(op, "unknown cache type");
+  if (kv.type != cpu::kv_type::f32 && kv.type != cpu::kv_type::f16 && kv.type != cpu::kv_type::q8_0 && kv.type != cpu::kv_type::q4_0)
+    fail(op, "unknown cache type");
+  if (cpu::kv_quantized(kv.type) && kv.row_elems % 32 != 0)
+    fail(op, std::string("a ") + cpu::kv_type_name(kv.type) + " cache needs rows of a multiple of 32");
   if (kv.block_tokens <= 0) fail(op, "block_tokens must be positive, got " + std::to_string(kv.block_tokens));
   if (kv.row_elems <= 0 || kv.block_stride < 0) fail(op, "bad cache row or block stride");
   if (!rows.pos || !rows.tables || !rows.table_of_row) fail(op, "null row map");
@@ -158,12 +240,22 @@ void kv_store(const paged_layer& kv, const float* k_rows, const float* v_rows, i
   if (!k_rows || !v_rows) fail("kv_store", "null K or V rows");
   if (n_rows > INT32_MAX) fail("kv_store", "too many rows");
   const unsigned blocks = static_cast<unsigned>(n_rows);
-  if (kv.type == cpu::kv_type::f32) {
-    kv_store_kernel<float><<<blocks, k_store_block, 0, s>>>(static_cast<float*>(kv.k), static_cast<float*>(kv.v), k_rows, v_rows, rows,
-                                                            kv.block_tokens, kv.block_stride, kv.row_elems);
-  } else {
-    kv_store_kernel<__half><<<blocks, k_store_block, 0, s>>>(static_cast<__half*>(kv.k), static_cast<__half*>(kv.v), k_rows, v_rows, rows,
-                                                             kv.block_tokens, kv.block_stride, kv.row_elems);
+  auto* kc = static_cast<char*>(kv.k);
+  auto* vc = static_cast<char*>(kv.v);
+  const int64_t rb = cpu::kv_bytes(kv.type, kv.row_elems);
+  switch (kv.type) {
+    case cpu::kv_type::f32:
+      kv_store_kernel<fmt_f32><<<blocks, k_store_block, 0, s>>>(kc, vc, k_rows, v_rows, rows, kv.block_tokens, kv.block_stride, kv.row_elems, rb);
+      break;
+    case cpu::kv_type::f16:
+      kv_store_kernel<fmt_f16><<<blocks, k_store_block, 0, s>>>(kc, vc, k_rows, v_rows, rows, kv.block_tokens, kv.block_stride, kv.row_elems, rb);
+      break;
+    case cpu::kv_type::q8_0:
+      kv_store_quant_kernel<true><<<blocks, k_store_block, 0, s>>>(kc, vc, k_rows, v_rows, rows, kv.block_tokens, kv.block_stride, kv.row_elems, rb);
+      break;
+    case cpu::kv_type::q4_0:
+      kv_store_quant_kernel<false><<<blocks, k_store_block, 0, s>>>(kc, vc, k_rows, v_rows, rows, kv.block_tokens, kv.block_stride, kv.row_elems, rb);
+      break;
   }
   check_last("kv_store");
 }
@@ -182,16 +274,67 @@ void attention(const float* q, float* out, int64_t n_rows, const row_map& rows, 
   const int64_t blocks = n_rows * n_heads;
   if (blocks > INT32_MAX) fail("attention", "too many rows");
   const int group = n_heads / n_kv_heads;
-  if (kv.type == cpu::kv_type::f32) {
-    attention_kernel<float><<<static_cast<unsigned>(blocks), k_threads, 0, s>>>(q, out, rows, static_cast<const float*>(kv.k),
-                                                                                static_cast<const float*>(kv.v), kv.block_tokens, kv.block_stride,
-                                                                                kv.row_elems, n_heads, group, head_dim, scale);
-  } else {
-    attention_kernel<__half><<<static_cast<unsigned>(blocks), k_threads, 0, s>>>(q, out, rows, static_cast<const __half*>(kv.k),
-                                                                                 static_cast<const __half*>(kv.v), kv.block_tokens, kv.block_stride,
-                                                                                 kv.row_elems, n_heads, group, head_dim, scale);
+  if (cpu::kv_quantized(kv.type) && head_dim % 32 != 0) fail("attention", "a quantized cache needs head_dim a multiple of 32");
+  const auto* kc = static_cast<const char*>(kv.k);
+  const auto* vc = static_cast<const char*>(kv.v);
+  const int64_t rb = cpu::kv_bytes(kv.type, kv.row_elems), hb = cpu::kv_bytes(kv.type, head_dim);
+  const auto grid = static_cast<unsigned>(blocks);
+  switch (kv.type) {
+    case cpu::kv_type::f32:
+      attention_kernel<fmt_f32>
+          <<<grid, k_threads, 0, s>>>(q, out, rows, kc, vc, kv.block_tokens, kv.block_stride, rb, hb, n_heads, group, head_dim, scale);
+      break;
+    case cpu::kv_type::f16:
+      attention_kernel<fmt_f16>
+          <<<grid, k_threads, 0, s>>>(q, out, rows, kc, vc, kv.block_tokens, kv.block_stride, rb, hb, n_heads, group, head_dim, scale);
+      break;
+    case cpu::kv_type::q8_0:
+      attention_kernel<fmt_q8_0>
+          <<<grid, k_threads, 0, s>>>(q, out, rows, kc, vc, kv.block_tokens, kv.block_stride, rb, hb, n_heads, group, head_dim, scale);
+      break;
+    case cpu::kv_type::q4_0:
+      attention_kernel<fmt_q4_0>
+          <<<grid, k_threads, 0, s>>>(q, out, rows, kc, vc, kv.block_tokens, kv.block_stride, rb, hb, n_heads, group, head_dim, scale);
+      break;
   }
   check_last("attention");
+}
+
+namespace {
+
+// One CTA per (row, head): the head in shared memory, log2(head_dim) rounds of butterflies with
+// a barrier between, in the CPU's order (cpu::hadamard_heads), then the 1/sqrt(head_dim) scale.
+__global__ void hadamard_kernel(float* x, int64_t row_stride, int n_heads, int head_dim, float norm) {
+  __shared__ float v[k_max_head_dim];
+  const int64_t r = blockIdx.x / n_heads;
+  const int h = static_cast<int>(blockIdx.x % n_heads);
+  float* head = x + r * row_stride + static_cast<int64_t>(h) * head_dim;
+  for (int e = threadIdx.x; e < head_dim; e += blockDim.x) v[e] = head[e];
+  __syncthreads();
+  for (int len = 1; len < head_dim; len <<= 1) {
+    // Pair i: element j = (i / len) * 2 * len + i % len with j + len.
+    for (int i = threadIdx.x; i < head_dim / 2; i += blockDim.x) {
+      const int j = (i / len) * 2 * len + i % len;
+      const float a = v[j], b = v[j + len];
+      v[j] = a + b;
+      v[j + len] = a - b;
+    }
+    __syncthreads();
+  }
+  for (int e = threadIdx.x; e < head_dim; e += blockDim.x) head[e] = v[e] * norm;
+}
+
+}  // namespace
+
+void hadamard_heads(float* x, int64_t n_rows, int64_t row_stride, int n_heads, int head_dim, stream_t s) {
+  if (head_dim <= 0 || head_dim > k_max_head_dim || (head_dim & (head_dim - 1)) != 0)
+    fail("hadamard_heads", "head_dim must be a power of two up to " + std::to_string(k_max_head_dim) + ", got " + std::to_string(head_dim));
+  if (n_rows < 0 || n_heads < 0) fail("hadamard_heads", "negative row or head count");
+  if (n_rows == 0 || n_heads == 0) return;
+  if (n_rows * n_heads > INT32_MAX) fail("hadamard_heads", "too many rows");
+  const float norm = 1.0f / sqrtf(static_cast<float>(head_dim));
+  hadamard_kernel<<<static_cast<unsigned>(n_rows * n_heads), 128, 0, s>>>(x, row_stride, n_heads, head_dim, norm);
+  check_last("hadamard_heads");
 }
 
 }  // namespace tandem::kernels::cuda

@@ -101,14 +101,15 @@ void softmax(float* x, int64_t n_rows, int64_t n, stream_t s);                  
 // ---- paged KV and attention ------------------------------------------------------------
 
 // One layer of a paged KV cache, laid out as the CPU's (memory/kv_pool.h, models/forward.h):
-// position p of a sequence with block table t is at k + t[p / block_tokens] * block_stride +
-// (p % block_tokens) * row_elems elements (the same for v).
+// position p of a sequence with block table t is at byte t[p / block_tokens] * block_stride +
+// (p % block_tokens) * kv_bytes(type, row_elems) of k (the same for v). q8_0 and q4_0 rows are
+// ggml's blocks of 32 (kernels/cpu/ops.h), so row_elems and head_dim are multiples of 32.
 struct paged_layer {
   void* k = nullptr;
   void* v = nullptr;
   cpu::kv_type type = cpu::kv_type::f16;
   int64_t block_tokens = 16;
-  int64_t block_stride = 0;  // elements from one block to the next
+  int64_t block_stride = 0;  // bytes from one block to the next
   int64_t row_elems = 0;     // n_kv_heads * head_dim
 };
 
@@ -121,15 +122,21 @@ struct row_map {
 };
 
 // Writes n_rows rows of K and V (row_elems floats each, contiguous) at their positions,
-// converting to the cache type (f16: round to nearest even).
+// converting to the cache type (f16: round to nearest even; q8_0 and q4_0: the formulas of
+// ggml's reference quantizers, as the CPU's kv_store).
 void kv_store(const paged_layer& kv, const float* k_rows, const float* v_rows, int64_t n_rows, const row_map& rows, stream_t s);
 
 // Causal grouped-query attention over the paged cache, for decode (one row per sequence) and
 // prefill (many rows of one or more sequences) alike: row r attends positions 0 .. pos[r] of
 // its sequence (already stored). q and out: [n_rows][n_heads][head_dim], out not aliasing q.
-// f32 arithmetic with an online softmax (within float noise of the CPU twin).
+// f32 arithmetic with an online softmax (within float noise of the CPU twin), quantized rows
+// dequantized as they are read.
 void attention(const float* q, float* out, int64_t n_rows, const row_map& rows, const paged_layer& kv, int n_heads, int n_kv_heads, int head_dim,
                float scale, stream_t s);
+
+// cpu::hadamard_heads on the device: each head_dim-wide head (a power of two, at most 256) of
+// n_rows rows (row stride row_stride floats, n_heads heads) rotated in place.
+void hadamard_heads(float* x, int64_t n_rows, int64_t row_stride, int n_heads, int head_dim, stream_t s);
 
 // ---- sampling helpers ------------------------------------------------------------------
 

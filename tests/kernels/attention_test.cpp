@@ -25,23 +25,32 @@ float round_f16(float v) { return fp16_to_fp32(fp32_to_fp16(v)); }
 // A cache filled through kv_store, plus the values it holds decoded back to float.
 struct test_cache {
   kv_type kt;
-  int64_t row;  // n_kv_heads * head_dim
-  std::vector<float> f32;
-  std::vector<uint16_t> f16;
+  int64_t row;                 // n_kv_heads * head_dim
+  std::vector<float> storage;  // the cache's bytes (floats: aligned for every type)
   std::vector<float> decoded;
 
   test_cache(kv_type t, int64_t n_ctx, int64_t row_elems) : kt(t), row(row_elems) {
-    if (t == kv_type::f32)
-      f32.assign(size_t(n_ctx * row), 0.0f);
-    else
-      f16.assign(size_t(n_ctx * row), 0);
+    storage.assign(size_t(kv_bytes(t, n_ctx * row) + 3) / 4, 0.0f);
     decoded.assign(size_t(n_ctx * row), 0.0f);
   }
-  void* data() { return kt == kv_type::f32 ? static_cast<void*>(f32.data()) : static_cast<void*>(f16.data()); }
+  void* data() { return storage.data(); }
   void store(int64_t pos, const std::vector<float>& rows, int64_t n) {
     kv_store(data(), kt, pos, rows.data(), n, row);
-    for (int64_t i = 0; i < n * row; ++i)
-      decoded[size_t(pos * row + i)] = kt == kv_type::f32 ? f32[size_t(pos * row + i)] : fp16_to_fp32(f16[size_t(pos * row + i)]);
+    for (int64_t p = pos; p < pos + n; ++p) {
+      const auto* src = reinterpret_cast<const unsigned char*>(storage.data()) + kv_bytes(kt, p * row);
+      float* dst = decoded.data() + p * row;
+      if (kt == kv_type::f32) {
+        std::memcpy(dst, src, size_t(row) * 4);
+      } else if (kt == kv_type::f16) {
+        for (int64_t i = 0; i < row; ++i) {
+          uint16_t h;
+          std::memcpy(&h, src + 2 * i, 2);
+          dst[i] = fp16_to_fp32(h);
+        }
+      } else {
+        dequantize_row(kt == kv_type::q8_0 ? tandem::kernels::weight_type::q8_0 : tandem::kernels::weight_type::q4_0, src, dst, row);
+      }
+    }
   }
 };
 
@@ -323,7 +332,7 @@ TEST_SUITE("attention") {
     // decode step (one row each) and a mix with prefill chunks, on a pool and inline.
     std::mt19937 rng(77);
     thread_pool pool(3);
-    for (const kv_type kt : {kv_type::f16, kv_type::f32}) {
+    for (const kv_type kt : {kv_type::f16, kv_type::f32, kv_type::q8_0, kv_type::q4_0}) {
       for (const std::vector<std::pair<int64_t, int64_t>>& lens :
            {std::vector<std::pair<int64_t, int64_t>>{{1, 0}, {1, 5}, {1, 40}, {1, 17}, {1, 3}, {1, 99}, {1, 1}, {1, 64}},
             std::vector<std::pair<int64_t, int64_t>>{{7, 0}, {1, 30}, {3, 12}}}) {
@@ -361,7 +370,7 @@ TEST_SUITE("attention") {
     for (const isa path : tandem::test::supported_isas()) {
       set_isa(path);
       CAPTURE(isa_name(path));
-      for (const kv_type kt : {kv_type::f16, kv_type::f32}) {
+      for (const kv_type kt : {kv_type::f16, kv_type::f32, kv_type::q8_0, kv_type::q4_0}) {
         for (const case_t& c : {case_t{lens_t{{1, 37}}, 8, 2}, case_t{lens_t{{1, 37}}, 9, 3}, case_t{lens_t{{1, 0}}, 9, 3},
                                 case_t{lens_t{{1, 0}, {1, 5}, {1, 40}, {1, 17}, {1, 3}}, 8, 2}, case_t{lens_t{{7, 0}, {1, 30}, {3, 12}}, 8, 2}}) {
           CAPTURE(c.n_heads);
@@ -429,7 +438,7 @@ TEST_SUITE("attention") {
             set_isa(path);
             const auto want = run(p, sh, kt, &pool);
             std::vector<float> out(p.q.size(), -1.0f);
-            attention_run r{p.q.data(), sh.n_q, sh.pos0, kpool.data(), vpool.data(), out.data(), {table.data(), bt, stride}};
+            attention_run r{p.q.data(), sh.n_q, sh.pos0, kpool.data(), vpool.data(), out.data(), {table.data(), bt, stride * int64_t(elem)}};
             attention_many(&r, 1, kt, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale, &pool);
             CHECK(out == want);
             // On one thread a decode row's tile takes every KV head (up to 4), on two it is split.
@@ -447,6 +456,59 @@ TEST_SUITE("attention") {
         }
       }
     }
+  }
+
+  TEST_CASE("a q8_0 or q4_0 cache: exact attention over its dequantized rows, the same bits paged, chunked or threaded") {
+    std::mt19937 rng(4343);
+    thread_pool pool(2);
+    for (const kv_type kt : {kv_type::q8_0, kv_type::q4_0}) {
+      for (const shape sh :
+           {shape{4, 4, 32, 1, 0}, shape{8, 2, 64, 1, 70}, shape{9, 3, 64, 33, 5}, shape{8, 1, 128, 20, 40}, shape{16, 4, 64, 1, 50}}) {
+        CAPTURE(kv_type_name(kt));
+        CAPTURE(sh.n_heads);
+        CAPTURE(sh.head_dim);
+        CAPTURE(sh.n_q);
+        problem p = make_problem(rng, sh, kt);
+        const auto ref = reference_attention(p.q, sh.n_q, sh.pos0, p.k, p.v, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale, false);
+        const auto want = run(p, sh, kt, nullptr);
+        double worst = 0;
+        for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::abs(double(want[i]) - ref[i]));
+        CHECK(worst < 2e-5);
+        CHECK(run(p, sh, kt, &pool) == want);
+
+        // Paged: the rows in scrambled blocks with a gap of 6 bytes between them (a stride that is
+        // no whole number of blocks of 32), 16 positions a block.
+        const int64_t bt = 16, row = kv_bytes(kt, int64_t(sh.n_kv_heads) * sh.head_dim);
+        const int64_t n_keys = sh.pos0 + sh.n_q, n_blocks = (n_keys + bt - 1) / bt, stride = bt * row + 6;
+        std::vector<int32_t> table(static_cast<size_t>(n_blocks));
+        for (int64_t b = 0; b < n_blocks; ++b) table[size_t(b)] = int32_t((b * 5 + 3) % (n_blocks + 4));
+        std::vector<unsigned char> kpool(size_t((n_blocks + 4) * stride), 0xFF), vpool(kpool.size(), 0xFF);
+        for (int64_t pos = 0; pos < n_keys; ++pos) {
+          const size_t at = size_t(table[size_t(pos / bt)] * stride + (pos % bt) * row);
+          std::memcpy(kpool.data() + at, reinterpret_cast<unsigned char*>(p.k.data()) + pos * row, size_t(row));
+          std::memcpy(vpool.data() + at, reinterpret_cast<unsigned char*>(p.v.data()) + pos * row, size_t(row));
+        }
+        std::vector<float> paged(p.q.size(), -1.0f);
+        attention_run r{p.q.data(), sh.n_q, sh.pos0, kpool.data(), vpool.data(), paged.data(), {table.data(), bt, stride}};
+        attention_many(&r, 1, kt, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale, &pool);
+        CHECK(paged == want);
+
+        // The same rows in chunks of 3 (each chunk its own call, as a chunked prefill runs them).
+        std::vector<float> chunked(p.q.size(), -1.0f);
+        const int64_t qrow = int64_t(sh.n_heads) * sh.head_dim;
+        for (int64_t r0 = 0; r0 < sh.n_q; r0 += 3) {
+          const int64_t n = std::min<int64_t>(3, sh.n_q - r0);
+          attention(p.q.data() + r0 * qrow, n, sh.pos0 + r0, p.k.data(), p.v.data(), kt, sh.n_heads, sh.n_kv_heads, sh.head_dim, p.scale,
+                    chunked.data() + r0 * qrow, nullptr);
+        }
+        CHECK(chunked == want);
+      }
+    }
+    // Heads that are no whole number of blocks: a clear error, nothing written.
+    std::vector<float> q(48, 0.5f), out(48, -1.0f), kv(48);
+    CHECK_THROWS_WITH_AS(attention(q.data(), 1, 0, kv.data(), kv.data(), kv_type::q8_0, 1, 1, 48, 1.0f, out.data(), nullptr),
+                         doctest::Contains("multiple of 32"), std::invalid_argument);
+    CHECK(out[0] == -1.0f);
   }
 
   TEST_CASE("prompt rows: close to exact attention on every shape, f32 arithmetic where AVX-512 or AVX2 runs them") {

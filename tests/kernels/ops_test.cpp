@@ -675,4 +675,82 @@ TEST_SUITE("kv_store") {
       CHECK(got == want);
     }
   }
+
+  TEST_CASE("q8_0 and q4_0 rows are ggml's blocks, at the position's byte offset") {
+    std::mt19937 rng(91);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    const int64_t row = 96;  // 3 blocks of 32
+    std::vector<float> rows(size_t(2 * row));
+    for (auto& x : rows) x = dist(rng);
+    rows[5] = 40.0f;  // an outlier sets its block's scale
+    for (const kv_type kt : {kv_type::q8_0, kv_type::q4_0}) {
+      CAPTURE(kv_type_name(kt));
+      const auto wt = kt == kv_type::q8_0 ? tandem::kernels::weight_type::q8_0 : tandem::kernels::weight_type::q4_0;
+      CHECK(kv_bytes(kt, row) == (kt == kv_type::q8_0 ? 3 * 34 : 3 * 18));
+      std::vector<unsigned char> cache(size_t(kv_bytes(kt, 5 * row)), 0xAB), want(size_t(kv_bytes(kt, 2 * row)));
+      kv_store(cache.data(), kt, 2, rows.data(), 2, row);
+      quantize_row(wt, rows.data(), want.data(), 2 * row);
+      CHECK(std::memcmp(cache.data() + kv_bytes(kt, 2 * row), want.data(), want.size()) == 0);
+      for (int64_t i = 0; i < kv_bytes(kt, 2 * row); ++i) CHECK(cache[size_t(i)] == 0xAB);
+      for (int64_t i = kv_bytes(kt, 4 * row); i < kv_bytes(kt, 5 * row); ++i) CHECK(cache[size_t(i)] == 0xAB);
+      // Within half a step of the input (q8_0), or a step (q4_0: 16 levels from -amax to 7/8
+      // of amax on the other side, so the far end clips by up to one step).
+      std::vector<float> back(size_t(2 * row));
+      dequantize_row(wt, want.data(), back.data(), 2 * row);
+      for (int64_t b = 0; b < 2 * row / 32; ++b) {
+        float amax = 0;
+        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(rows[size_t(b * 32 + j)]));
+        const float bound = kt == kv_type::q8_0 ? amax / 127 * 0.51f : amax / 8;
+        for (int j = 0; j < 32; ++j) CHECK(std::fabs(back[size_t(b * 32 + j)] - rows[size_t(b * 32 + j)]) <= bound + 1e-3f * amax);
+      }
+    }
+    std::vector<float> odd(40);
+    std::vector<unsigned char> sink(64);
+    CHECK_THROWS_WITH_AS(kv_store(sink.data(), kv_type::q4_0, 0, odd.data(), 1, 40), doctest::Contains("multiple of 32"), std::invalid_argument);
+  }
+}
+
+TEST_SUITE("hadamard_heads") {
+  TEST_CASE("the normalised Walsh-Hadamard transform: orthogonal, its own inverse, dot products kept") {
+    std::mt19937 rng(92);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    // H_2 on one head: (a + b, a - b) / sqrt 2.
+    std::vector<float> two{3.0f, 1.0f};
+    hadamard_heads(two.data(), 1, 2, 1, 2);
+    CHECK(two[0] == doctest::Approx(4.0 / std::sqrt(2.0)));
+    CHECK(two[1] == doctest::Approx(2.0 / std::sqrt(2.0)));
+    // A one-hot vector spreads evenly over the head: the outlier no longer dominates a block.
+    std::vector<float> hot(64, 0.0f);
+    hot[17] = 8.0f;
+    hadamard_heads(hot.data(), 1, 64, 1, 64);
+    for (const float x : hot) CHECK(std::fabs(x) == doctest::Approx(1.0));
+    for (const int d : {32, 64, 128, 256}) {
+      CAPTURE(d);
+      const int heads = 3, n_rows = 2;
+      const int64_t stride = int64_t(heads) * d + 5;  // rows with a gap the transform must not touch
+      std::vector<float> a(size_t(n_rows * stride)), b(a.size());
+      for (auto& x : a) x = dist(rng);
+      for (auto& x : b) x = dist(rng);
+      auto a2 = a, b2 = b;
+      hadamard_heads(a2.data(), n_rows, stride, heads, d);
+      hadamard_heads(b2.data(), n_rows, stride, heads, d);
+      for (int r = 0; r < n_rows; ++r) {
+        for (int h = 0; h < heads; ++h) {
+          double dot = 0, dot2 = 0;
+          for (int e = 0; e < d; ++e) {
+            const size_t i = size_t(r * stride + h * d + e);
+            dot += double(a[i]) * b[i];
+            dot2 += double(a2[i]) * b2[i];
+          }
+          CHECK(dot2 == doctest::Approx(dot).epsilon(1e-5));
+        }
+        for (int64_t i = int64_t(heads) * d; i < stride; ++i) CHECK(a2[size_t(r * stride + i)] == a[size_t(r * stride + i)]);
+      }
+      hadamard_heads(a2.data(), n_rows, stride, heads, d);
+      for (size_t i = 0; i < a.size(); ++i) CHECK(a2[i] == doctest::Approx(a[i]).epsilon(1e-5));
+    }
+    std::vector<float> x(48, 1.0f);
+    CHECK_THROWS_WITH_AS(hadamard_heads(x.data(), 1, 48, 1, 48), doctest::Contains("power of two"), std::invalid_argument);
+    CHECK(x[0] == 1.0f);
+  }
 }
