@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "cli/command_registry.h"
+#include "cli/kv_options.h"
 #include "cli/log.h"
 #include "kernels/cpu/thread_pool.h"
 #include "models/model.h"
@@ -28,7 +29,7 @@ struct perplexity_args {
   int64_t n_ctx = 512;
   int64_t chunks = -1;
   int threads = 0;
-  std::string kv_type = "f16";
+  cli::kv_options kv;
   bool json = false;
 };
 
@@ -46,23 +47,25 @@ void run_perplexity(const perplexity_args& a) {
   runtime::perplexity_params p;
   p.n_ctx = a.n_ctx;
   p.max_chunks = a.chunks;
-  p.kv = a.kv_type == "f32" ? kernels::cpu::kv_type::f32 : kernels::cpu::kv_type::f16;
+  p.kv = cli::kv_type_of(a.kv);
+  p.kv_rotate = cli::kv_rotate_of(a.kv);
   const auto t0 = std::chrono::steady_clock::now();
   const auto r = runtime::perplexity(m, ids, tok.bos(), p, &pool, [&](int64_t c, double ppl) {
     if (!a.json) std::fprintf(stderr, "[%lld]%.4f,", static_cast<long long>(c + 1), ppl);
   });
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (a.json) {
-    const nlohmann::json j{{"model", a.model},         {"file", a.file},         {"kv_type", a.kv_type}, {"n_ctx", a.n_ctx},
-                           {"tokens", ids.size()},     {"chunks", r.chunks},     {"scored", r.scored},   {"ppl", r.ppl},
-                           {"ppl_error", r.ppl_error}, {"mean_nll", r.mean_nll}, {"running", r.running}, {"seconds", secs}};
+    const nlohmann::json j{{"model", a.model}, {"file", a.file},           {"kv_type", a.kv.type},   {"kv_rotate", p.kv_rotate},
+                           {"n_ctx", a.n_ctx}, {"tokens", ids.size()},     {"chunks", r.chunks},     {"scored", r.scored},
+                           {"ppl", r.ppl},     {"ppl_error", r.ppl_error}, {"mean_nll", r.mean_nll}, {"running", r.running},
+                           {"seconds", secs}};
     std::puts(j.dump().c_str());
     return;
   }
   std::fprintf(stderr, "\n");
-  std::printf("%s: %lld tokens, %lld chunks of %lld, KV %s: PPL = %.4f +/- %.4f (%lld tokens scored, %.1f s)\n", a.file.c_str(),
-              static_cast<long long>(ids.size()), static_cast<long long>(r.chunks), static_cast<long long>(a.n_ctx), a.kv_type.c_str(), r.ppl,
-              r.ppl_error, static_cast<long long>(r.scored), secs);
+  std::printf("%s: %lld tokens, %lld chunks of %lld, KV %s%s: PPL = %.4f +/- %.4f (%lld tokens scored, %.1f s)\n", a.file.c_str(),
+              static_cast<long long>(ids.size()), static_cast<long long>(r.chunks), static_cast<long long>(a.n_ctx), a.kv.type.c_str(),
+              p.kv_rotate ? " rotated" : "", r.ppl, r.ppl_error, static_cast<long long>(r.scored), secs);
 }
 
 void add_perplexity_command(CLI::App& root) {
@@ -75,7 +78,7 @@ void add_perplexity_command(CLI::App& root) {
       ->capture_default_str();
   cmd->add_option("--chunks", a->chunks, "most chunks to score (-1: all)")->check(CLI::Range(int64_t{-1}, int64_t{1} << 30))->capture_default_str();
   cmd->add_option("-t,--threads", a->threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
-  cmd->add_option("--kv-type", a->kv_type, "KV cache type")->check(CLI::IsMember({"f16", "f32"}))->capture_default_str();
+  cli::add_kv_options(cmd, a->kv);
   cmd->add_flag("--json", a->json, "one JSON object: ppl, ppl_error, mean_nll, chunks, scored, running, seconds");
   cmd->callback([a] { run_perplexity(*a); });
 }

@@ -13,6 +13,7 @@
 
 #include "cli/log.h"
 #include "cli/command_registry.h"
+#include "cli/kv_options.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/device_probe.h"
@@ -38,7 +39,7 @@ struct run_args {
   int64_t n_predict = 128;
   int64_t n_ctx = 0;
   int threads = 0;
-  std::string kv_type = "f16";
+  cli::kv_options kv;
   bool has_seed = false;
   uint64_t seed = 0;
   runtime::sampling_params sampling;
@@ -115,7 +116,8 @@ void run(const run_args& a) {
   // generate, or 4096 when generating until the end), never more than the training context.
   const int64_t need = static_cast<int64_t>(prompt.size()) + 1 + (a.n_predict >= 0 ? a.n_predict : 4096);
   const int64_t n_ctx = a.n_ctx > 0 ? a.n_ctx : std::min(m.config().n_ctx_train, need);
-  const auto kv = a.kv_type == "f32" ? kernels::cpu::kv_type::f32 : kernels::cpu::kv_type::f16;
+  const auto kv = cli::kv_type_of(a.kv);
+  const bool kv_rotate = cli::kv_rotate_of(a.kv);
   const std::string name = std::filesystem::path(a.model).stem().string();
   constexpr int64_t k_pass_rows = 512;  // a prompt of up to this many tokens is one pass, as llama.cpp's n_batch
 
@@ -128,6 +130,7 @@ void run(const run_args& a) {
   em.max_sequences = 1;
   em.context = n_ctx;
   em.kv = kv;
+  em.kv_rotate = kv_rotate;
   std::unique_ptr<runtime::placed_model> placed;
   if (a.vram || a.gpu) {
     runtime::placement_options po;
@@ -140,6 +143,7 @@ void run(const run_args& a) {
     po.prefetch_depth = a.prefetch_depth;
     po.n_ctx = n_ctx;
     po.kv = kv;
+    po.kv_rotate = kv_rotate;
     po.max_batch = k_pass_rows;
     po.wait = a.gpu;
     placed = runtime::place_model(m, name, po);
@@ -216,7 +220,7 @@ void add_run_command(CLI::App& root) {
   cmd->add_option("-c,--ctx-size", a->n_ctx, "context size (default: prompt + tokens to generate, at most the training context)")
       ->check(CLI::Range(int64_t{0}, models::k_max_context));
   cmd->add_option("-t,--threads", a->threads, "threads (0: all cores)")->check(CLI::Range(0, 1024));
-  cmd->add_option("--kv-type", a->kv_type, "KV cache type: f16 (default, as llama.cpp) or f32")->check(CLI::IsMember({"f16", "f32"}));
+  cli::add_kv_options(cmd, a->kv);
   cmd->add_option("--temp", a->sampling.temperature, "temperature (0: greedy)")->check(CLI::Range(0.0f, 100.0f));
   cmd->add_option("--top-k", a->sampling.top_k, "top-k (0: off)")->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--top-p", a->sampling.top_p, "top-p (1: off)")->check(CLI::Range(0.0f, 1.0f));

@@ -41,7 +41,23 @@ struct device_config {
 
 enum class model_role { chat, code, draft, medusa };
 enum class preload_tier { none, host, device };
-enum class kv_cache_type { f16, f32 };
+enum class kv_cache_type { f16, f32, q8_0, q4_0 };
+
+// Bytes a cache of type t takes for what an f16 cache holds in f16_bytes: f32 twice as much,
+// q8_0 17/32 (34 bytes a block of 32 elements), q4_0 9/32 (18 bytes), rounded up.
+inline uint64_t kv_bytes_from_f16(uint64_t f16_bytes, kv_cache_type t) {
+  switch (t) {
+    case kv_cache_type::f32:
+      return f16_bytes * 2;
+    case kv_cache_type::q8_0:
+      return (f16_bytes * 17 + 31) / 32;
+    case kv_cache_type::q4_0:
+      return (f16_bytes * 9 + 31) / 32;
+    case kv_cache_type::f16:
+      break;
+  }
+  return f16_bytes;
+}
 
 // keep_alive: how long an idle model stays where it is. forever: never expires (-1);
 // 0: evicted as soon as it is idle.
@@ -63,6 +79,9 @@ struct model_entry {
   int64_t context = 4096;  // KV positions per sequence (a limit: KV pages are taken as used)
   int max_sequences = 4;   // concurrent sequences (a limit)
   kv_cache_type kv_type = kv_cache_type::f16;
+  // Keys and values rotated per head before they are stored (Hadamard; models/forward.h).
+  // Unset: rotated for q4_0 only.
+  std::optional<bool> kv_rotate;
   // KV bytes on the device the model always keeps, taken at start (a code model's next
   // completion then never waits for pages), and the most it may hold (default: context x
   // max_sequences). Elastic in between: pages come from the device pool all models share.
@@ -74,7 +93,7 @@ struct model_entry {
   // Stated sizes, so `tandem sim` and `serve --check` work without the file; `serve`
   // cross-checks them against the file.
   std::optional<uint64_t> size_bytes;
-  std::optional<uint64_t> kv_bytes_per_token;
+  std::optional<uint64_t> kv_bytes_per_token;  // at kv_type (the YAML states the f16 figure)
   // A model served when its file is there and left out (with a note) when it is not, so one
   // roster runs whether or not an optional download happened.
   bool optional = false;

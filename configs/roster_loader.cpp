@@ -65,9 +65,9 @@ device_config read_device(const reader& r, const YAML::Node& n, const std::strin
 }
 
 model_entry read_model(const reader& r, const YAML::Node& n, const std::string& path) {
-  r.only_keys(n, path,
-              {"name", "aliases", "path", "role", "priority", "pinned", "keep_alive", "preload", "context", "max_sequences", "kv_type", "kv_reserve",
-               "kv_limit", "draft", "medusa", "chat_template", "size", "kv_bytes_per_token", "optional"});
+  r.only_keys(n, path, {"name",    "aliases", "path",          "role",    "priority",           "pinned",     "keep_alive",
+                        "preload", "context", "max_sequences", "kv_type", "kv_rotate",          "kv_reserve", "kv_limit",
+                        "draft",   "medusa",  "chat_template", "size",    "kv_bytes_per_token", "optional"});
   model_entry m;
   m.line = n.Mark().line + 1;
   if (!n["name"]) r.fail(n, path, "missing key 'name'");
@@ -94,13 +94,20 @@ model_entry read_model(const reader& r, const YAML::Node& n, const std::string& 
                                        {{"none", preload_tier::none}, {"host", preload_tier::host}, {"device", preload_tier::device}});
   if (n["context"]) m.context = r.integer(n["context"], path + ".context", 1, 1 << 24);
   if (n["max_sequences"]) m.max_sequences = static_cast<int>(r.integer(n["max_sequences"], path + ".max_sequences", 1, 256));
-  if (n["kv_type"]) m.kv_type = r.choice<kv_cache_type>(n["kv_type"], path + ".kv_type", {{"f16", kv_cache_type::f16}, {"f32", kv_cache_type::f32}});
+  if (n["kv_type"])
+    m.kv_type = r.choice<kv_cache_type>(
+        n["kv_type"], path + ".kv_type",
+        {{"f16", kv_cache_type::f16}, {"f32", kv_cache_type::f32}, {"q8_0", kv_cache_type::q8_0}, {"q4_0", kv_cache_type::q4_0}});
+  if (n["kv_rotate"]) m.kv_rotate = r.boolean(n["kv_rotate"], path + ".kv_rotate");
   if (n["draft"]) m.draft = r.string(n["draft"], path + ".draft");
   if (n["medusa"]) m.medusa = r.string(n["medusa"], path + ".medusa");
   if (n["chat_template"]) m.chat_template = r.string(n["chat_template"], path + ".chat_template");
   if (n["size"]) m.size_bytes = r.size(n["size"], path + ".size");
   if (n["kv_bytes_per_token"]) m.kv_bytes_per_token = r.size(n["kv_bytes_per_token"], path + ".kv_bytes_per_token");
   if (m.kv_bytes_per_token && *m.kv_bytes_per_token == 0) r.fail(n["kv_bytes_per_token"], path + ".kv_bytes_per_token", "must be > 0");
+  // Stated as an f16 cache takes it (2 bytes an element, as read off the GGUF's shape); the
+  // entry carries what its kv_type takes.
+  if (m.kv_bytes_per_token) m.kv_bytes_per_token = kv_bytes_from_f16(*m.kv_bytes_per_token, m.kv_type);
   if (n["kv_reserve"]) m.kv_reserve = r.size(n["kv_reserve"], path + ".kv_reserve");
   if (n["kv_limit"]) m.kv_limit = r.size(n["kv_limit"], path + ".kv_limit");
   if (m.kv_limit && m.kv_reserve > *m.kv_limit)

@@ -89,9 +89,11 @@ class step_ops final : public layer_ops {
   void kv_store(int64_t layer, act k, act v) override { p_.store_runs(layer, 0, runs(), p_.buf(k), p_.buf(v)); }
   void attention(int64_t layer, act q, act out) override {
     const auto& c = p_.c;
+    p_.rotate_rows(p_.buf(q), p_.width(q), c.n_head, 0, p_.n);
     p_.set_runs(layer, 0, runs(), p_.buf(q), p_.buf(out));
     kc::attention_many(p_.runs.data(), runs(), p_.kv, static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv), static_cast<int>(c.head_dim),
                        1.0f / std::sqrt(static_cast<float>(c.head_dim)), p_.pool);
+    p_.rotate_rows(p_.buf(out), p_.width(out), c.n_head, 0, p_.n);
   }
   void add(act dst, act src) override {
     float* y = p_.buf(dst);
@@ -163,15 +165,16 @@ class team_ops final : public layer_ops {
     rope_rows(p_, y, p_.width(a), n_heads, row0(run0_), row0(run1_));
   }
   void kv_store(int64_t layer, act k, act v) override {
-    const float* yk = runs_of(k);
-    const float* yv = runs_of(v);
+    float* yk = runs_of(k);
+    float* yv = runs_of(v);
     p_.store_runs(layer, run0_, run1_, yk, yv);
   }
   void attention(int64_t layer, act q, act out) override {
     const auto& c = p_.c;
     // Each member lays out its own runs; after one barrier every member sees every run, the
     // KV rows the others stored and their rows of q.
-    const float* yq = runs_of(q);
+    float* yq = runs_of(q);
+    p_.rotate_rows(yq, p_.width(q), c.n_head, row0(run0_), row0(run1_));
     float* y = write_shared(out);
     p_.set_runs(layer, run0_, run1_, yq, y);
     t_.sync(member_);
@@ -180,6 +183,11 @@ class team_ops final : public layer_ops {
     kc::attention_many_part(p_.runs.data(), static_cast<int64_t>(p_.runs.size()), p_.kv, static_cast<int>(c.n_head), static_cast<int>(c.n_head_kv),
                             static_cast<int>(c.head_dim), 1.0f / std::sqrt(static_cast<float>(c.head_dim)), part_);
     state_[idx(out)] = {kind::parts};
+    if (p_.rotate) {
+      // The output rotates back row by row, so each member takes its runs' rows once all parts are in.
+      float* yo = runs_of(out);
+      p_.rotate_rows(yo, p_.width(out), c.n_head, row0(run0_), row0(run1_));
+    }
   }
   void add(act dst, act src) override {
     const int64_t W = p_.width(dst);
@@ -280,6 +288,7 @@ cpu_pass::cpu_pass(forward_context& f, const int32_t* tokens, const int64_t* seq
       c(f.model_.config()),
       pool(f.pool_),
       kv(f.kv_type_),
+      rotate(f.kv_rotate_),
       rope(f.rope_),
       rope_cs(f.rope_cs_),
       runs(f.runs_),
@@ -336,11 +345,18 @@ int64_t cpu_pass::width(act a) const {
   return 0;
 }
 
-void cpu_pass::store_runs(int64_t layer, int64_t i0, int64_t i1, const float* k, const float* v) {
+void cpu_pass::rotate_rows(float* a, int64_t width, int64_t n_heads, int64_t r0, int64_t r1) const {
+  if (!rotate || r1 <= r0) return;
+  kernels::cpu::hadamard_heads(a + r0 * width, r1 - r0, width, static_cast<int>(n_heads), static_cast<int>(c.head_dim));
+}
+
+void cpu_pass::store_runs(int64_t layer, int64_t i0, int64_t i1, float* k, float* v) {
   const int64_t KV = c.kv_dim();
   for (int64_t i = i0; i < i1; ++i) {
     const int64_t r0 = f.run_start_[static_cast<size_t>(i)], r1 = f.run_start_[static_cast<size_t>(i) + 1];
     const int64_t s = seqs[r0], len = r1 - r0, p0 = positions[r0];
+    rotate_rows(k, KV, c.n_head_kv, r0, r1);
+    rotate_rows(v, KV, c.n_head_kv, r0, r1);
     if (f.kv_pool_) {
       f.paged_store(s, layer, p0, k + r0 * KV, v + r0 * KV, len);
     } else {

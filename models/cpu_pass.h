@@ -44,6 +44,7 @@ class cpu_pass final : public pass_backend {
   const model_config& c;
   kernels::cpu::thread_pool* pool;
   kernels::cpu::kv_type kv;
+  bool rotate;  // the cache holds rotated rows (context_params::kv_rotate)
   const kernels::cpu::rope_params& rope;
   const float* rope_cs;                            // per row: RoPE's cos/sin (head_dim floats)
   std::vector<kernels::cpu::attention_run>& runs;  // one per run of consecutive rows of a sequence
@@ -65,7 +66,12 @@ class cpu_pass final : public pass_backend {
   // Whether row r takes the server's arithmetic (forward_context::set_prompt_end).
   bool fast(int64_t r) const { return positions[r] < prompt_end[static_cast<size_t>(seqs[r])]; }
   // Per-run work of runs [i0, i1): KV stores, and the attention_run of each run.
-  void store_runs(int64_t layer, int64_t i0, int64_t i1, const float* k, const float* v);
+  // Stores the rows of runs [i0, i1) of k and v, rotating them in place first where the cache
+  // is rotated (context_params::kv_rotate).
+  void store_runs(int64_t layer, int64_t i0, int64_t i1, float* k, float* v);
+  // Rows [r0, r1) of a (n_heads heads, width floats a row) through the Hadamard rotation in
+  // place where the cache is rotated: queries before attention, its output after.
+  void rotate_rows(float* a, int64_t width, int64_t n_heads, int64_t r0, int64_t r1) const;
   void set_runs(int64_t layer, int64_t i0, int64_t i1, const float* q, float* out);
 };
 

@@ -30,7 +30,10 @@ kernels::cpu::rope_params make_rope(const model_config& c, const model_weights& 
   return r;
 }
 
-size_t kv_elem_bytes(kernels::cpu::kv_type t) { return t == kernels::cpu::kv_type::f16 ? 2 : 4; }
+// Bytes of n_ctx positions of one layer's K (or V).
+size_t kv_part_bytes(const model_config& c, int64_t n_ctx, kernels::cpu::kv_type t) {
+  return static_cast<size_t>(kernels::cpu::kv_bytes(t, n_ctx * c.kv_dim()));
+}
 
 // Every allocation a context makes at construction, computed before any of it is made.
 struct context_sizes {
@@ -99,10 +102,18 @@ kernels::cpu::rope_params rope_params_of(const model_config& c, const model_weig
 uint64_t kv_cache_bytes(const model_config& c, int64_t n_ctx, kernels::cpu::kv_type kv) {
   // K and V, every layer; n_ctx <= 2^24, kv_dim <= q_dim <= 2^17 and n_layer <= 1024 keep this
   // below 2^56.
-  return 2ull * static_cast<uint64_t>(c.n_layer) * static_cast<uint64_t>(n_ctx) * static_cast<uint64_t>(c.kv_dim()) * kv_elem_bytes(kv);
+  return 2ull * static_cast<uint64_t>(c.n_layer) * static_cast<uint64_t>(n_ctx) * static_cast<uint64_t>(kernels::cpu::kv_bytes(kv, c.kv_dim()));
 }
 
 uint64_t kv_bytes_per_token(const model_config& c, kernels::cpu::kv_type kv) { return kv_cache_bytes(c, 1, kv); }
+
+std::string kv_type_problem(const model_config& c, kernels::cpu::kv_type kv, bool rotate) {
+  const std::string heads = " (the model's heads are " + std::to_string(c.head_dim) + " wide)";
+  if (kernels::cpu::kv_quantized(kv) && c.head_dim % kernels::cpu::k_kv_quant_block != 0)
+    return std::string("a ") + kernels::cpu::kv_type_name(kv) + " KV cache needs heads of a multiple of 32 elements" + heads;
+  if (rotate && (c.head_dim <= 0 || (c.head_dim & (c.head_dim - 1)) != 0)) return "a rotated KV cache needs heads of a power-of-two width" + heads;
+  return {};
+}
 
 uint64_t forward_context::memory_bytes(const model_config& c, const context_params& p) { return size_context(c, p).total(); }
 uint64_t forward_context::scratch_bytes(const model_config& c, const context_params& p) { return size_context(c, p).scratch; }
@@ -112,10 +123,12 @@ forward_context::forward_context(const model& m, const context_params& p, kernel
       pool_(pool),
       residency_(residency),
       kv_type_(p.kv),
+      kv_rotate_(p.kv_rotate),
       rope_(make_rope(m.config(), m.weights())),
       n_vocab_(m.config().n_vocab),
       flight_(std::make_unique<in_flight>()) {
   const auto& c = m.config();
+  if (const std::string why = kv_type_problem(c, p.kv, p.kv_rotate); !why.empty()) throw std::invalid_argument(why);
   const auto sizes = size_context(c, p);
   n_ctx_ = sizes.n_ctx;
   max_batch_ = sizes.rows;
@@ -127,7 +140,7 @@ forward_context::forward_context(const model& m, const context_params& p, kernel
                              " (KV cache " + mib(sizes.kv) + ", scratch for " + std::to_string(sizes.rows) + " rows " + mib(sizes.scratch) +
                              ", logits " + mib(sizes.logits) + "), more than the " + mib(usable) +
                              " of memory this process can get; use a smaller context size");
-  kv_layer_bytes_ = static_cast<size_t>(n_ctx_ * c.kv_dim()) * kv_elem_bytes(kv_type_);
+  kv_layer_bytes_ = kv_part_bytes(c, n_ctx_, kv_type_);
   n_layer_ = c.n_layer;
   pos_.assign(static_cast<size_t>(sizes.n_seq), 0);
   prompt_end_.assign(static_cast<size_t>(sizes.n_seq), 0);
@@ -148,8 +161,8 @@ forward_context::forward_context(const model& m, const context_params& p, kernel
     if (kv_pool_->block_bytes() != want)
       throw std::invalid_argument("KV pool blocks are " + std::to_string(kv_pool_->block_bytes()) + " bytes; this model needs " +
                                   std::to_string(want) + " for " + std::to_string(kv_pool_->block_tokens()) + " positions");
-    paged_part_bytes_ = static_cast<size_t>(kv_pool_->block_tokens() * c.kv_dim()) * kv_elem_bytes(kv_type_);
-    paged_block_stride_ = static_cast<int64_t>(kv_pool_->block_stride() / kv_elem_bytes(kv_type_));
+    paged_part_bytes_ = kv_part_bytes(c, kv_pool_->block_tokens(), kv_type_);
+    paged_block_stride_ = static_cast<int64_t>(kv_pool_->block_stride());
   } else {
     // Uninitialised: the OS commits pages as they are written. Huge pages, because decode
     // reads a layer's whole cache at every token after the weights have pushed it out of every

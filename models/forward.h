@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -37,10 +38,15 @@ uint64_t kv_cache_bytes(const model_config& c, int64_t n_ctx, kernels::cpu::kv_t
 struct context_params {
   int64_t n_ctx = 0;                                      // 0: min(training context, k_default_context)
   kernels::cpu::kv_type kv = kernels::cpu::kv_type::f16;  // llama.cpp's default cache type
-  int64_t max_batch = 512;                                // prompt tokens per forward pass (scratch rows,
-                                                          // at most n_ctx; below 1 means 1)
-  int64_t n_seq = 1;                                      // independent sequences, each with n_ctx
-                                                          // positions of KV cache (1 .. k_max_sequences)
+  // Keys and values rotated per head by a Hadamard transform before they are stored, queries
+  // rotated alike and the attention output rotated back (kernels::cpu::hadamard_heads): for
+  // quantized caches, whose blocks a single outlier would otherwise scale. Needs head_dim a
+  // power of two. default_kv_rotate gives the usual choice.
+  bool kv_rotate = false;
+  int64_t max_batch = 512;  // prompt tokens per forward pass (scratch rows,
+                            // at most n_ctx; below 1 means 1)
+  int64_t n_seq = 1;        // independent sequences, each with n_ctx
+                            // positions of KV cache (1 .. k_max_sequences)
   // A paged KV cache (memory/kv_pool.h) instead of the context's own: sequence s of the
   // context is the pool's sequence s, and its positions live in the blocks the caller has
   // reserved for it (eval and decode refuse tokens beyond them). Block size: block_tokens *
@@ -63,6 +69,14 @@ struct context_params {
 
 // Bytes one position takes in a paged KV block: K and V of every layer.
 uint64_t kv_bytes_per_token(const model_config& c, kernels::cpu::kv_type kv);
+
+// Whether a cache of type kv is rotated unless asked otherwise: q4_0, whose 16 levels a
+// block's one outlier leaves to the rest far too coarse; not q8_0, which loses little without.
+inline bool default_kv_rotate(kernels::cpu::kv_type kv) { return kv == kernels::cpu::kv_type::q4_0; }
+
+// Why model c cannot keep a cache of type kv (rotated or not), or empty: quantized types need
+// head_dim a multiple of 32, rotation a power of two.
+std::string kv_type_problem(const model_config& c, kernels::cpu::kv_type kv, bool rotate);
 
 // Most sequences one context holds (decode() takes at most this many rows per pass).
 inline constexpr int64_t k_max_sequences = 256;
@@ -165,6 +179,7 @@ class forward_context final : public forward_pass {
   kernels::cpu::thread_pool* pool_;
   weight_residency* residency_;
   kernels::cpu::kv_type kv_type_;
+  bool kv_rotate_;
   kernels::cpu::rope_params rope_;
   int64_t n_ctx_;
   int64_t max_batch_;
@@ -194,7 +209,7 @@ class forward_context final : public forward_pass {
   // V (1) rows of a layer start at this offset of every block.
   memory::kv_pool* kv_pool_ = nullptr;
   size_t paged_part_bytes_ = 0;     // bytes of one layer's K (or V) rows in a block
-  int64_t paged_block_stride_ = 0;  // elements from one block to the next
+  int64_t paged_block_stride_ = 0;  // bytes from one block to the next
   size_t paged_offset(int64_t layer, int which) const { return (2 * static_cast<size_t>(layer) + static_cast<size_t>(which)) * paged_part_bytes_; }
   // Writes len rows of k and v (positions p0 ..) into sequence s's blocks of a layer.
   void paged_store(int64_t s, int64_t layer, int64_t p0, const float* k, const float* v, int64_t len);

@@ -69,6 +69,7 @@ engine::engine(std::vector<engine_model> models, const engine_config& config)
     models::context_params cp;
     cp.n_ctx = cfg.context;
     cp.kv = cfg.kv;
+    cp.kv_rotate = cfg.kv_rotate;
     cp.n_seq = cfg.max_sequences;
     cp.max_batch = config.max_batch_tokens;
     cp.kv_pool = s->kv;
@@ -85,6 +86,7 @@ engine::engine(std::vector<engine_model> models, const engine_config& config)
       gp.n_seq = cfg.max_sequences;
       gp.max_batch = config.max_batch_tokens;
       gp.kv = cfg.kv;
+      gp.kv_rotate = cfg.kv_rotate;
       gp.kv_pool = s->kv;
       // Its activations and GEMM scratch under the device budget, owned by the model.
       gp.scratch_arbiter = &cfg.placement->arbiter();

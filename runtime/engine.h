@@ -82,6 +82,7 @@ struct engine_model {
   // at least forward_context::scratch_bytes for max_sequences and max_batch_tokens; null: the
   // context allocates its own.
   std::byte* scratch = nullptr;
+  bool kv_rotate = false;  // models::context_params::kv_rotate
 };
 
 // submit() on a model whose queue is full (engine_model::max_queue): the caller should retry

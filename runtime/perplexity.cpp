@@ -17,7 +17,7 @@ perplexity_result perplexity(const models::model& m, std::span<const int32_t> to
   if (p.max_chunks >= 0) chunks = std::min(chunks, p.max_chunks);
   if (chunks < 1)
     throw std::invalid_argument("perplexity: the text has " + std::to_string(n) + " tokens, fewer than one chunk of " + std::to_string(p.n_ctx));
-  models::forward_context ctx(m, {.n_ctx = p.n_ctx, .kv = p.kv, .max_batch = std::min(p.max_batch, p.n_ctx)}, pool);
+  models::forward_context ctx(m, {.n_ctx = p.n_ctx, .kv = p.kv, .kv_rotate = p.kv_rotate, .max_batch = std::min(p.max_batch, p.n_ctx)}, pool);
   const int64_t vocab = m.config().n_vocab;
   const int64_t first = p.n_ctx / 2;  // positions before it only give context
   perplexity_result r;

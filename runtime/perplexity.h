@@ -20,6 +20,7 @@ struct perplexity_params {
   int64_t n_ctx = 512;      // tokens per chunk (at least 2)
   int64_t max_chunks = -1;  // -1: every whole chunk of the text
   kernels::cpu::kv_type kv = kernels::cpu::kv_type::f16;
+  bool kv_rotate = false;   // models::context_params::kv_rotate
   int64_t max_batch = 512;  // rows per forward pass
 };
 

@@ -99,6 +99,7 @@ models::context_params placed_context(const placed_model& p, const placement_opt
   models::context_params cp;
   cp.n_ctx = o.n_ctx;
   cp.kv = o.kv;
+  cp.kv_rotate = o.kv_rotate;
   cp.n_seq = o.n_seq;
   cp.max_batch = o.max_batch;
   cp.kv_pool = p.kv.get();

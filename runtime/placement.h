@@ -29,6 +29,7 @@ struct placement_options {
   int64_t n_ctx = 0;            // KV positions per sequence
   int64_t n_seq = 1;
   kernels::cpu::kv_type kv = kernels::cpu::kv_type::f16;
+  bool kv_rotate = false;
   int64_t kv_block_tokens = 16;
   int64_t max_batch = 512;  // prompt tokens per forward pass (sizes the activation scratch)
   bool wait = false;        // wait for every copy before returning (else they land while the first pass runs)

@@ -24,6 +24,9 @@ model_needs needs_of(const configs::model_entry& e, const models::model* m, kern
   model_needs n;
   n.entry = &e;
   if (m) {
+    if (const std::string why = models::kv_type_problem(m->config(), kv, kv_rotate_of(e)); !why.empty())
+      throw std::runtime_error("model '" + e.name + "' (line " + std::to_string(e.line) + "): kv_type " + kernels::cpu::kv_type_name(kv) +
+                               (kv_rotate_of(e) ? ", rotated" : "") + ": " + why);
     n.from_file = true;
     for (const auto& s : m->plan().segments) {
       n.weight_bytes += s.bytes;

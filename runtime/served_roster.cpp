@@ -45,8 +45,20 @@ std::chrono::system_clock::time_point modified(const std::string& path) {
 }  // namespace
 
 kernels::cpu::kv_type kv_type_of(configs::kv_cache_type t) {
-  return t == configs::kv_cache_type::f32 ? kernels::cpu::kv_type::f32 : kernels::cpu::kv_type::f16;
+  switch (t) {
+    case configs::kv_cache_type::f32:
+      return kernels::cpu::kv_type::f32;
+    case configs::kv_cache_type::q8_0:
+      return kernels::cpu::kv_type::q8_0;
+    case configs::kv_cache_type::q4_0:
+      return kernels::cpu::kv_type::q4_0;
+    case configs::kv_cache_type::f16:
+      break;
+  }
+  return kernels::cpu::kv_type::f16;
 }
+
+bool kv_rotate_of(const configs::model_entry& e) { return e.kv_rotate.value_or(models::default_kv_rotate(kv_type_of(e.kv_type))); }
 
 int32_t kv_blocks_for(const configs::model_entry& e) {
   return static_cast<int32_t>(e.max_sequences * ((e.context + k_block_tokens - 1) / k_block_tokens));
@@ -181,6 +193,7 @@ served_roster::served_roster(const configs::roster& r, const serve_options& o) :
     em.max_sequences = e.max_sequences;
     em.context = e.context;
     em.kv = kv_type_of(e.kv_type);
+    em.kv_rotate = kv_rotate_of(e);
     em.kv_pool = m.kv.get();
     em.placement = m.placement.get();
     em.max_queue = roster_.server.limits.max_queue;

@@ -7,14 +7,15 @@ namespace tandem::models {
 using kernels::cpu::kv_type;
 
 cuda_pass::cuda_pass(const model_config& c, gpu_device_state& d, const cu::stream& s, const kernels::cpu::rope_params& rope, kv_type kv,
-                     std::byte* kv_base, int64_t block_tokens, const int32_t* tokens, int64_t n, const int64_t* out_rows, int64_t n_out,
-                     int64_t max_rows)
+                     bool kv_rotate, std::byte* kv_base, int64_t block_tokens, const int32_t* tokens, int64_t n, const int64_t* out_rows,
+                     int64_t n_out, int64_t max_rows)
     : c_(c),
       d_(d),
       st_(s),
       s_(s.get()),
       rope_(rope),
       kv_(kv),
+      kv_rotate_(kv_rotate),
       kv_base_(kv_base),
       block_tokens_(block_tokens),
       tokens_(tokens),
@@ -69,12 +70,11 @@ void cuda_pass::mat(const weight_view& w, const float* x, int64_t n_x, float* y)
 }
 
 cu::paged_layer cuda_pass::layer_of(int64_t layer) const {
-  const size_t eb = kv_ == kv_type::f16 ? 2 : 4;
   return {kv_base_ + (2 * static_cast<size_t>(layer)) * d_.part_bytes,
           kv_base_ + (2 * static_cast<size_t>(layer) + 1) * d_.part_bytes,
           kv_,
           block_tokens_,
-          static_cast<int64_t>(d_.block_stride / eb),
+          static_cast<int64_t>(d_.block_stride),
           c_.kv_dim()};
 }
 
@@ -148,11 +148,21 @@ void cuda_pass::rope(act a, int64_t n_heads) {
   cu::rope(buf(a), n_, width(a), static_cast<int>(n_heads), static_cast<int>(c_.head_dim), rows_.pos, rope_, d_.freq_factors.as<float>(), s_);
 }
 
-void cuda_pass::kv_store(int64_t layer, act k, act v) { cu::kv_store(layer_of(layer), buf(k), buf(v), n_, rows_, s_); }
+void cuda_pass::rotate(act a, int64_t n_heads) {
+  if (kv_rotate_) cu::hadamard_heads(buf(a), n_, width(a), static_cast<int>(n_heads), static_cast<int>(c_.head_dim), s_);
+}
+
+void cuda_pass::kv_store(int64_t layer, act k, act v) {
+  rotate(k, c_.n_head_kv);
+  rotate(v, c_.n_head_kv);
+  cu::kv_store(layer_of(layer), buf(k), buf(v), n_, rows_, s_);
+}
 
 void cuda_pass::attention(int64_t layer, act q, act out) {
+  rotate(q, c_.n_head);
   cu::attention(buf(q), buf(out), n_, rows_, layer_of(layer), static_cast<int>(c_.n_head), static_cast<int>(c_.n_head_kv),
                 static_cast<int>(c_.head_dim), 1.0f / std::sqrt(static_cast<float>(c_.head_dim)), s_);
+  rotate(out, c_.n_head);
 }
 
 void cuda_pass::add(act dst, act src) { cu::add(buf(dst), buf(src), n_ * width(dst), s_); }

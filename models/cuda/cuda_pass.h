@@ -17,7 +17,8 @@ class cuda_pass final : public pass_backend, public layer_ops {
   // (d.pos, d.table_of_row, d.tables). tokens: the rows' tokens (host). The logits of rows
   // out_rows[0 .. n_out) go to d.logits.
   cuda_pass(const model_config& c, gpu_device_state& d, const cu::stream& s, const kernels::cpu::rope_params& rope, kernels::cpu::kv_type kv,
-            std::byte* kv_base, int64_t block_tokens, const int32_t* tokens, int64_t n, const int64_t* out_rows, int64_t n_out, int64_t max_rows);
+            bool kv_rotate, std::byte* kv_base, int64_t block_tokens, const int32_t* tokens, int64_t n, const int64_t* out_rows, int64_t n_out,
+            int64_t max_rows);
 
   // pass_backend
   void embed(const weight_view& table, int64_t row0) override;
@@ -45,6 +46,7 @@ class cuda_pass final : public pass_backend, public layer_ops {
   int64_t width(act a) const;
   void mat(const weight_view& w, const float* x, int64_t n_x, float* y);
   cu::paged_layer layer_of(int64_t layer) const;
+  void rotate(act a, int64_t n_heads);  // through the Hadamard rotation where the cache is rotated
 
   const model_config& c_;
   gpu_device_state& d_;
@@ -52,6 +54,7 @@ class cuda_pass final : public pass_backend, public layer_ops {
   cu::stream_t s_;
   const kernels::cpu::rope_params& rope_;
   kernels::cpu::kv_type kv_;
+  bool kv_rotate_;  // K, V and Q rotated per head, the attention output rotated back
   std::byte* kv_base_;
   int64_t block_tokens_;
   const int32_t* tokens_;

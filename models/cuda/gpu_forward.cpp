@@ -35,7 +35,6 @@ bool graphs_off_by_env() {
 constexpr size_t k_align = 256;  // cudaMalloc's alignment, kept for every carved piece
 
 size_t round_up(size_t n) { return (n + k_align - 1) / k_align * k_align; }
-size_t elem_bytes(kv_type t) { return t == kv_type::f16 ? 2 : 4; }
 
 }  // namespace
 
@@ -109,6 +108,7 @@ gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_res
   kv_pool_ = p.kv_pool;
   const int64_t bt = kv_pool_ ? kv_pool_->block_tokens() : p.block_tokens;
   if (bt < 1) throw std::invalid_argument("gpu forward: block_tokens must be positive");
+  if (const std::string why = kv_type_problem(c, p.kv, p.kv_rotate); !why.empty()) throw std::invalid_argument("gpu forward: " + why);
   if (kv_pool_) {
     const uint64_t want = kv_bytes_per_token(c, p.kv) * static_cast<uint64_t>(bt);
     if (kv_pool_->block_bytes() != want)
@@ -155,8 +155,7 @@ gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_res
   // kernels take the same path as under an executor's pool. kv_pool: the pool's tables, copied
   // before each pass (they change as blocks are reserved, swapped or shared).
   blocks_per_seq_ = (n_ctx_ + bt - 1) / bt;
-  const size_t eb = elem_bytes(p.kv);
-  d.part_bytes = static_cast<size_t>(bt * KV) * eb;
+  d.part_bytes = static_cast<size_t>(kernels::cpu::kv_bytes(p.kv, bt * KV));
   d.block_bytes = 2 * static_cast<size_t>(c.n_layer) * d.part_bytes;
   d.block_stride = kv_pool_ ? kv_pool_->block_stride() : d.block_bytes;
   const int64_t n_blocks = p.n_seq * blocks_per_seq_;
@@ -164,6 +163,7 @@ gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_res
   d.h_tables = cu::pinned_buffer(static_cast<size_t>(n_blocks) * sizeof(int32_t));
   for (int64_t b = 0; b < n_blocks; ++b) d.h_tables.as<int32_t>()[b] = kv_pool_ ? 0 : static_cast<int32_t>(b);
   kv_ = p.kv;
+  kv_rotate_ = p.kv_rotate;
   block_tokens_ = bt;
 
   const size_t row_ints = static_cast<size_t>(max_rows) * sizeof(int32_t);
@@ -374,7 +374,7 @@ void gpu_forward::begin_run(const int32_t* tokens, const int64_t* seqs, const in
 
   const int64_t max_rows = std::max(max_batch_, static_cast<int64_t>(pos_.size()));
   std::byte* kv_base = kv_pool_ ? kv_pool_->data() : d.kv.as<std::byte>();
-  cuda_pass& pass = f.pass.emplace(c, d, stream_, rope_, kv_, kv_base, block_tokens_, tokens, n, out_rows, n_out, max_rows);
+  cuda_pass& pass = f.pass.emplace(c, d, stream_, rope_, kv_, kv_rotate_, kv_base, block_tokens_, tokens, n, out_rows, n_out, max_rows);
   f.weights = residency_ ? residency_ : uploaded_.get();
   // A model whose segments are all on the device holds them for the pass: no per-layer
   // lease, and they stay put, so its decode passes replay graphs as resident weights do.

@@ -35,6 +35,7 @@ struct gpu_context_params {
   int64_t n_seq = 1;        // sequences (decode() takes one row of each at most)
   int64_t max_batch = 512;  // prompt rows per pass
   kernels::cpu::kv_type kv = kernels::cpu::kv_type::f16;
+  bool kv_rotate = false;  // as context_params::kv_rotate (models/forward.h)
   int64_t block_tokens = 16;
   // The executor's paged KV cache instead of this object's own: sequence s is the pool's
   // sequence s, its positions in the blocks the caller reserved (on the device tier of an
@@ -127,6 +128,7 @@ class gpu_forward final : public forward_pass {
   std::unique_ptr<uploaded_weights> uploaded_;  // resident mode: the segments this object uploaded
   kernels::cpu::rope_params rope_;
   kernels::cpu::kv_type kv_ = kernels::cpu::kv_type::f16;
+  bool kv_rotate_ = false;
   int64_t block_tokens_ = 16;
   bool graphs_ = true;
   int64_t n_ctx_ = 0, max_batch_ = 0, max_rows_ = 0, n_vocab_ = 0, blocks_per_seq_ = 0;
