@@ -96,12 +96,17 @@ void run_serve(const serve_args& a) {
     const size_t unit = runtime::page_unit_of(needs);
     runtime::check_placement(r, needs, unit);
     print_summary(r, nullptr, "");
-    for (const auto& n : needs) {
+    for (size_t i = 0; i < needs.size(); ++i) {
+      const auto& n = needs[i];
       const auto ks = runtime::kv_shape_for(*n.entry, n.kv_bytes_per_token, unit);
-      std::printf("  kv %s: pages of %s (%lld positions), at most %d (%s), %d kept (%s)%s\n", n.entry->name.c_str(),
-                  configs::format_byte_size(ks.page_bytes).c_str(), static_cast<long long>(configs::k_kv_block_tokens), ks.limit_blocks,
+      const int32_t room = runtime::kv_pages_beside_weights(r, needs, unit, i);
+      std::printf("  kv %s (%s%s): pages of %s (%lld positions), at most %d (%s), %d kept (%s), %d beside its weights (%lld positions)%s\n",
+                  n.entry->name.c_str(), kernels::cpu::kv_type_name(runtime::kv_type_of(n.entry->kv_type)),
+                  runtime::kv_rotate_of(*n.entry) ? ", rotated" : "", configs::format_byte_size(ks.page_bytes).c_str(),
+                  static_cast<long long>(configs::k_kv_block_tokens), ks.limit_blocks,
                   configs::format_byte_size(static_cast<uint64_t>(ks.limit_blocks) * ks.page_bytes).c_str(), ks.reserve_blocks,
-                  configs::format_byte_size(static_cast<uint64_t>(ks.reserve_blocks) * ks.page_bytes).c_str(), n.from_file ? "" : " [stated sizes]");
+                  configs::format_byte_size(static_cast<uint64_t>(ks.reserve_blocks) * ks.page_bytes).c_str(), room,
+                  static_cast<long long>(room) * configs::k_kv_block_tokens, n.from_file ? "" : " [stated sizes]");
     }
     std::puts("tandem: roster OK");
     return;

@@ -88,4 +88,18 @@ void check_placement(const configs::roster& r, std::span<const model_needs> need
   }
 }
 
+int32_t kv_pages_beside_weights(const configs::roster& r, std::span<const model_needs> needs, size_t unit, size_t i) {
+  const uint64_t vram = r.devices.front().vram / unit * unit;
+  uint64_t taken = whole(needs[i].weight_bytes, unit);
+  for (size_t j = 0; j < needs.size(); ++j) {
+    if (j == i) continue;
+    const auto ks = kv_shape_for(*needs[j].entry, needs[j].kv_bytes_per_token, unit);
+    taken += static_cast<uint64_t>(ks.reserve_blocks) * ks.page_bytes;
+    if (needs[j].entry->pinned) taken += whole(needs[j].weight_bytes, unit);
+  }
+  if (taken >= vram) return 0;
+  const auto own = kv_shape_for(*needs[i].entry, needs[i].kv_bytes_per_token, unit);
+  return static_cast<int32_t>(std::min<uint64_t>((vram - taken) / own.page_bytes, static_cast<uint64_t>(own.limit_blocks)));
+}
+
 }  // namespace tandem::runtime

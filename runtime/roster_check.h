@@ -34,4 +34,10 @@ size_t page_unit_of(std::span<const model_needs> needs);
 // would refuse. unit: the arbiter's allocation unit (page_unit_of).
 void check_placement(const configs::roster& r, std::span<const model_needs> needs, size_t unit);
 
+// The KV pages model i can hold on the device at most: with all its weights resident beside
+// the pinned models' weights and every other model's floor (kv_reserve), within its own limit.
+// Its longest context is this times k_kv_block_tokens positions (for one sequence, up to its
+// `context`). 0 when its weights do not fit so (it then streams them).
+int32_t kv_pages_beside_weights(const configs::roster& r, std::span<const model_needs> needs, size_t unit, size_t i);
+
 }  // namespace tandem::runtime

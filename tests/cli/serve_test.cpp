@@ -104,7 +104,8 @@ TEST_SUITE("serve") {
     const auto bad = test::run_tandem("serve -c '" + (dir / "bad.yaml").string() + "'");
     CHECK(bad.exit_code == 1);
     CHECK(bad.err.find("vram") != std::string::npos);
-    CHECK(ok.out.find("kv stories: pages of 10.0 KiB") != std::string::npos);  // KV limits and floors, in pages
+    CHECK(ok.out.find("kv stories (f16): pages of 10.0 KiB") != std::string::npos);  // KV limits and floors, in pages
+    CHECK(ok.out.find("beside its weights (") != std::string::npos);
     // What serve refuses after opening the model, --check refuses with the same message.
     std::ofstream(dir / "floor.yaml") << "devices:\n  - backend: cpu\n    vram: 1MiB\n    host: 8MiB\nmodels:\n  - name: tiny\n    path: "
                                       << test::data_path("stories260K.gguf").string() << "\n    kv_reserve: 900KiB\n    context: 512\n";

@@ -79,6 +79,17 @@ TEST_SUITE("roster_loader") {
     CHECK(kv.models[1].kv_reserve == 64u << 20);
     CHECK(kv.models[1].kv_limit == 256u << 20);
     CHECK(configs::kv_budget_bytes(kv.models[1]) == 256u << 20);  // below context x max_sequences
+    // The stated kv_bytes_per_token is the f16 figure; the entry carries its kv_type's size
+    // (f32 twice it, q8_0 34 bytes per 32 values, q4_0 18 per 32 against f16's 64).
+    CHECK_FALSE(r.models[1].kv_rotate);  // unset: the type's default (rotated for q4_0)
+    for (const auto& [type, bytes] : {std::pair{"f32", 64u << 10}, std::pair{"q8_0", 17u << 10}, std::pair{"q4_0", 9u << 10}}) {
+      CAPTURE(type);
+      const auto q = parse(k_base + "    kv_type: " + type + "\n    kv_rotate: false\n");
+      CHECK(q.models[1].kv_bytes_per_token == bytes);
+      CHECK(q.models[1].kv_rotate == false);
+      CHECK(configs::kv_budget_bytes(q.models[1]) == uint64_t(bytes) * 4096 * 4);  // the default context and sequences
+    }
+    CHECK(parse(k_base + "    kv_type: q4_0\n").models[1].kv_type == configs::kv_cache_type::q4_0);
     const auto t = parse(k_base + "policy:\n  itl_target: 120ms\n  itl_budget: 0\n");
     CHECK(t.policy.itl_target == std::chrono::milliseconds(120));
     CHECK(t.policy.itl_budget == 0);
@@ -121,7 +132,9 @@ TEST_SUITE("roster_loader") {
         {with("    context: 4096\n", "    context: 4096\n    kv_limit: 32MiB\n    kv_reserve: 64MiB\n"),
          "models[0].kv_reserve: a floor of 64.0 MiB is above the model's kv_limit of 32.0 MiB"},
         {with("    context: 4096\n", "    context: 4096\n    kv_limit: plenty\n"), "models[0].kv_limit: expected a size"},
-        {with("    context: 4096\n", "    context: 4096\n    kv_type: q3_k\n"), "models[0].kv_type: expected one of"},
+        {with("    context: 4096\n", "    context: 4096\n    kv_type: q3_k\n"),
+         "r.yaml:13:14: models[0].kv_type: expected one of f16, f32, q8_0, q4_0, got 'q3_k'"},
+        {with("    context: 4096\n", "    context: 4096\n    kv_rotate: maybe\n"), "r.yaml:13:16: models[0].kv_rotate: expected true or false"},
         {with("    context: 4096\n", "    context: 100000\n"), "models[0].context: one sequence of 100000 positions needs 12.2 GiB of KV cache"},
         {edit(with("    host: 16GiB\n", "    host: 1GiB\n"), "    priority: 10\n", "    priority: 10\n    preload: host\n"),
          "the models preloaded to the host need 4.0 GiB, more than the host budget of 1.0 GiB"},

@@ -464,7 +464,7 @@ TEST_SUITE("attention") {
     for (const kv_type kt : {kv_type::q8_0, kv_type::q4_0}) {
       for (const shape sh :
            {shape{4, 4, 32, 1, 0}, shape{8, 2, 64, 1, 70}, shape{9, 3, 64, 33, 5}, shape{8, 1, 128, 20, 40}, shape{16, 4, 64, 1, 50}}) {
-        CAPTURE(kv_type_name(kt));
+        CAPTURE(std::string(kv_type_name(kt)));
         CAPTURE(sh.n_heads);
         CAPTURE(sh.head_dim);
         CAPTURE(sh.n_q);
@@ -509,6 +509,50 @@ TEST_SUITE("attention") {
     CHECK_THROWS_WITH_AS(attention(q.data(), 1, 0, kv.data(), kv.data(), kv_type::q8_0, 1, 1, 48, 1.0f, out.data(), nullptr),
                          doctest::Contains("multiple of 32"), std::invalid_argument);
     CHECK(out[0] == -1.0f);
+  }
+
+  TEST_CASE("rotating heads before a q4_0 cache cuts the error that an outlier channel causes") {
+    // Keys and values with a few channels 20x the others, as real models' K has: unrotated,
+    // each 32-value block's scale follows its outlier and the other values get few of the 16
+    // codes; rotated (K, V and Q by hadamard_heads, the output rotated back) the energy is
+    // spread over the head first. Both are compared with exact attention over the f32 rows.
+    std::mt19937 rng(808);
+    const int n_heads = 4, n_kv_heads = 2, head_dim = 64;
+    const int64_t n_keys = 160, row = int64_t(n_kv_heads) * head_dim, qrow = int64_t(n_heads) * head_dim;
+    const float scale = 1.0f / std::sqrt(float(head_dim));
+    auto k = random_vector(rng, size_t(n_keys * row), 1.0f), v = random_vector(rng, size_t(n_keys * row), 1.0f);
+    for (int64_t t = 0; t < n_keys; ++t)
+      for (int h = 0; h < n_kv_heads; ++h)
+        for (const int c : {3, 40}) {
+          k[size_t(t * row + h * head_dim + c)] *= 20.0f;
+          v[size_t(t * row + h * head_dim + c)] *= 20.0f;
+        }
+    const auto q = random_vector(rng, size_t(qrow), 0.3f);
+    test_cache kf(kv_type::f32, n_keys, row), vf(kv_type::f32, n_keys, row);
+    kf.store(0, k, n_keys);
+    vf.store(0, v, n_keys);
+    const auto exact = reference_attention(q, 1, n_keys - 1, kf, vf, n_heads, n_kv_heads, head_dim, scale, false);
+    const auto rms_error = [&](bool rotate) {
+      auto kr = k, vr = v, qr = q;
+      if (rotate) {
+        hadamard_heads(kr.data(), n_keys, row, n_kv_heads, head_dim);
+        hadamard_heads(vr.data(), n_keys, row, n_kv_heads, head_dim);
+        hadamard_heads(qr.data(), 1, qrow, n_heads, head_dim);
+      }
+      test_cache kc(kv_type::q4_0, n_keys, row), vc(kv_type::q4_0, n_keys, row);
+      kc.store(0, kr, n_keys);
+      vc.store(0, vr, n_keys);
+      std::vector<float> out(size_t(qrow), -1.0f);
+      attention(qr.data(), 1, n_keys - 1, kc.data(), vc.data(), kv_type::q4_0, n_heads, n_kv_heads, head_dim, scale, out.data(), nullptr);
+      if (rotate) hadamard_heads(out.data(), 1, qrow, n_heads, head_dim);
+      double sum = 0;  // root mean square over the outputs
+      for (size_t i = 0; i < out.size(); ++i) sum += (double(out[i]) - exact[i]) * (double(out[i]) - exact[i]);
+      return std::sqrt(sum / double(out.size()));
+    };
+    const double plain = rms_error(false), rotated = rms_error(true);
+    CAPTURE(plain);
+    CAPTURE(rotated);
+    CHECK(rotated < 0.7 * plain);  // measured: 0.052 against 0.097
   }
 
   TEST_CASE("prompt rows: close to exact attention on every shape, f32 arithmetic where AVX-512 or AVX2 runs them") {

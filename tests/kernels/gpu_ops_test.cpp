@@ -33,6 +33,9 @@ constexpr attention_bounds k_attention_bounds[] = {
     // CPU twin does keep llama.cpp's f16 accumulator (within 1e-2 of exact, attention_test),
     // hence the looser bound against it.
     {cpu::kv_type::f16, 3e-3, 1.3e-2},
+    // q8_0 and q4_0: both sides dequantize the same bytes to f32 and stay in f32.
+    {cpu::kv_type::q8_0, 1e-4, 1e-4},
+    {cpu::kv_type::q4_0, 1e-4, 1e-4},
 };
 
 struct attn_shape {
@@ -252,11 +255,10 @@ TEST_SUITE("gpu_ops") {
         CAPTURE(sh.n_kv_heads);
         CAPTURE(sh.head_dim);
         CAPTURE(sh.block_tokens);
-        CAPTURE(kt == cpu::kv_type::f16 ? "f16" : "f32");
+        CAPTURE(std::string(cpu::kv_type_name(kt)));
         const int64_t row = int64_t(sh.n_kv_heads) * sh.head_dim;
         const int64_t bt = sh.block_tokens;
-        const int64_t stride = (bt + 3) * row;  // a gap between blocks
-        const size_t elem = kt == cpu::kv_type::f32 ? 4 : 2;
+        const int64_t stride = cpu::kv_bytes(kt, (bt + 3) * row);  // bytes, a gap between blocks
         const int64_t q_row = int64_t(sh.n_heads) * sh.head_dim;
         const float scale = 1.0f / std::sqrt(float(sh.head_dim));
 
@@ -275,8 +277,8 @@ TEST_SUITE("gpu_ops") {
           for (int64_t b = 0; b < (len[size_t(q)] + bt - 1) / bt; ++b) tables.push_back(perm[tables.size()]);
         }
         dev_array<int32_t> dtables(tables, s);
-        const auto slot = [&](int q, int64_t p) {  // element offset of position p of sequence q
-          return int64_t(tables[size_t(table_at[size_t(q)] + p / bt)]) * stride + (p % bt) * row;
+        const auto slot = [&](int q, int64_t p) {  // byte offset of position p of sequence q
+          return int64_t(tables[size_t(table_at[size_t(q)] + p / bt)]) * stride + cpu::kv_bytes(kt, (p % bt) * row);
         };
 
         // Every sequence's K and V rows for all its positions.
@@ -287,7 +289,7 @@ TEST_SUITE("gpu_ops") {
         }
 
         // The pools start as NaN bytes, as do the host copies the CPU writes into.
-        const size_t pool_bytes = size_t(n_pool * stride) * elem;
+        const size_t pool_bytes = size_t(n_pool * stride);
         dev_array<uint8_t> kpool(pool_bytes, s), vpool(pool_bytes, s);
         std::vector<uint8_t> hk(pool_bytes, 0xFF), hv(pool_bytes, 0xFF);
         const cu::paged_layer layer{kpool.get(), vpool.get(), kt, bt, stride, row};
@@ -307,13 +309,14 @@ TEST_SUITE("gpu_ops") {
         };
 
         // Stores the rows' K and V on both sides, then compares the whole pools byte for byte:
-        // every row where the block table puts it, rounded to nearest even, nothing else touched.
+        // every row where the block table puts it, rounded to nearest even (f16) or quantized
+        // as ggml does (q8_0, q4_0), nothing else touched.
         const auto store = [&](const std::vector<kv_row>& rows) {
           std::vector<float> kr, vr;
           for (const auto& r : rows) {
             kr.insert(kr.end(), kdata[size_t(r.seq)].begin() + r.pos * row, kdata[size_t(r.seq)].begin() + (r.pos + 1) * row);
             vr.insert(vr.end(), vdata[size_t(r.seq)].begin() + r.pos * row, vdata[size_t(r.seq)].begin() + (r.pos + 1) * row);
-            const size_t at = size_t(slot(r.seq, r.pos)) * elem;
+            const size_t at = size_t(slot(r.seq, r.pos));
             cpu::kv_store(hk.data() + at, kt, 0, kdata[size_t(r.seq)].data() + r.pos * row, 1, row);
             cpu::kv_store(hv.data() + at, kt, 0, vdata[size_t(r.seq)].data() + r.pos * row, 1, row);
           }
@@ -324,23 +327,39 @@ TEST_SUITE("gpu_ops") {
           cu::kv_store(layer, dk.get(), dv.get(), int64_t(rows.size()), m, s.get());
           const auto gk = kpool.read(false), gv = vpool.read(false);
           size_t k_wrong = 0, v_wrong = 0;
-          for (size_t i = 0; i < pool_bytes; i += elem) {
-            k_wrong += std::memcmp(gk.data() + i, hk.data() + i, elem) != 0;
-            v_wrong += std::memcmp(gv.data() + i, hv.data() + i, elem) != 0;
+          for (size_t i = 0; i < pool_bytes; ++i) {
+            k_wrong += gk[i] != hk[i];
+            v_wrong += gv[i] != hv[i];
           }
           CHECK(k_wrong == 0);
           CHECK(v_wrong == 0);
         };
 
-        const auto cache_value = [&](const std::vector<uint8_t>& pool, int64_t at) {
-          if (kt == cpu::kv_type::f32) {
-            float f;
-            std::memcpy(&f, pool.data() + size_t(at) * 4, 4);
-            return double(f);
-          }
+        // Element e of the row at byte `at`, decoded from the ggml block layouts.
+        const auto cache_value = [&](const std::vector<uint8_t>& pool, int64_t at, int64_t e) {
+          const uint8_t* p = pool.data() + at;
           uint16_t h;
-          std::memcpy(&h, pool.data() + size_t(at) * 2, 2);
-          return double(cpu::fp16_to_fp32(h));
+          switch (kt) {
+            case cpu::kv_type::f32: {
+              float f;
+              std::memcpy(&f, p + e * 4, 4);
+              return double(f);
+            }
+            case cpu::kv_type::f16:
+              std::memcpy(&h, p + e * 2, 2);
+              return double(cpu::fp16_to_fp32(h));
+            case cpu::kv_type::q8_0:
+              p += (e / 32) * 34;
+              std::memcpy(&h, p, 2);
+              return double(cpu::fp16_to_fp32(h)) * double(int8_t(p[2 + e % 32]));
+            case cpu::kv_type::q4_0: {
+              p += (e / 32) * 18;
+              std::memcpy(&h, p, 2);
+              const int j = int(e % 32), q = j < 16 ? (p[2 + j] & 15) : (p[2 + j - 16] >> 4);
+              return double(cpu::fp16_to_fp32(h)) * double(q - 8);
+            }
+          }
+          return 0.0;
         };
 
         // Runs attention for the rows (queries q, in the rows' order) and checks it against
@@ -358,14 +377,14 @@ TEST_SUITE("gpu_ops") {
           for (size_t r = 0; r < rows.size(); ++r)
             for (int h = 0; h < sh.n_heads; ++h) {
               const float* qh = q.data() + int64_t(r) * q_row + h * sh.head_dim;
-              const int64_t kv_off = int64_t(h / group) * sh.head_dim;
+              const int64_t kv_off = int64_t(h / group) * sh.head_dim;  // elements into the row
               const int64_t n_keys = rows[r].pos + 1;
               std::vector<double> sc(static_cast<size_t>(n_keys));
               double mx = -1e300;
               for (int64_t t = 0; t < n_keys; ++t) {
                 double dot = 0;
-                const int64_t at = slot(rows[r].seq, t) + kv_off;
-                for (int d = 0; d < sh.head_dim; ++d) dot += double(qh[d]) * cache_value(hk, at + d);
+                const int64_t at = slot(rows[r].seq, t);
+                for (int d = 0; d < sh.head_dim; ++d) dot += double(qh[d]) * cache_value(hk, at, kv_off + d);
                 sc[size_t(t)] = dot * scale;
                 mx = std::max(mx, sc[size_t(t)]);
               }
@@ -373,7 +392,7 @@ TEST_SUITE("gpu_ops") {
               for (auto& v : sc) sum += v = std::exp(v - mx);
               for (int d = 0; d < sh.head_dim; ++d) {
                 double o = 0;
-                for (int64_t t = 0; t < n_keys; ++t) o += sc[size_t(t)] * cache_value(hv, slot(rows[r].seq, t) + kv_off + d);
+                for (int64_t t = 0; t < n_keys; ++t) o += sc[size_t(t)] * cache_value(hv, slot(rows[r].seq, t), kv_off + d);
                 const size_t k = size_t(int64_t(r) * q_row + h * sh.head_dim + d);
                 worst_exact = std::max(worst_exact, std::fabs(got[k] - o / sum));
                 worst_cpu = std::max(worst_cpu, std::fabs(double(got[k]) - out_cpu[k]));
@@ -431,6 +450,31 @@ TEST_SUITE("gpu_ops") {
         const auto q_decode = gaussian(decode.size() * size_t(q_row), ++seed);
         attend(decode, q_decode, cpu_attention(decode, q_decode));
       }
+  }
+
+  TEST_CASE("hadamard_heads matches the CPU bit for bit, heads of a strided row in place") {
+    if (!device_or_skip()) return;
+    cu::stream s;
+    uint32_t seed = 4100;
+    struct had_shape {
+      int64_t n_rows, row_stride;
+      int n_heads, head_dim;
+    };
+    for (const had_shape sh : {had_shape{1, 64, 1, 64}, had_shape{5, 8 * 64 + 7, 8, 64}, had_shape{3, 4 * 128, 4, 128},
+                               had_shape{7, 2 * 32 + 1, 2, 32}, had_shape{2, 256, 1, 256}}) {
+      CAPTURE(sh.n_heads);
+      CAPTURE(sh.head_dim);
+      auto want = gaussian(size_t(sh.n_rows * sh.row_stride), ++seed);
+      dev_array<float> x(want, s);
+      cpu::hadamard_heads(want.data(), sh.n_rows, sh.row_stride, sh.n_heads, sh.head_dim);
+      cu::hadamard_heads(x.get(), sh.n_rows, sh.row_stride, sh.n_heads, sh.head_dim, s.get());
+      const auto got = x.read();
+      size_t wrong = 0;
+      for (size_t i = 0; i < want.size(); ++i) wrong += std::memcmp(&got[i], &want[i], 4) != 0;
+      CHECK(wrong == 0);  // the gaps between rows' heads untouched, the heads the same bits
+    }
+    dev_array<float> x(size_t(64), s);
+    CHECK_THROWS_WITH_AS(cu::hadamard_heads(x.get(), 1, 48, 1, 48, s.get()), doctest::Contains("power of two"), std::invalid_argument);
   }
 
   TEST_CASE("argmax takes the first of tied maxima; top_k orders ties by index") {

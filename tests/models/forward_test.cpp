@@ -403,6 +403,19 @@ TEST_SUITE("forward") {
     ctx.truncate(7);
     CHECK(ctx.pos() == 7);
     CHECK_THROWS_AS(ctx.truncate(8), std::invalid_argument);
+    // stories260K's heads are 8 wide: no whole 32-value block for a quantized cache, and 8 is
+    // a power of two, so only the quantized types are refused.
+    using kernels::cpu::kv_type;
+    for (const kv_type kv : {kv_type::q8_0, kv_type::q4_0})
+      CHECK_THROWS_WITH_AS(models::forward_context(m, {.n_ctx = 8, .kv = kv}, nullptr),
+                           doctest::Contains("multiple of 32 elements (the model's heads are 8 wide)"), std::invalid_argument);
+    CHECK(models::kv_type_problem(m.config(), kv_type::f16, true).empty());
+    CHECK(models::kv_type_problem(m.config(), kv_type::q4_0, true).find("multiple of 32") != std::string::npos);
+    models::model_config wide = m.config();
+    wide.head_dim = 96;  // whole blocks, but no power of two to rotate
+    CHECK(models::kv_type_problem(wide, kv_type::q8_0, false).empty());
+    CHECK(models::kv_type_problem(wide, kv_type::q4_0, true) ==
+          "a rotated KV cache needs heads of a power-of-two width (the model's heads are 96 wide)");
   }
 
   TEST_CASE("the KV cache is sized from the context and bounded") {

@@ -158,6 +158,58 @@ TEST_SUITE("engine") {
     }
   }
 
+  TEST_CASE("a q8_0 or rotated q4_0 KV pool: preempted, swapped and resumed, still what each gives alone") {
+    test::scratch_dir dir;
+    models::synth_options o;
+    o.dim = 128;
+    o.layers = 2;
+    o.heads = 4;
+    o.kv_heads = 2;  // heads of 32: one quantized block each
+    o.ffn = 256;
+    o.context = 512;
+    o.vocab_path = test::data_path("stories260K.gguf").string();
+    o.type = kernels::weight_type::q4_0;
+    o.seed = 12;
+    const auto path = (dir / "s.gguf").string();
+    models::synth_model(o, path);
+    const models::model m(path);
+    const auto tok = models::tokenizer::from_gguf(m.file());
+    std::mt19937 rng(10);
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < 6; ++i) {
+      std::vector<int32_t> p{1};
+      for (int k = 0; k < 20 + 7 * i; ++k) p.push_back(static_cast<int32_t>(10 + rng() % 400));
+      prompts.push_back(p);
+    }
+    for (const auto& [kv, rotate] : {std::pair{kernels::cpu::kv_type::q8_0, false}, std::pair{kernels::cpu::kv_type::q4_0, true}}) {
+      CAPTURE(std::string(kernels::cpu::kv_type_name(kv)));
+      const auto block = static_cast<size_t>(models::kv_bytes_per_token(m.config(), kv) * 16);
+      auto backend = memory::make_cpu_backend();
+      memory::arbiter a(*backend, {64 << 20, 64 << 20});
+      auto pool = memory::kv_pool::make(a, "m", 12, 16, block);  // 192 positions for ~6 x 90
+      REQUIRE(pool);
+      runtime::engine_model em{"m", &m, &tok, 0, 6, 128, kv, nullptr, pool.get()};
+      em.kv_rotate = rotate;
+      runtime::engine e({em}, {.threads = 2, .max_batch_tokens = 64, .prefill_chunk = 16});
+      std::vector<std::shared_ptr<runtime::request_handle>> hs;
+      for (const auto& p : prompts) hs.push_back(e.submit({"m", p, greedy(50)}));
+      int differ_unrotated = 0;
+      for (size_t i = 0; i < hs.size(); ++i) {
+        CAPTURE(i);
+        const auto got = collect(*hs[i]);
+        CHECK(got == alone(m, tok, prompts[i], 50, 256, kv, rotate));
+        differ_unrotated += got != alone(m, tok, prompts[i], 50, 256, kv, false);
+      }
+      // The rotation really is applied: q4_0 without it gives other tokens.
+      if (rotate) CHECK(differ_unrotated > 0);
+      e.drain();
+      CHECK(e.preemptions() > 0);
+      CHECK(e.kv_blocks_in_use("m") == 0);
+      pool->check();
+      a.check_integrity();
+    }
+  }
+
   TEST_CASE("prefix-cache hits skip the shared prompt and give what each request gives alone") {
     const models::model m(test::data_path("stories260K-q8_0.gguf").string());
     const auto tok = models::tokenizer::from_gguf(m.file());

@@ -27,8 +27,8 @@ inline runtime::generation_params greedy(int64_t n) {
 // in one pass, then one token at a time, attention computed as the engine computes it. A
 // reference loop for the tests (the product's one loop is the engine's).
 inline std::vector<int32_t> alone(const models::model& m, const models::tokenizer&, const std::vector<int32_t>& prompt, int64_t n,
-                                  int64_t n_ctx = 256) {
-  models::forward_context ctx(m, {.n_ctx = n_ctx}, nullptr);
+                                  int64_t n_ctx = 256, kernels::cpu::kv_type kv = kernels::cpu::kv_type::f16, bool kv_rotate = false) {
+  models::forward_context ctx(m, {.n_ctx = n_ctx, .kv = kv, .kv_rotate = kv_rotate}, nullptr);
   ctx.set_prompt_end(0, std::numeric_limits<int64_t>::max());
   ctx.eval(prompt);
   std::vector<int32_t> out;

@@ -55,6 +55,21 @@ TEST_SUITE("roster_check") {
     CHECK(runtime::page_unit_of(std::vector<runtime::model_needs>{{.kv_bytes_per_token = 640}}) == 2048);  // a 10 KiB block
   }
 
+  TEST_CASE("the KV pages a model can hold beside its weights, the pinned weights and the others' floors") {
+    const auto pages = [](const configs::roster& r, size_t i) {
+      std::vector<runtime::model_needs> needs;
+      for (const auto& e : r.models) needs.push_back(runtime::needs_of(e, nullptr, runtime::kv_type_of(e.kv_type)));
+      return runtime::kv_pages_beside_weights(r, needs, runtime::page_unit_of(needs), i);
+    };
+    // chat: 2 GiB of weights, pages of 16 x 64 KiB = 1 MiB, at most 4 x 4096 / 16 = 1024.
+    CHECK(pages(parse(stated("2560MiB")), 0) == 512);
+    CHECK(pages(parse(stated("4GiB")), 0) == 1024);                                    // its limit
+    CHECK(pages(parse(stated("2560MiB", "", "    kv_reserve: 128MiB\n")), 0) == 384);  // code's floor stays
+    CHECK(pages(parse(stated("2560MiB", "", "    pinned: true\n")), 0) == 0);          // code's weights stay: no room
+    // q4_0: 18 KiB a position (9/32 of f16's 64 KiB), pages of 288 KiB.
+    CHECK(pages(parse(stated("2304MiB", "    kv_type: q4_0\n")), 0) == 256 * 1024 / 288);
+  }
+
   TEST_CASE("what serve refuses is refused, naming the model, its line and the sizes") {
     // chat holds at most 4 x 4096 x 64 KiB = 1 GiB of KV, code 4 x 4096 x 16 KiB = 256 MiB.
     CHECK(verdict(parse(stated("1GiB", "    kv_reserve: 1GiB\n", "    kv_reserve: 128MiB\n"))) ==
@@ -74,6 +89,26 @@ TEST_SUITE("roster_check") {
                              test::data_path("stories260K.gguf").string() + "\n    kv_limit: 4KiB\n";
     CHECK(verdict(configs::parse_roster(tiny, "r.yaml", ".")) ==
           "model 'tiny' (line 6): kv_limit 4.0 KiB is less than one KV page (16 positions, 10.0 KiB of the device)");
+  }
+
+  TEST_CASE("a KV cache type the model's heads do not suit is refused by both, naming model, line and type") {
+    // stories260K's heads are 8 wide: no whole 32-value block for q8_0 or q4_0.
+    for (const std::string type : {"q8_0", "q4_0"}) {
+      CAPTURE(type);
+      const std::string yaml = "devices:\n  - backend: cpu\n    vram: 8MiB\n    host: 8MiB\nmodels:\n  - name: tiny\n    path: " +
+                               test::data_path("stories260K.gguf").string() + "\n    kv_type: " + type + "\n";
+      const auto r = configs::parse_roster(yaml, "r.yaml", ".");
+      const std::string want = "model 'tiny' (line 6): kv_type " + type + (type == "q4_0" ? ", rotated" : "") + ": a " + type +
+                               " KV cache needs heads of a multiple of 32 elements (the model's heads are 8 wide)";
+      const models::model m(r.models[0].file, models::load_options{.own_weights = false});
+      CHECK_THROWS_WITH_AS(runtime::needs_of(r.models[0], &m, runtime::kv_type_of(r.models[0].kv_type)), want.c_str(), std::runtime_error);
+      try {
+        runtime::served_roster s(r, {.threads = 1});
+        FAIL("served a roster the check refuses");
+      } catch (const std::runtime_error& e) {
+        CHECK(std::string(e.what()) == want);
+      }
+    }
   }
 
   TEST_CASE("serve and the check give the same message for the same roster") {

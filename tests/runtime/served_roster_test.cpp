@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "configs/roster_loader.h"
+#include "models/synth.h"
 #include "tests/test_support.h"
 
 using namespace tandem;
@@ -60,6 +61,56 @@ TEST_SUITE("served_roster") {
     h->wait();
     CHECK(h->finished() == runtime::finish_reason::length);
     s.executor().drain();
+    s.arbiter().check_integrity();
+  }
+
+  TEST_CASE("kv_type q8_0 and q4_0 in a roster: pages of the quantized size, generations complete, q4_0 rotated unless turned off") {
+    test::scratch_dir dir;
+    models::synth_options o;
+    o.dim = 128;
+    o.layers = 2;
+    o.heads = 4;
+    o.kv_heads = 2;
+    o.ffn = 256;
+    o.context = 512;
+    o.vocab_path = test::data_path("stories260K.gguf").string();
+    o.type = kernels::weight_type::q8_0;
+    const auto path = (dir / "s.gguf").string();
+    models::synth_model(o, path);
+    const std::string yaml =
+        "devices:\n  - backend: cpu\n    vram: 16MiB\n    host: 16MiB\nmodels:\n"
+        "  - name: a\n    path: " +
+        path +
+        "\n    kv_type: q8_0\n    context: 256\n    max_sequences: 2\n"
+        "  - name: b\n    path: " +
+        path +
+        "\n    kv_type: q4_0\n    context: 256\n    max_sequences: 2\n"
+        "  - name: c\n    path: " +
+        path + "\n    kv_type: q4_0\n    kv_rotate: false\n    context: 256\n    max_sequences: 2\n";
+    const auto r = configs::parse_roster(yaml, "q.yaml", ".");
+    CHECK(runtime::kv_rotate_of(r.models[0]) == false);
+    CHECK(runtime::kv_rotate_of(r.models[1]) == true);
+    CHECK(runtime::kv_rotate_of(r.models[2]) == false);
+    runtime::served_roster s(r, {.threads = 1});
+    auto& e = s.executor();
+    // Two layers x K and V x 64 values a position: 2 blocks of 32 per row, 34 or 18 bytes each
+    // (f16: 128 bytes), 16 positions a page, in whole units of the arbiter (1 KiB here: no
+    // larger power of two divides both blocks).
+    const uint64_t q8_block = 2 * 2 * 2 * 34 * 16, q4_block = 2 * 2 * 2 * 18 * 16;
+    CHECK(e.stats("a").kv_block_bytes == (q8_block + 1023) / 1024 * 1024);
+    CHECK(e.stats("b").kv_block_bytes == (q4_block + 1023) / 1024 * 1024);
+    CHECK(e.stats("b").kv_block_bytes < 2 * 2 * 128 * 16 / 2);
+    runtime::generation_params p;
+    p.max_tokens = 20;
+    p.stop_at_eog = false;
+    std::vector<std::shared_ptr<runtime::request_handle>> hs;
+    for (const char* name : {"a", "b", "c"}) hs.push_back(e.submit({name, {1, 403, 407, 261}, p}));
+    for (auto& h : hs) {
+      h->wait();
+      CHECK(h->finished() == runtime::finish_reason::length);
+    }
+    e.drain();
+    for (const char* name : {"a", "b", "c"}) CHECK(e.stats(name).kv_blocks_used == 0);
     s.arbiter().check_integrity();
   }
 
