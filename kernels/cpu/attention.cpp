@@ -376,13 +376,8 @@ void attend_runs(const attention_run* runs, int64_t n_runs, kv_type kt, int n_he
   };
   if (head_shares) {
     if (head_begin < head_end) body(head_begin, head_end);
-  } else if (part) {
-    const int64_t b = share_start(units, part->count, part->index), e = share_start(units, part->count, part->index + 1);
-    if (b < e) body(b, e);
-  } else if (pool && pool->size() > 1 && units > 1) {
-    pool->parallel_for(units, 1, body);
   } else {
-    body(0, units);
+    run_units(units, pool, part, body);
   }
 }
 

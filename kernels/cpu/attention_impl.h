@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace tandem::kernels::cpu {
 
@@ -159,6 +160,20 @@ inline typename V::vec prompt_exp(typename V::vec x) {
   p = V::fmadd(p, r, V::set1(5.0000001201e-1f));
   p = V::fmadd(p, V::mul(r, r), V::add(r, V::set1(1.0f)));
   return V::scale2(p, n);
+}
+
+// body(b, e) over the units [0, units): only one team member's share of them (part), as one
+// pool job, or inline.
+template <class Body>
+void run_units(int64_t units, thread_pool* pool, const team_part* part, const Body& body) {
+  if (part) {
+    const int64_t b = share_start(units, part->count, part->index), e = share_start(units, part->count, part->index + 1);
+    if (b < e) body(b, e);
+  } else if (pool && pool->size() > 1 && units > 1) {
+    pool->parallel_for(units, 1, body);
+  } else {
+    body(0, units);
+  }
 }
 
 }  // namespace tandem::kernels::cpu

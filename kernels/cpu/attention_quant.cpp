@@ -138,14 +138,7 @@ void attend_quantized(const attention_run* runs, int64_t n_runs, kv_type kt, int
       attend_task(run, lo, r0, static_cast<int>(std::min<int64_t>(k_rows, run.n_q - r0)), kvh, group, n_heads, head_dim, scale, scratch);
     }
   };
-  if (part) {
-    const int64_t b = share_start(units, part->count, part->index), e = share_start(units, part->count, part->index + 1);
-    if (b < e) body(b, e);
-  } else if (pool && pool->size() > 1 && units > 1) {
-    pool->parallel_for(units, 1, body);
-  } else {
-    body(0, units);
-  }
+  run_units(units, pool, part, body);
 }
 
 }  // namespace tandem::kernels::cpu

@@ -279,22 +279,22 @@ void attention(const float* q, float* out, int64_t n_rows, const row_map& rows, 
   const auto* vc = static_cast<const char*>(kv.v);
   const int64_t rb = cpu::kv_bytes(kv.type, kv.row_elems), hb = cpu::kv_bytes(kv.type, head_dim);
   const auto grid = static_cast<unsigned>(blocks);
+  const auto launch = [&](auto fmt) {
+    attention_kernel<decltype(fmt)>
+        <<<grid, k_threads, 0, s>>>(q, out, rows, kc, vc, kv.block_tokens, kv.block_stride, rb, hb, n_heads, group, head_dim, scale);
+  };
   switch (kv.type) {
     case cpu::kv_type::f32:
-      attention_kernel<fmt_f32>
-          <<<grid, k_threads, 0, s>>>(q, out, rows, kc, vc, kv.block_tokens, kv.block_stride, rb, hb, n_heads, group, head_dim, scale);
+      launch(fmt_f32{});
       break;
     case cpu::kv_type::f16:
-      attention_kernel<fmt_f16>
-          <<<grid, k_threads, 0, s>>>(q, out, rows, kc, vc, kv.block_tokens, kv.block_stride, rb, hb, n_heads, group, head_dim, scale);
+      launch(fmt_f16{});
       break;
     case cpu::kv_type::q8_0:
-      attention_kernel<fmt_q8_0>
-          <<<grid, k_threads, 0, s>>>(q, out, rows, kc, vc, kv.block_tokens, kv.block_stride, rb, hb, n_heads, group, head_dim, scale);
+      launch(fmt_q8_0{});
       break;
     case cpu::kv_type::q4_0:
-      attention_kernel<fmt_q4_0>
-          <<<grid, k_threads, 0, s>>>(q, out, rows, kc, vc, kv.block_tokens, kv.block_stride, rb, hb, n_heads, group, head_dim, scale);
+      launch(fmt_q4_0{});
       break;
   }
   check_last("attention");

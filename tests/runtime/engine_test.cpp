@@ -28,18 +28,8 @@ using test::greedy;
 TEST_SUITE("engine") {
   TEST_CASE("8 concurrent requests, arriving at different times, give what each gives alone") {
     test::scratch_dir dir;
-    models::synth_options o;
-    o.dim = 128;
-    o.layers = 2;
-    o.heads = 4;
-    o.kv_heads = 2;
-    o.ffn = 256;
-    o.context = 512;
-    o.vocab_path = test::data_path("stories260K.gguf").string();
-    o.type = kernels::weight_type::q4_0;
-    o.seed = 11;
     const auto synth = (dir / "s.gguf").string();
-    models::synth_model(o, synth);
+    test::write_small_synth(synth, kernels::weight_type::q4_0, 11);
     for (const std::string& path : {test::data_path("stories260K.gguf").string(), synth}) {
       CAPTURE(path);
       const models::model m(path);
@@ -160,18 +150,8 @@ TEST_SUITE("engine") {
 
   TEST_CASE("a q8_0 or rotated q4_0 KV pool: preempted, swapped and resumed, still what each gives alone") {
     test::scratch_dir dir;
-    models::synth_options o;
-    o.dim = 128;
-    o.layers = 2;
-    o.heads = 4;
-    o.kv_heads = 2;  // heads of 32: one quantized block each
-    o.ffn = 256;
-    o.context = 512;
-    o.vocab_path = test::data_path("stories260K.gguf").string();
-    o.type = kernels::weight_type::q4_0;
-    o.seed = 12;
     const auto path = (dir / "s.gguf").string();
-    models::synth_model(o, path);
+    test::write_small_synth(path, kernels::weight_type::q4_0, 12);
     const models::model m(path);
     const auto tok = models::tokenizer::from_gguf(m.file());
     std::mt19937 rng(10);

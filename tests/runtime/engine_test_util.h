@@ -11,9 +11,27 @@
 
 #include "models/arbiter_residency.h"
 #include "models/forward.h"
+#include "models/synth.h"
 #include "runtime/engine.h"
+#include "tests/test_support.h"
 
 namespace tandem::test {
+
+// A small synthetic llama (dim 128, 2 layers, 4 heads of 32 on 2 KV heads: one quantized KV
+// block a head) with stories260K's vocabulary, written to `path`.
+inline void write_small_synth(const std::string& path, kernels::weight_type type, uint64_t seed) {
+  models::synth_options o;
+  o.dim = 128;
+  o.layers = 2;
+  o.heads = 4;
+  o.kv_heads = 2;
+  o.ffn = 256;
+  o.context = 512;
+  o.vocab_path = data_path("stories260K.gguf").string();
+  o.type = type;
+  o.seed = seed;
+  models::synth_model(o, path);
+}
 
 inline runtime::generation_params greedy(int64_t n) {
   runtime::generation_params p;

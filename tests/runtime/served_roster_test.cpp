@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "configs/roster_loader.h"
-#include "models/synth.h"
+#include "tests/runtime/engine_test_util.h"
 #include "tests/test_support.h"
 
 using namespace tandem;
@@ -66,17 +66,8 @@ TEST_SUITE("served_roster") {
 
   TEST_CASE("kv_type q8_0 and q4_0 in a roster: pages of the quantized size, generations complete, q4_0 rotated unless turned off") {
     test::scratch_dir dir;
-    models::synth_options o;
-    o.dim = 128;
-    o.layers = 2;
-    o.heads = 4;
-    o.kv_heads = 2;
-    o.ffn = 256;
-    o.context = 512;
-    o.vocab_path = test::data_path("stories260K.gguf").string();
-    o.type = kernels::weight_type::q8_0;
     const auto path = (dir / "s.gguf").string();
-    models::synth_model(o, path);
+    test::write_small_synth(path, kernels::weight_type::q8_0, 0);
     const std::string yaml =
         "devices:\n  - backend: cpu\n    vram: 16MiB\n    host: 16MiB\nmodels:\n"
         "  - name: a\n    path: " +
