@@ -285,11 +285,11 @@ void forward_context::decode(std::span<const int32_t> tokens, std::span<const in
   eval_chunk(tokens.data(), row_seq_.data(), row_pos_.data(), n, logits_.data(), nullptr, n);
 }
 
-void forward_context::begin(std::span<const int32_t> tokens, std::span<const int64_t> seqs) {
+void forward_context::begin(std::span<const int32_t> tokens, std::span<const int64_t> seqs, std::span<const int64_t> logit_rows) {
   flight_->clear();
   if (tokens.empty() && seqs.empty()) return;
   lay_out_step(
-      tokens, seqs, n_vocab_, max_batch_,
+      tokens, seqs, logit_rows, n_vocab_, max_batch_, max_batch_,
       [this](int64_t s) {
         check_seq(s);
         return pos_[static_cast<size_t>(s)];

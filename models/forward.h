@@ -130,12 +130,15 @@ class forward_context final : public forward_pass {
   // One pass over a mixed batch (the engine's step, forward_pass::step or begin/advance):
   // rows of several sequences, each sequence's rows consecutive and continuing it at its
   // pos() — a chunk of a prompt, or one decoded token. Afterwards all_logits_rows() holds one
-  // row of logits per sequence, for its last row, in the order the sequences appear. At most
-  // max_batch() rows. begin() throws std::invalid_argument before doing any work for a bad
-  // token id or sequence, rows of a sequence that are not consecutive, or a sequence that
-  // would overflow its context or KV. Each advance() runs one layer (the last with the head).
-  void begin(std::span<const int32_t> tokens, std::span<const int64_t> seqs) override;
+  // row of logits per sequence, for its last row, in the order the sequences appear (or the
+  // rows logit_rows asks for: forward_pass::begin). At most max_batch() rows. begin() throws
+  // std::invalid_argument before doing any work for a bad token id or sequence, rows of a
+  // sequence that are not consecutive, or a sequence that would overflow its context or KV.
+  // Each advance() runs one layer (the last with the head).
+  using forward_pass::begin;
+  void begin(std::span<const int32_t> tokens, std::span<const int64_t> seqs, std::span<const int64_t> logit_rows) override;
   bool advance() override;
+  int64_t max_logit_rows() const override { return max_batch_; }
 
   std::span<const float> logits() const { return {logits_.data() + (n_logit_rows_ - 1) * n_vocab_, static_cast<size_t>(n_vocab_)}; }
   std::span<const float> all_logits_rows() const override { return {logits_.data(), static_cast<size_t>(n_logit_rows_ * n_vocab_)}; }
@@ -147,7 +150,7 @@ class forward_context final : public forward_pass {
   // Forgets a sequence (its cache is overwritten by the next eval).
   void reset(int64_t seq = 0) override;
   // Rolls a sequence back to an earlier position (e.g. to re-run the last prompt token).
-  void truncate(int64_t pos, int64_t seq = 0);
+  void truncate(int64_t pos, int64_t seq = 0) override;
   // An empty sequence whose first `pos` positions are already in its KV blocks (a prefix
   // adopted from a prefix cache) continues from there. Paged contexts only; throws
   // std::invalid_argument unless the sequence is empty and its blocks cover `pos`.

@@ -5,9 +5,9 @@
 
 namespace tandem::models {
 
-void lay_out_step(std::span<const int32_t> tokens, std::span<const int64_t> seqs, int64_t n_vocab, int64_t max_rows,
-                  const std::function<int64_t(int64_t)>& pos_of, const std::function<void(int64_t, int64_t)>& fits, std::vector<int64_t>& last_rows,
-                  int64_t* row_pos) {
+void lay_out_step(std::span<const int32_t> tokens, std::span<const int64_t> seqs, std::span<const int64_t> logit_rows, int64_t n_vocab,
+                  int64_t max_rows, int64_t max_out, const std::function<int64_t(int64_t)>& pos_of, const std::function<void(int64_t, int64_t)>& fits,
+                  std::vector<int64_t>& last_rows, int64_t* row_pos) {
   if (tokens.size() != seqs.size())
     throw std::invalid_argument("step: " + std::to_string(tokens.size()) + " tokens for " + std::to_string(seqs.size()) + " sequence ids");
   const auto n = static_cast<int64_t>(tokens.size());
@@ -34,6 +34,31 @@ void lay_out_step(std::span<const int32_t> tokens, std::span<const int64_t> seqs
     const int64_t begin = k == 0 ? 0 : last_rows[static_cast<size_t>(k - 1)] + 1;
     row_pos[i] = pos_of(seqs[static_cast<size_t>(i)]) + (i - begin);
     if (i == last_rows[static_cast<size_t>(k)]) ++k;
+  }
+  const auto runs = last_rows.size();
+  if (logit_rows.empty()) {
+    if (static_cast<int64_t>(runs) > max_out)
+      throw std::invalid_argument("step: " + std::to_string(runs) + " rows of logits, more than the " + std::to_string(max_out) + " a pass gives");
+    return;
+  }
+  if (logit_rows.size() != runs)
+    throw std::invalid_argument("step: logit rows for " + std::to_string(logit_rows.size()) + " sequences, the pass has " + std::to_string(runs));
+  int64_t total = 0;
+  for (size_t k = 0; k < runs; ++k) {
+    const int64_t len = last_rows[k] - (k == 0 ? -1 : last_rows[k - 1]);
+    if (logit_rows[k] < 1 || logit_rows[k] > len)
+      throw std::invalid_argument("step: " + std::to_string(logit_rows[k]) + " rows of logits for a run of " + std::to_string(len) + " rows");
+    total += logit_rows[k];
+  }
+  if (total > max_out)
+    throw std::invalid_argument("step: " + std::to_string(total) + " rows of logits, more than the " + std::to_string(max_out) + " a pass gives");
+  // Each run's last rows, filled from the back: run k's last row (index k) is read before
+  // anything is written at or below it.
+  last_rows.resize(static_cast<size_t>(total));
+  auto at = static_cast<size_t>(total);
+  for (size_t k = runs; k-- > 0;) {
+    const int64_t end = last_rows[k];
+    for (int64_t j = 0; j < logit_rows[k]; ++j) last_rows[--at] = end - j;
   }
 }
 

@@ -18,8 +18,8 @@ class forward_pass {
   // it at its pos(): afterwards all_logits_rows() holds one row of logits per sequence (for
   // its last row), in the order the sequences appear. Throws std::invalid_argument before
   // doing any work on bad input.
-  void step(std::span<const int32_t> tokens, std::span<const int64_t> seqs) {
-    begin(tokens, seqs);
+  void step(std::span<const int32_t> tokens, std::span<const int64_t> seqs, std::span<const int64_t> logit_rows = {}) {
+    begin(tokens, seqs, logit_rows);
     while (!advance()) {
     }
   }
@@ -33,12 +33,22 @@ class forward_pass {
   // (runtime/engine_interleave.cpp). tokens and seqs stay the caller's until then. An
   // exception from advance() ends the pass (positions unmoved, leases released); begin()
   // while a pass is unfinished abandons that one.
-  virtual void begin(std::span<const int32_t> tokens, std::span<const int64_t> seqs) = 0;
+  void begin(std::span<const int32_t> tokens, std::span<const int64_t> seqs) { begin(tokens, seqs, {}); }
+  // logit_rows: for each run of a sequence's rows, in order, how many of its last rows give
+  // logits (at least 1, at most the run's rows; empty: 1 each). all_logits_rows() then holds
+  // those rows, in row order. For verifying speculative tokens: a sequence's last token and k
+  // proposals as k + 1 rows, each row's logits. At most max_logit_rows() in all.
+  virtual void begin(std::span<const int32_t> tokens, std::span<const int64_t> seqs, std::span<const int64_t> logit_rows) = 0;
   virtual bool advance() = 0;
   virtual std::span<const float> all_logits_rows() const = 0;
   virtual int64_t pos(int64_t seq) const = 0;
   virtual int64_t max_batch() const = 0;  // rows per step
   virtual void reset(int64_t seq) = 0;    // forget the sequence
+  // Forgets the sequence's positions from `pos` on (rejected speculative tokens): the next row
+  // continues at `pos`. Throws std::invalid_argument for a position beyond pos(seq).
+  virtual void truncate(int64_t pos, int64_t seq) = 0;
+  // Rows of logits one pass can give (logit_rows summed over the runs).
+  virtual int64_t max_logit_rows() const = 0;
   // An empty sequence whose first `pos` positions are already in its KV blocks (a prefix
   // cache hit) continues from there.
   virtual void assume(int64_t pos, int64_t seq) = 0;
@@ -52,12 +62,13 @@ class forward_pass {
 // of one sequence must be consecutive and a sequence may not come back after another's run;
 // token ids in [0, n_vocab); at most max_rows rows. pos_of(seq) gives a sequence's next
 // position and throws std::invalid_argument for one out of range; fits(seq, end) throws it
-// when the sequence cannot hold positions up to `end` (context, KV blocks). Fills last_rows
-// with the last row of each run and row_pos[i] with row i's position. Throws
+// when the sequence cannot hold positions up to `end` (context, KV blocks). Fills out_rows
+// with the rows that give logits (each run's last logit_rows[k] rows, as forward_pass::begin;
+// at most max_out of them) and row_pos[i] with row i's position. Throws
 // std::invalid_argument naming what is wrong.
-void lay_out_step(std::span<const int32_t> tokens, std::span<const int64_t> seqs, int64_t n_vocab, int64_t max_rows,
-                  const std::function<int64_t(int64_t)>& pos_of, const std::function<void(int64_t, int64_t)>& fits, std::vector<int64_t>& last_rows,
-                  int64_t* row_pos);
+void lay_out_step(std::span<const int32_t> tokens, std::span<const int64_t> seqs, std::span<const int64_t> logit_rows, int64_t n_vocab,
+                  int64_t max_rows, int64_t max_out, const std::function<int64_t(int64_t)>& pos_of, const std::function<void(int64_t, int64_t)>& fits,
+                  std::vector<int64_t>& out_rows, int64_t* row_pos);
 
 // The checks of assume() for both forward passes: throws std::invalid_argument unless the
 // context is paged (capacity is the sequence's KV capacity, or < 0 without a pool), the

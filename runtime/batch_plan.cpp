@@ -49,8 +49,31 @@ batch_plan plan_batch(const batch_state& s) {
   int64_t prompt_budget = !plan.mixed ? std::numeric_limits<int64_t>::max() : plan.probe ? 0 : s.prompt_row_limit;
   const int64_t chunk_cap = s.swap_in ? s.max_rows : s.prefill_chunk;
 
+  // Proposed tokens of the decoding sequences (speculation), after every decode row is in:
+  // as many as the rows left and the free blocks hold. They never make anyone give way, cached
+  // blocks included: a proposal is worth less than any sequence's progress.
+  const auto add_drafts = [&] {
+    for (size_t k = 0; k < plan.entries.size() && rows_left > 0; ++k) {
+      batch_entry& e = plan.entries[k];
+      const batch_sequence& q = s.running[e.seq];
+      if (e.prompt || q.draft <= 0) continue;
+      int64_t extra = std::min(q.draft, rows_left);
+      const auto blocks = [&](int64_t end) { return std::max<int64_t>(0, (end + s.block_tokens - 1) / s.block_tokens - q.blocks_held); };
+      const int64_t taken = blocks(e.first + 1);  // the decode row's own, already counted
+      while (extra > 0 && blocks(e.first + 1 + extra) - taken > free) --extra;
+      if (extra <= 0) continue;
+      free -= static_cast<int32_t>(blocks(e.first + 1 + extra) - taken);
+      e.draft = extra;
+      e.rows += extra;
+      plan.draft_rows += extra;
+      rows_left -= extra;
+      plan.reserve_tokens[k] = e.first + e.rows;
+    }
+  };
+
   // Decoding sequences first, one row each, so that no prompt chunk crowds them out of a pass.
-  for (const bool prompts : {false, true})
+  for (const bool prompts : {false, true}) {
+    if (prompts) add_drafts();
     for (size_t i = 0; i < n && rows_left > 0; ++i) {
       const batch_sequence& q = s.running[i];
       if (gone[i] || in_pass[i] || (q.prefilled < q.prompt_tokens) != prompts) continue;
@@ -73,6 +96,7 @@ batch_plan plan_batch(const batch_state& s) {
       plan.reserve_tokens.push_back(e.first + e.rows);
       plan.entries.push_back(e);
     }
+  }
   return plan;
 }
 

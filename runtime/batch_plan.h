@@ -21,6 +21,7 @@ struct batch_sequence {
   int64_t pos = 0;            // positions in the KV: a decode row writes position pos
   int32_t blocks_held = 0;    // KV blocks its table covers (the positions it may write)
   int32_t blocks_owned = 0;   // of those, blocks no one else holds: what preempting it frees
+  int64_t draft = 0;          // decoding: tokens proposed to verify beside its decode row (speculation)
 };
 
 struct batch_state {
@@ -45,6 +46,7 @@ struct batch_entry {
   int64_t rows = 0;     // 1 for a decode row; a prompt chunk's tokens
   bool prompt = false;  // prompt rows (its last gives logits only when it ends the prompt)
   bool whole = false;   // a short prompt that went in whole, outside the ITL budget
+  int64_t draft = 0;    // decode: proposed tokens after the decode row (rows = 1 + draft)
 };
 
 struct batch_plan {
@@ -56,7 +58,7 @@ struct batch_plan {
   int32_t drop_cached = 0;  // prefix-cache blocks to release first
   // KV positions each entry's sequence must cover (first + rows), as entries: for kv_pool::reserve.
   std::vector<int64_t> reserve_tokens;
-  int64_t decode_rows = 0, prompt_rows = 0;
+  int64_t decode_rows = 0, prompt_rows = 0, draft_rows = 0;
   bool mixed = false;  // sequences both decode and prefill: the ITL budget applies (and probes count)
   bool probe = false;  // a decode-only pass that measures decode cost (prompt chunks left out)
 };
@@ -69,7 +71,8 @@ struct step_result {
   size_t vocab = 0;
 };
 
-// Pure: the plan for the next pass of `s`. Decode rows first, one each; then prompt chunks, in
+// Pure: the plan for the next pass of `s`. Decode rows first, one each; then the proposed
+// tokens of decoding sequences (batch_sequence::draft), as rows and free blocks allow; then prompt chunks, in
 // admission order, each at most prefill_chunk (or the whole pass during a swap-in) and all
 // together at most prompt_row_limit while sequences decode. A prompt of at most prefill_chunk
 // tokens goes in whole, outside that limit. When a sequence's rows need more blocks than are

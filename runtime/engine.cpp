@@ -88,6 +88,8 @@ engine::engine(std::vector<engine_model> models, const engine_config& config)
       gp.kv = cfg.kv;
       gp.kv_rotate = cfg.kv_rotate;
       gp.kv_pool = s->kv;
+      // Verifying passes give logits for a sequence's proposals too.
+      gp.max_logit_rows = cfg.max_sequences * (1 + std::max<int64_t>(cfg.speculate.max_tokens, 1));
       // Its activations and GEMM scratch under the device budget, owned by the model.
       gp.scratch_arbiter = &cfg.placement->arbiter();
       gp.owner = cfg.name;

@@ -58,6 +58,7 @@
 #include "runtime/prefix_cache.h"
 #include "runtime/request_handle.h"
 #include "runtime/sampler.h"
+#include "runtime/speculation.h"
 #include "runtime/text_stream.h"
 
 namespace tandem::runtime {
@@ -83,6 +84,9 @@ struct engine_model {
   // context allocates its own.
   std::byte* scratch = nullptr;
   bool kv_rotate = false;  // models::context_params::kv_rotate
+  // Tokens proposed for verification beside each decode row (speculation.h); a request's
+  // generation_params::prediction proposes whatever this says.
+  spec_settings speculate = {};
 };
 
 // submit() on a model whose queue is full (engine_model::max_queue): the caller should retry
@@ -123,6 +127,9 @@ struct model_stats {
   int64_t swap_ins = 0, swap_outs = 0;
   uint64_t swap_in_bytes = 0, swap_out_bytes = 0;
   double swap_in_seconds = 0, last_swap_in_seconds = 0;
+  // Speculation: tokens proposed and accepted, and the passes that verified proposals with
+  // the tokens those gave (accepted ones and the one sampled where the guess parted).
+  int64_t spec_proposed = 0, spec_accepted = 0, spec_passes = 0, spec_tokens = 0;
 };
 
 struct engine_config {
@@ -156,6 +163,9 @@ struct engine_config {
   // engine keeps a copy, which model_control changes.
   const configs::roster* roster = nullptr;
   double link_gb_s = 0;  // host -> device speed for the planner's reload costs; 0: the backend's throttle, else 25
+  // No proposals while more sequences than this decode: a pass of that many rows is no longer
+  // bound by reading the weights, so verifying guesses would cost what they save.
+  int spec_max_batch = 16;
 };
 
 struct generation_params {
@@ -169,6 +179,11 @@ struct generation_params {
   // Q4_1/Q5_1 order) whatever engine_config::fast_attention says: `tandem run`'s default,
   // whose output is llama.cpp's to the token. Other rows of the same pass keep theirs.
   bool exact = false;
+  // Speculation as the model's settings say (engine_model::speculate); false: none for this request.
+  bool speculate = true;
+  // Tokens the output is expected mostly to repeat (OpenAI's predicted outputs): proposed by
+  // n-gram lookup in them, whatever the model's method, unless speculate is false.
+  std::vector<int32_t> prediction;
 };
 
 struct engine_request {
@@ -246,6 +261,9 @@ class engine {
   // sample and stream. Sequences that finish or were preempted are marked for run_pass.
   void step(served& s);
   batch_plan plan_pass(served& s);
+  // The tokens `a` proposes for the next pass (active::draft), with `decoding` sequences of
+  // the model decoding: none while it prefills, speculation is off, or the batch is large.
+  void propose(served& s, active& a, int decoding);
   void reserve_for(served& s, batch_plan& plan);
   step_result execute(served& s, const batch_plan& plan);
   void apply(served& s, const batch_plan& plan, const step_result& r);

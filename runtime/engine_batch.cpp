@@ -11,9 +11,49 @@
 
 namespace tandem::runtime {
 
+namespace {
+
+// n-gram lengths of the lookups: a single token matches too often to be worth a row.
+constexpr int k_ngram_min = 2, k_ngram_max = 4;
+
+}  // namespace
+
+void engine::propose(served& s, active& a, int decoding) {
+  a.draft.clear();
+  const spec_settings& cfg = s.cfg.speculate;
+  const bool predicted = !a.params.prediction.empty();
+  if (!a.params.speculate || (cfg.method == spec_method::off && !predicted)) return;
+  if (a.prefilled < static_cast<int64_t>(a.prompt.size()) || decoding > config_.spec_max_batch) return;
+  const int64_t most = std::max<int64_t>(cfg.max_tokens, 1);
+  const int64_t pos = s.ctx->pos(a.seq);
+  // Room: every accepted token and the one after them must be wanted (max_tokens) and fit
+  // the context, so a pass never computes rows the request could not keep.
+  const int64_t room = std::min({a.window.next(most), a.params.max_tokens - a.generated - 1, s.cfg.context - pos - 1});
+  if (room <= 0) return;
+  if (predicted) {
+    const auto& pred = a.params.prediction;
+    if (a.generated == 0) {
+      // Nothing of the answer yet: the prediction is a guess of how it starts.
+      a.draft.assign(pred.begin(), pred.begin() + std::min<int64_t>(room, static_cast<int64_t>(pred.size())));
+      a.prediction_at = 0;
+      return;
+    }
+    const std::span<const int32_t> out(a.history.data() + (a.history.size() - static_cast<size_t>(a.generated)), static_cast<size_t>(a.generated));
+    const int64_t at = lookup_proposals(pred, out, 1, k_ngram_max, a.prediction_at, room, a.draft);
+    if (at >= 0) {
+      a.prediction_at = at;
+      return;
+    }
+  }
+  if (cfg.method == spec_method::ngram)
+    lookup_proposals(a.history, a.history, k_ngram_min, k_ngram_max, std::numeric_limits<int64_t>::max(), room, a.draft);
+}
+
 batch_plan engine::plan_pass(served& s) {
   auto& st = s.pass.state;
   st.running.clear();
+  int decoding = 0;
+  for (const auto& a : s.queues.running) decoding += a->prefilled >= static_cast<int64_t>(a->prompt.size());
   for (const auto& a : s.queues.running) {
     const auto& table = s.kv->table(a->seq);
     batch_sequence q;
@@ -22,6 +62,8 @@ batch_plan engine::plan_pass(served& s) {
     q.pos = s.ctx->pos(a->seq);
     q.blocks_held = static_cast<int32_t>(table.size());
     q.blocks_owned = static_cast<int32_t>(std::count_if(table.begin(), table.end(), [&](int32_t b) { return s.kv->refcount(b) == 1; }));
+    propose(s, *a, decoding);
+    q.draft = static_cast<int64_t>(a->draft.size());
     st.running.push_back(q);
   }
   st.max_rows = std::min(config_.max_batch_tokens, s.ctx->max_batch());  // the context's scratch rows bound a pass
@@ -58,18 +100,24 @@ void engine::reserve_for(served& s, batch_plan& plan) {
 step_result engine::execute(served& s, const batch_plan& plan) {
   auto& toks = s.pass.row_tokens;
   auto& seqs = s.pass.row_seqs;
+  auto& logit_rows = s.pass.logit_rows;
   toks.clear();
   seqs.clear();
+  logit_rows.clear();
+  bool verifying = false;
   for (const auto& e : plan.entries) {
     const active& a = *s.queues.running[e.seq];
     s.ctx->set_prompt_end(a.seq, config_.fast_attention && !a.params.exact ? std::numeric_limits<int64_t>::max() : 0);
+    // A decode entry: the last token, then its proposals (each row's logits verify the next).
     for (int64_t i = 0; i < e.rows; ++i) {
-      toks.push_back(e.prompt ? a.prompt[static_cast<size_t>(e.first + i)] : a.next);
+      toks.push_back(e.prompt ? a.prompt[static_cast<size_t>(e.first + i)] : i == 0 ? a.next : a.draft[static_cast<size_t>(i - 1)]);
       seqs.push_back(a.seq);
     }
+    logit_rows.push_back(1 + e.draft);
+    verifying = verifying || e.draft > 0;
   }
   // The pass's yield points (between its layers): other models' passes may run there.
-  s.ctx->begin(toks, seqs);
+  s.ctx->begin(toks, seqs, verifying ? std::span<const int64_t>(logit_rows) : std::span<const int64_t>());
   while (!s.ctx->advance())
     if (s.interleave.allowed) interleave(s);
   return {s.ctx->all_logits_rows(), static_cast<size_t>(s.cfg.model->config().n_vocab)};
@@ -78,12 +126,17 @@ step_result engine::execute(served& s, const batch_plan& plan) {
 void engine::apply(served& s, const batch_plan& plan, const step_result& r) {
   auto& in_pass = s.pass.seqs;
   auto& picks = s.pass.picks;
+  auto& at = s.pass.logits_at;
   in_pass.clear();
   picks.clear();
+  at.clear();
+  int64_t row = 0;
   for (size_t k = 0; k < plan.entries.size(); ++k) {
     const batch_entry& e = plan.entries[k];
     active& a = *s.queues.running[e.seq];
     in_pass.push_back(&a);
+    at.push_back(row);
+    row += 1 + e.draft;
     if (e.prompt) {
       a.prefilled += e.rows;
       if (a.prefilled < static_cast<int64_t>(a.prompt.size())) continue;  // more of the prompt to go
@@ -97,33 +150,67 @@ void engine::apply(served& s, const batch_plan& plan, const step_result& r) {
   // Each sequence samples from a copy of its row (the sampler edits it: penalties), on the
   // pool: sampling without top-k walks the whole vocabulary, and 16 streams of that one after
   // another would leave the other cores idle for milliseconds a pass. One copy per thread.
+  // A verifying entry samples its rows in turn while each draw equals the proposal that row
+  // checks (speculation.h): the draw of row i is made with the tokens before it in the
+  // history, as it would be without speculation.
   const size_t vocab = r.vocab;
+  auto& drawn = s.pass.drawn;
+  if (drawn.size() < picks.size()) drawn.resize(picks.size());
   pool_.parallel_for(static_cast<int64_t>(picks.size()), 1, [&](int64_t b, int64_t e) {
-    thread_local std::vector<float> row;
-    row.resize(vocab);
+    thread_local std::vector<float> logits;
+    logits.resize(vocab);
     for (int64_t i = b; i < e; ++i) {
-      auto& [k, id] = picks[static_cast<size_t>(i)];
-      std::copy_n(r.logits.data() + k * vocab, vocab, row.begin());
-      id = in_pass[k]->smp.sample(row, in_pass[k]->history);
+      const size_t k = picks[static_cast<size_t>(i)].first;
+      active& a = *in_pass[k];
+      auto& got = drawn[static_cast<size_t>(i)];
+      got.clear();
+      const int64_t draft = plan.entries[k].draft;
+      for (int64_t j = 0; j <= draft; ++j) {
+        std::copy_n(r.logits.data() + (at[k] + j) * static_cast<int64_t>(vocab), vocab, logits.begin());
+        got.push_back(a.smp.sample(logits, a.history));
+        if (j == draft || got.back() != a.draft[static_cast<size_t>(j)]) break;
+        a.history.push_back(got.back());  // for the next row's penalties; taken back below
+      }
+      a.history.resize(a.history.size() - (got.size() - 1));
     }
   });
-  for (const auto& [k, id] : picks) {
+  for (size_t i = 0; i < picks.size(); ++i) {
+    const size_t k = picks[i].first;
     active& a = *in_pass[k];
-    if (a.params.stop_at_eog && s.cfg.tokenizer->is_eog(id)) {
-      a.ending = finish_reason::eog;
-      continue;
+    const int64_t draft = plan.entries[k].draft;
+    const int64_t pos = s.ctx->pos(a.seq) - 1 - draft;  // the decode row's position (before this pass)
+    int64_t used = 0;                                   // rows whose tokens this pass keeps
+    for (const int32_t id : drawn[i]) {
+      ++used;
+      if (a.params.stop_at_eog && s.cfg.tokenizer->is_eog(id)) {
+        a.ending = finish_reason::eog;
+        break;
+      }
+      a.history.push_back(id);
+      a.next = id;
+      ++a.generated;
+      auto released = a.text.push(id);
+      a.handle->push(id, std::move(released.text));
+      if (released.stopped)
+        a.ending = finish_reason::stop;
+      else if (a.generated >= a.params.max_tokens)
+        a.ending = finish_reason::length;
+      else if (pos + used + 1 > s.cfg.context)
+        a.ending = finish_reason::context;
+      if (a.ending != finish_reason::none) break;
     }
-    a.history.push_back(id);
-    a.next = id;
-    ++a.generated;
-    auto released = a.text.push(id);
-    a.handle->push(id, std::move(released.text));
-    if (released.stopped)
-      a.ending = finish_reason::stop;
-    else if (a.generated >= a.params.max_tokens)
-      a.ending = finish_reason::length;
-    else if (s.ctx->pos(a.seq) + 1 > s.cfg.context)
-      a.ending = finish_reason::context;
+    if (draft == 0) continue;
+    // Positions past the rows kept held rejected (or unneeded) proposals: forgotten, and their
+    // blocks back to the pool. The KV now covers the history but its last token.
+    const int64_t accepted = static_cast<int64_t>(drawn[i].size()) - 1;
+    s.ctx->truncate(pos + used, a.seq);
+    s.kv->truncate(a.seq, pos + used);
+    a.window.learn(draft, accepted, std::max<int64_t>(s.cfg.speculate.max_tokens, 1));
+    a.handle->add_speculation(draft, accepted);
+    s.spec_proposed += draft;
+    s.spec_accepted += accepted;
+    ++s.spec_passes;
+    s.spec_tokens += used;
   }
 }
 
@@ -133,7 +220,11 @@ void engine::step(served& s) {
   reserve_for(s, plan);
   s.pass.decode_rows = s.pass.prompt_rows = 0;
   if (plan.entries.empty()) return;
-  for (const auto& e : plan.entries) (e.prompt ? s.pass.prompt_rows : s.pass.decode_rows) += e.rows;
+  // A proposal's row costs what a prompt row does: the ITL estimator learns it as one.
+  for (const auto& e : plan.entries) {
+    (e.prompt ? s.pass.prompt_rows : s.pass.decode_rows) += e.rows - e.draft;
+    s.pass.prompt_rows += e.draft;
+  }
   apply(s, plan, execute(s, plan));
 }
 

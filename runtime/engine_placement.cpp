@@ -282,6 +282,10 @@ model_stats engine::stats(const std::string& model) const {
   st.swap_out_bytes = s.swaps.out_bytes;
   st.swap_in_seconds = s.swaps.in_seconds;
   st.last_swap_in_seconds = s.swaps.last_in_seconds;
+  st.spec_proposed = s.spec_proposed.load();
+  st.spec_accepted = s.spec_accepted.load();
+  st.spec_passes = s.spec_passes.load();
+  st.spec_tokens = s.spec_tokens.load();
   return st;
 }
 

@@ -39,6 +39,9 @@ struct engine::active {
   finish_reason ending = finish_reason::none;  // set by the pass; retired right after it
   bool preempt = false;                        // preempted by the pass being formed: set aside after it
   bool recompute = false;                      // preempted without a host copy: its tokens are evaluated again
+  std::vector<int32_t> draft;                  // tokens proposed for the pass being formed (speculation)
+  spec_window window;                          // how many to propose next
+  int64_t prediction_at = 0;                   // where in params.prediction the last proposals came from
 
   active(engine_request r, size_t m, const models::tokenizer& tok)
       : handle(std::make_shared<request_handle>()),
@@ -57,6 +60,9 @@ struct engine::pass_buffers {
   std::vector<int64_t> row_seqs;
   std::vector<active*> seqs;                      // per plan entry: its sequence
   std::vector<std::pair<size_t, int32_t>> picks;  // per sampled row: its plan entry, the token
+  std::vector<int64_t> logit_rows;                // per plan entry: rows of logits (1 + its draft)
+  std::vector<int64_t> logits_at;                 // per plan entry: its first row of logits
+  std::vector<std::vector<int32_t>> drawn;        // per sampled entry: the tokens its rows gave
   batch_state state;                              // plan_batch's input (its vectors kept)
   int64_t decode_rows = 0, prompt_rows = 0;       // of the pass run last: what the ITL estimator learns from
 };
@@ -95,6 +101,7 @@ struct engine::served {
   std::atomic<int32_t> kv_device{0};  // blocks the pool holds on the device (kv_pool::device_blocks)
   std::atomic<int64_t> kv_moved_to_host{0}, kv_moved_to_device{0};
   std::atomic<int64_t> restored{0};
+  std::atomic<int64_t> spec_proposed{0}, spec_accepted{0}, spec_passes{0}, spec_tokens{0};
   clock_type::time_point last_pass = clock_type::now();
   clock_type::time_point loaded_at{};  // when the engine last started loading it (placement by plan)
   int in_flight = 0;                   // submitted and not finished (engine::m_): the queue limit

@@ -112,4 +112,15 @@ void request_handle::finish(finish_reason why, std::string error) {
   if (f) f();
 }
 
+request_handle::speculation_counts request_handle::speculation() const {
+  std::lock_guard lock(m_);
+  return spec_;
+}
+
+void request_handle::add_speculation(int64_t proposed, int64_t accepted) {
+  std::lock_guard lock(m_);
+  spec_.proposed += proposed;
+  spec_.accepted += accepted;
+}
+
 }  // namespace tandem::runtime

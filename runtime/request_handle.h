@@ -51,8 +51,16 @@ class request_handle {
   // call back into this handle's push/finish. An empty f removes it.
   void set_notify(std::function<void()> f);
 
+  // Proposed tokens verified for this request so far, and those accepted (speculation): for
+  // usage.completion_tokens_details' prediction counts.
+  struct speculation_counts {
+    int64_t proposed = 0, accepted = 0;
+  };
+  speculation_counts speculation() const;
+
   // Engine side.
   void push(int32_t token, std::string text = {});
+  void add_speculation(int64_t proposed, int64_t accepted);
   void finish(finish_reason why, std::string error = {});
 
  private:
@@ -63,6 +71,7 @@ class request_handle {
   std::chrono::steady_clock::time_point finished_at_{};
   std::string error_;
   bool cancel_ = false;
+  speculation_counts spec_;
   std::function<void()> notify_;
 };
 

@@ -120,7 +120,9 @@ gpu_forward::gpu_forward(const model& m, const gpu_context_params& p, weight_res
   max_rows_ = max_rows;
   step_out_.reserve(static_cast<size_t>(max_rows));
   row_pos_.resize(static_cast<size_t>(max_rows));
-  const int64_t out_rows = p.n_seq;  // eval outputs one row, decode one per sequence
+  // eval outputs one row, decode one per sequence, a verifying pass up to max_logit_rows.
+  const int64_t out_rows = std::clamp<int64_t>(p.max_logit_rows, p.n_seq, max_rows);
+  max_out_ = out_rows;
   pos_.assign(static_cast<size_t>(p.n_seq), 0);
   graphs_ = p.cuda_graphs && !graphs_off_by_env();
   rope_ = rope_params_of(c, m.weights());
@@ -337,11 +339,18 @@ void gpu_forward::assume(int64_t pos, int64_t seq) {
   pos_[static_cast<size_t>(seq)] = pos;
 }
 
-void gpu_forward::begin(std::span<const int32_t> tokens, std::span<const int64_t> seqs) {
+void gpu_forward::truncate(int64_t pos, int64_t seq) {
+  check_seq(seq);
+  int64_t& p = pos_[static_cast<size_t>(seq)];
+  if (pos < 0 || pos > p) throw std::invalid_argument("truncate: position " + std::to_string(pos) + " is outside [0, " + std::to_string(p) + "]");
+  p = pos;
+}
+
+void gpu_forward::begin(std::span<const int32_t> tokens, std::span<const int64_t> seqs, std::span<const int64_t> logit_rows) {
   flight_->clear();
   if (tokens.empty() && seqs.empty()) return;
   lay_out_step(
-      tokens, seqs, n_vocab_, max_rows_,
+      tokens, seqs, logit_rows, n_vocab_, max_rows_, max_out_,
       [this](int64_t s) {
         check_seq(s);
         return pos(s);

@@ -52,6 +52,9 @@ struct gpu_context_params {
   // weights) from CUDA graphs captured on first use: one launch instead of hundreds.
   // TANDEM_CUDA_GRAPHS=0 (or off) in the environment turns them off too (to measure what they save).
   bool cuda_graphs = true;
+  // Rows of logits one pass may give (forward_pass::begin's logit_rows); at least n_seq, at
+  // most the rows of a pass. The engine asks for room for its speculative rows.
+  int64_t max_logit_rows = 0;
 };
 
 // Why the CUDA forward pass cannot run `m` (a weight type without CUDA kernels, an attention
@@ -83,8 +86,12 @@ class gpu_forward final : public forward_pass {
   // most max_batch() rows. With leased weights each advance() queues one layer (the last
   // with the head); with fixed weights the first runs the whole pass (from a graph when it
   // is decode-sized).
-  void begin(std::span<const int32_t> tokens, std::span<const int64_t> seqs) override;
+  using forward_pass::begin;
+  void begin(std::span<const int32_t> tokens, std::span<const int64_t> seqs, std::span<const int64_t> logit_rows) override;
   bool advance() override;
+  // gpu_context_params::max_logit_rows (at least n_seq).
+  int64_t max_logit_rows() const override { return max_out_; }
+  void truncate(int64_t pos, int64_t seq) override;
   // Paged (kv_pool) contexts only: see forward_pass::assume.
   void assume(int64_t pos, int64_t seq) override;
   // The CUDA attention has one kernel (f32 throughout): nothing to choose.
@@ -131,7 +138,7 @@ class gpu_forward final : public forward_pass {
   bool kv_rotate_ = false;
   int64_t block_tokens_ = 16;
   bool graphs_ = true;
-  int64_t n_ctx_ = 0, max_batch_ = 0, max_rows_ = 0, n_vocab_ = 0, blocks_per_seq_ = 0;
+  int64_t n_ctx_ = 0, max_batch_ = 0, max_rows_ = 0, max_out_ = 0, n_vocab_ = 0, blocks_per_seq_ = 0;
   memory::kv_pool* kv_pool_ = nullptr;
   memory::arbiter* scratch_arbiter_ = nullptr;
   std::optional<memory::allocation> scratch_;  // from scratch_arbiter_

@@ -278,6 +278,47 @@ TEST_SUITE("forward") {
     }
   }
 
+  TEST_CASE("logits for several rows of a run (verifying proposals) equal one row at a time; truncate forgets the rejected") {
+    // The server's arithmetic (set_prompt_end): a row's logits do not depend on the rows beside
+    // it, so k + 1 rows of one sequence in one pass give what k + 1 single-row passes give.
+    constexpr int64_t all = std::numeric_limits<int64_t>::max();
+    models::model m(test::data_path("stories260K-q8_0.gguf").string());
+    models::forward_context verify(m, {.n_ctx = 64, .max_batch = 16, .n_seq = 2}, nullptr), one(m, {.n_ctx = 64}, nullptr);
+    for (int64_t s = 0; s < 2; ++s) verify.set_prompt_end(s, all);
+    one.set_prompt_end(0, all);
+    const std::vector<int32_t> prompt = {1, 403, 407, 261, 378};
+    verify.eval(prompt, false, 0);
+    verify.eval(prompt, false, 1);
+    one.eval(prompt);
+    // Sequence 0: its last token and three proposals, every row's logits; sequence 1: one row.
+    const std::vector<int32_t> toks = {300, 301, 302, 303, 77};
+    const std::vector<int64_t> seqs = {0, 0, 0, 0, 1};
+    const std::vector<int64_t> rows = {4, 1};
+    verify.step(toks, seqs, rows);
+    REQUIRE(verify.all_logits_rows().size() == 5 * 512);
+    for (int i = 0; i < 4; ++i) {
+      CAPTURE(i);
+      one.eval(std::span<const int32_t>(toks.data() + i, 1));
+      CHECK(std::equal(one.logits().begin(), one.logits().end(), verify.all_logits_rows().begin() + i * 512));
+    }
+    // Rows 2 and 3 rejected: back to position 7, then the corrected token.
+    verify.truncate(7, 0);
+    one.truncate(7);
+    const std::vector<int32_t> fix = {41};
+    const std::vector<int64_t> seq0 = {0};
+    verify.step(fix, seq0);
+    one.eval(fix);
+    CHECK(std::equal(one.logits().begin(), one.logits().end(), verify.all_logits_rows().begin()));
+    CHECK(verify.pos(0) == 8);
+    // Bad logit rows: refused before any work.
+    const std::vector<int64_t> too_many = {5, 1}, zero = {0, 1}, short_list = {4};
+    CHECK_THROWS_WITH_AS(verify.step(toks, seqs, too_many), doctest::Contains("for a run of 4 rows"), std::invalid_argument);
+    CHECK_THROWS_AS(verify.step(toks, seqs, zero), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(verify.step(toks, seqs, short_list), doctest::Contains("logit rows for 1 sequences, the pass has 2"), std::invalid_argument);
+    CHECK(verify.pos(0) == 8);
+    CHECK_THROWS_AS(verify.truncate(9, 0), std::invalid_argument);
+  }
+
   TEST_CASE("a pass in parts (begin, one advance per layer) equals step; begin abandons an unfinished pass") {
     models::model m(test::data_path("stories260K.gguf").string());
     const auto n_layer = m.config().n_layer;
