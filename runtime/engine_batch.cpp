@@ -31,13 +31,10 @@ void engine::propose(served& s, active& a, int decoding) {
   const int64_t room = std::min({a.window.next(most), a.params.max_tokens - a.generated - 1, s.cfg.context - pos - 1});
   if (room <= 0) return;
   if (predicted) {
+    // The answer so far (its first token came from the prompt's pass) looked up in the
+    // prediction, single tokens included: the prediction is text the answer is expected to
+    // follow, not a corpus that repeats by chance.
     const auto& pred = a.params.prediction;
-    if (a.generated == 0) {
-      // Nothing of the answer yet: the prediction is a guess of how it starts.
-      a.draft.assign(pred.begin(), pred.begin() + std::min<int64_t>(room, static_cast<int64_t>(pred.size())));
-      a.prediction_at = 0;
-      return;
-    }
     const std::span<const int32_t> out(a.history.data() + (a.history.size() - static_cast<size_t>(a.generated)), static_cast<size_t>(a.generated));
     const int64_t at = lookup_proposals(pred, out, 1, k_ngram_max, a.prediction_at, room, a.draft);
     if (at >= 0) {
