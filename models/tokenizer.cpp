@@ -136,6 +136,42 @@ std::vector<int32_t> tokenizer::encode(std::string_view text, bool add_bos, bool
   return out;
 }
 
+std::vector<int32_t> tokenizer::encode_continuation(std::string_view text) const {
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 1);
+  // Only USER_DEFINED tokens are matched (as encode always does); runs between them continue
+  // the text, so none takes the space prefix.
+  size_t run_start = 0;
+  for (size_t pos = 0; pos < text.size();) {
+    const auto id = s_->voc.match_special(text, pos, false);
+    if (!id) {
+      ++pos;
+      continue;
+    }
+    if (pos > run_start) s_->encode_text(text.substr(run_start, pos - run_start), false, out);
+    out.push_back(*id);
+    pos += s_->voc.text(*id).size();
+    run_start = pos;
+  }
+  if (run_start < text.size()) s_->encode_text(text.substr(run_start), false, out);
+  return out;
+}
+
+bool tokenizer::encodes_any_text() const {
+  if (s_->type != state::kind::spm) return true;
+  std::vector<bool> seen(256, false);
+  int n = 0;
+  for (int32_t id = 0; id < s_->voc.size(); ++id) {
+    if (s_->voc.type(id) != token_type::byte) continue;
+    const int b = parse_byte_token(s_->voc.text(id));
+    if (b >= 0 && !seen[static_cast<size_t>(b)]) {
+      seen[static_cast<size_t>(b)] = true;
+      ++n;
+    }
+  }
+  return n == 256;
+}
+
 std::string tokenizer::token_to_piece(int32_t id, bool render_special) const {
   const vocab& v = s_->voc;
   if (!v.valid_id(id)) return {};

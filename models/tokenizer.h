@@ -35,6 +35,14 @@ class tokenizer {
   // prefix (when add_space_prefix) to the first piece of text and to text after a special
   // token. Invalid UTF-8 is not an error: SPM falls back to byte tokens, BPE sees U+FFFD.
   std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special) const;
+  // Token ids of text that continues text tokenized before it (a speculative draft's
+  // proposals, retokenized for a target with another vocabulary): no BOS, no space prefix,
+  // special tokens not parsed.
+  std::vector<int32_t> encode_continuation(std::string_view text) const;
+  // Whether encode gives tokens whose pieces spell any valid UTF-8 text back: byte-level BPE,
+  // or SPM with all 256 byte tokens (a draft whose vocabulary differs from its target's is
+  // only usable when both sides can say everything the other can).
+  bool encodes_any_text() const;
 
   // The bytes the token stands for in text: SPM U+2581 -> space and <0xNN> -> that byte;
   // BPE byte-level alphabet -> bytes. CONTROL, USER_DEFINED, UNKNOWN and UNUSED tokens are

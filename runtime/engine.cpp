@@ -109,8 +109,31 @@ engine::engine(std::vector<engine_model> models, const engine_config& config)
     s->publish();  // the pool's floor shows before the first iteration
     models_.push_back(std::move(s));
   }
+  for (auto& s : models_) attach_draft(*s);
   if (roster_) check_placeable();
   thread_ = std::thread([this] { run(); });
+}
+
+void engine::attach_draft(served& s) {
+  const auto& cfg = s.cfg;
+  s.vocab.target = cfg.tokenizer;
+  if (cfg.speculate.method != spec_method::draft) return;
+  const std::string who = "engine: model '" + cfg.name + "'";
+  if (cfg.draft.empty()) throw std::invalid_argument(who + " speculates with a draft model but names none");
+  served* d = find(cfg.draft);
+  if (!d) throw std::invalid_argument(who + " names draft '" + cfg.draft + "', which this engine does not serve");
+  if (d == &s) throw std::invalid_argument(who + " names itself as its draft");
+  if (d->cfg.speculate.method == spec_method::draft)
+    throw std::invalid_argument(who + ": its draft '" + cfg.draft + "' speculates with a draft of its own");
+  if (!same_vocabulary(*cfg.tokenizer, *d->cfg.tokenizer)) {
+    // Proposals then pass through text: each side must be able to spell what the other says.
+    for (const served* x : {&s, d})
+      if (!x->cfg.tokenizer->encodes_any_text())
+        throw std::invalid_argument(who + ": its draft '" + cfg.draft + "' has another vocabulary, and the tokenizer of '" + x->cfg.name +
+                                    "' cannot spell every text (no byte tokens)");
+    s.vocab.draft = d->cfg.tokenizer;
+  }
+  s.draft = d;
 }
 
 std::shared_ptr<request_handle> engine::submit(engine_request r) {
@@ -225,6 +248,7 @@ void engine::retire(served& s, active& a, finish_reason why, const std::string& 
   const bool completed = why == finish_reason::length || why == finish_reason::eog || why == finish_reason::stop || why == finish_reason::context;
   if (completed)
     if (auto rest = a.text.flush(); !rest.empty()) a.handle->push(-1, std::move(rest));
+  if (s.draft) drop_mirror(s, a);
   if (a.seq >= 0) {
     // A sequence that ran to its end, or was cancelled between passes (a client that hung
     // up, an infill cut off: the IDE's next keystroke starts with the same tokens), leaves its
@@ -306,6 +330,8 @@ void engine::iterate(std::unique_lock<std::mutex>& lock) {
 void engine::admit(served& s) {
   s.last_pass = clock_type::now();
   auto& q = s.queues;
+  // A draft's own requests come before its mirrors of other models' sequences.
+  if (s.free_seqs.empty() && !q.waiting.empty()) drop_mirrors_in(s);
   if (q.preempted.empty() && (q.waiting.empty() || s.free_seqs.empty())) return;
   // The plan over counts (admission_plan.h); the pool and cache have the last word below.
   const int64_t bt = s.kv->block_tokens();
@@ -413,6 +439,7 @@ void engine::preempt(served& s, active& a) {
   // Swapped to the host tier when the pool has one (the sequence resumes bit for bit);
   // otherwise its KV is dropped and its tokens (prompt and generated) are evaluated again.
   a.preempt = true;
+  if (s.draft) drop_mirror(s, a);  // the draft catches up again once it resumes
   auto st = s.kv->swap_out(a.seq);
   if (st == memory::status::no_space && s.cache && s.cache->host_blocks() > 0) {
     // The host tier is full of cached prefixes: a running sequence comes first.

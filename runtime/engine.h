@@ -87,6 +87,11 @@ struct engine_model {
   // Tokens proposed for verification beside each decode row (speculation.h); a request's
   // generation_params::prediction proposes whatever this says.
   spec_settings speculate = {};
+  // With speculate.method draft: the engine model (another entry of the same engine) whose
+  // greedy guesses are verified. Its tokenizer may differ: proposals then pass through text
+  // (draft_mirror.h). Its sequence slots not used by its own requests mirror this model's
+  // decoding sequences; while its weights are off the device, nothing is proposed.
+  std::string draft = {};
 };
 
 // submit() on a model whose queue is full (engine_model::max_queue): the caller should retry
@@ -130,6 +135,7 @@ struct model_stats {
   // Speculation: tokens proposed and accepted, and the passes that verified proposals with
   // the tokens those gave (accepted ones and the one sampled where the guess parted).
   int64_t spec_proposed = 0, spec_accepted = 0, spec_passes = 0, spec_tokens = 0;
+  double draft_seconds = 0;  // spent in the draft model's passes for its proposals
 };
 
 struct engine_config {
@@ -264,6 +270,16 @@ class engine {
   // The tokens `a` proposes for the next pass (active::draft), with `decoding` sequences of
   // the model decoding: none while it prefills, speculation is off, or the batch is large.
   void propose(served& s, active& a, int decoding);
+  // A draft model's proposals for the sequences `propose` left to it (engine_draft.cpp): the
+  // draft catches up with each history, then guesses greedily, one row per sequence a pass.
+  void draft_round(served& s);
+  bool draft_ready(const served& s) const;
+  // Resolves engine_model::draft (constructor); throws std::invalid_argument naming the models.
+  void attach_draft(served& s);
+  // After the target's pass: the mirror keeps what agrees with the history, its KV the same.
+  void sync_mirror(served& s, active& a);
+  void drop_mirror(served& s, active& a);  // frees its slot and KV in the draft
+  void drop_mirrors_in(served& draft);     // every target sequence's mirror in `draft`
   void reserve_for(served& s, batch_plan& plan);
   step_result execute(served& s, const batch_plan& plan);
   void apply(served& s, const batch_plan& plan, const step_result& r);

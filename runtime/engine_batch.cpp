@@ -20,6 +20,7 @@ constexpr int k_ngram_min = 2, k_ngram_max = 4;
 
 void engine::propose(served& s, active& a, int decoding) {
   a.draft.clear();
+  a.draft_room = 0;
   const spec_settings& cfg = s.cfg.speculate;
   const bool predicted = !a.params.prediction.empty();
   if (!a.params.speculate || (cfg.method == spec_method::off && !predicted)) return;
@@ -44,6 +45,8 @@ void engine::propose(served& s, active& a, int decoding) {
   }
   if (cfg.method == spec_method::ngram)
     lookup_proposals(a.history, a.history, k_ngram_min, k_ngram_max, std::numeric_limits<int64_t>::max(), room, a.draft);
+  else if (cfg.method == spec_method::draft && s.draft)
+    a.draft_room = room;  // draft_round guesses for it, with the other sequences
 }
 
 batch_plan engine::plan_pass(served& s) {
@@ -51,6 +54,8 @@ batch_plan engine::plan_pass(served& s) {
   st.running.clear();
   int decoding = 0;
   for (const auto& a : s.queues.running) decoding += a->prefilled >= static_cast<int64_t>(a->prompt.size());
+  for (const auto& a : s.queues.running) propose(s, *a, decoding);
+  if (s.draft) draft_round(s);
   for (const auto& a : s.queues.running) {
     const auto& table = s.kv->table(a->seq);
     batch_sequence q;
@@ -59,7 +64,6 @@ batch_plan engine::plan_pass(served& s) {
     q.pos = s.ctx->pos(a->seq);
     q.blocks_held = static_cast<int32_t>(table.size());
     q.blocks_owned = static_cast<int32_t>(std::count_if(table.begin(), table.end(), [&](int32_t b) { return s.kv->refcount(b) == 1; }));
-    propose(s, *a, decoding);
     q.draft = static_cast<int64_t>(a->draft.size());
     st.running.push_back(q);
   }
@@ -196,12 +200,16 @@ void engine::apply(served& s, const batch_plan& plan, const step_result& r) {
         a.ending = finish_reason::context;
       if (a.ending != finish_reason::none) break;
     }
-    if (draft == 0) continue;
+    if (draft == 0) {
+      sync_mirror(s, a);  // (the draft guessed, but the plan had no rows for them)
+      continue;
+    }
     // Positions past the rows kept held rejected (or unneeded) proposals: forgotten, and their
     // blocks back to the pool. The KV now covers the history but its last token.
     const int64_t accepted = static_cast<int64_t>(drawn[i].size()) - 1;
     s.ctx->truncate(pos + used, a.seq);
     s.kv->truncate(a.seq, pos + used);
+    sync_mirror(s, a);
     a.window.learn(draft, accepted, std::max<int64_t>(s.cfg.speculate.max_tokens, 1));
     a.handle->add_speculation(draft, accepted);
     s.spec_proposed += draft;
@@ -212,6 +220,12 @@ void engine::apply(served& s, const batch_plan& plan, const step_result& r) {
 }
 
 void engine::step(served& s) {
+  // Its context is in use until the pass ends: no draft round may borrow it meanwhile.
+  struct in_flight {
+    bool& flag;
+    explicit in_flight(bool& f) : flag(f) { flag = true; }
+    ~in_flight() { flag = false; }
+  } guard(s.stepping);
   batch_plan plan = plan_pass(s);
   if (plan.mixed) ++s.itl.passes_with_prompts;
   reserve_for(s, plan);

@@ -161,6 +161,9 @@ memory::status engine::carry_out(served& t, const policy::action& act, const mem
   if (before)
     for (const auto& seg : before->segments) (seg.device == memory::residency::absent ? absent : present) += seg.bytes;
   const bool was_on = present > 0 || (before && before->stream_slots > 0);
+  // A draft leaving the device takes its mirrors' KV with it: speculation stops until it is
+  // back, and the targets' sequences go on as they are.
+  if (act.kind == policy::action_kind::evict_device) drop_mirrors_in(t);
   auto st = apply_memory_action(*t.cfg.placement, act);
   if (st == memory::status::no_space && (act.kind == policy::action_kind::stage || act.kind == policy::action_kind::load)) {
     // Weights come before cached prefixes: give the host tier back and try again.
@@ -286,6 +289,7 @@ model_stats engine::stats(const std::string& model) const {
   st.spec_accepted = s.spec_accepted.load();
   st.spec_passes = s.spec_passes.load();
   st.spec_tokens = s.spec_tokens.load();
+  st.draft_seconds = static_cast<double>(s.draft_ns.load()) / 1e9;
   return st;
 }
 

@@ -13,6 +13,7 @@
 
 #include "memory/huge_buffer.h"
 #include "runtime/batch_plan.h"
+#include "runtime/draft_mirror.h"
 #include "runtime/engine.h"
 #include "runtime/interleave_state.h"
 #include "runtime/itl_estimator.h"
@@ -42,6 +43,8 @@ struct engine::active {
   std::vector<int32_t> draft;                  // tokens proposed for the pass being formed (speculation)
   spec_window window;                          // how many to propose next
   int64_t prediction_at = 0;                   // where in params.prediction the last proposals came from
+  int64_t draft_room = 0;                      // proposals left to the draft model this pass (0: none)
+  draft_mirror mirror;                         // its state in the draft model
 
   active(engine_request r, size_t m, const models::tokenizer& tok)
       : handle(std::make_shared<request_handle>()),
@@ -102,6 +105,10 @@ struct engine::served {
   std::atomic<int64_t> kv_moved_to_host{0}, kv_moved_to_device{0};
   std::atomic<int64_t> restored{0};
   std::atomic<int64_t> spec_proposed{0}, spec_accepted{0}, spec_passes{0}, spec_tokens{0};
+  std::atomic<int64_t> draft_ns{0};  // in the draft's passes for this model's proposals
+  served* draft = nullptr;           // engine_model::draft, resolved
+  draft_vocab vocab;                 // target and (another vocabulary) draft tokenizers
+  bool stepping = false;             // its pass is in flight: its context is not free for drafting
   clock_type::time_point last_pass = clock_type::now();
   clock_type::time_point loaded_at{};  // when the engine last started loading it (placement by plan)
   int in_flight = 0;                   // submitted and not finished (engine::m_): the queue limit

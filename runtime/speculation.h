@@ -3,7 +3,7 @@
 // and k proposals as k + 1 rows), keeps the longest prefix the target's own sampling agrees
 // with plus the token it sampled where they part, and gives the rest of the rows' KV back.
 //
-// Every proposer here is deterministic: its guess is a function of the tokens so far, never a
+// Every proposer here is deterministic (a draft model proposes its greedy argmax): its guess is a function of the tokens so far, never a
 // random draw. For such a proposal q is a point mass on the guessed token d, and standard
 // speculative sampling (accept d with probability min(1, p(d) / q(d)) = p(d); on rejection
 // draw from max(0, p - q), which is p without d, renormalised) is exactly: draw from p as
@@ -22,6 +22,7 @@ namespace tandem::runtime {
 enum class spec_method {
   off,
   ngram,  // prompt lookup: the sequence's own tokens (prompt and output) as the corpus
+  draft,  // a second, smaller model's greedy guesses (engine_model::draft; draft_mirror.h)
 };
 
 // A served model's speculation (roster `speculate:`; `tandem run --draft-ngram`).

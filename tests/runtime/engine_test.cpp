@@ -190,51 +190,6 @@ TEST_SUITE("engine") {
     }
   }
 
-  TEST_CASE("speculation (n-gram lookup, predictions): greedy and seeded outputs equal those without it") {
-    const models::model m(test::data_path("stories260K.gguf").string());
-    const auto tok = models::tokenizer::from_gguf(m.file());
-    // A prompt that repeats itself, so lookups find something to propose.
-    std::vector<int32_t> prompt{1};
-    for (int r = 0; r < 3; ++r)
-      for (int k = 0; k < 12; ++k) prompt.push_back(static_cast<int32_t>(300 + k));
-    runtime::engine_model em{"m", &m, &tok, 0, 4, 256};
-    em.speculate = {runtime::spec_method::ngram, 6};
-    runtime::engine spec({em}, {.threads = 2, .max_batch_tokens = 64, .prefill_chunk = 16});
-    runtime::engine plain({{"m", &m, &tok, 0, 4, 256}}, {.threads = 2, .max_batch_tokens = 64, .prefill_chunk = 16});
-    const auto want = collect(*plain.submit({"m", prompt, greedy(60)}));
-    CHECK(want == alone(m, tok, prompt, 60));
-    CHECK(collect(*spec.submit({"m", prompt, greedy(60)})) == want);
-    // A prediction of the answer itself (all accepted), and one that is wrong half way.
-    auto predicted = greedy(60);
-    predicted.prediction = want;
-    auto h = spec.submit({"m", prompt, predicted});
-    CHECK(collect(*h) == want);
-    CHECK(h->speculation().accepted > 40);
-    predicted.prediction = std::vector<int32_t>(want.begin(), want.begin() + 30);
-    for (int i = 0; i < 10; ++i) predicted.prediction.push_back(7);
-    CHECK(collect(*spec.submit({"m", prompt, predicted})) == want);
-    // Seeded sampling: one draw per token in the same order, so the same tokens.
-    auto sampled = greedy(60);
-    sampled.sampling.temperature = 0.9f;
-    sampled.sampling.seed = 77;
-    const auto want_sampled = collect(*plain.submit({"m", prompt, sampled}));
-    CHECK(collect(*spec.submit({"m", prompt, sampled})) == want_sampled);
-    // Several at once, with speculation turned off for one.
-    std::vector<std::shared_ptr<runtime::request_handle>> hs;
-    for (int i = 0; i < 4; ++i) {
-      auto p = greedy(60);
-      p.speculate = i != 2;
-      hs.push_back(spec.submit({"m", prompt, p}));
-    }
-    for (auto& x : hs) CHECK(collect(*x) == want);
-    spec.drain();
-    const auto st = spec.stats("m");
-    CHECK(st.spec_proposed > 0);
-    CHECK(st.spec_accepted > 0);
-    CHECK(st.spec_tokens > st.spec_passes);  // more than one token a verifying pass
-    CHECK(spec.kv_blocks_in_use("m") == 0);
-  }
-
   TEST_CASE("prefix-cache hits skip the shared prompt and give what each request gives alone") {
     const models::model m(test::data_path("stories260K-q8_0.gguf").string());
     const auto tok = models::tokenizer::from_gguf(m.file());
