@@ -66,6 +66,13 @@ struct keep_alive_setting {
   duration after{std::chrono::minutes(5)};  // Ollama's default
 };
 
+// speculate: how a model's decode proposes tokens to verify (runtime/speculation.h).
+enum class speculate_method { off, ngram, draft };
+struct speculate_config {
+  speculate_method method = speculate_method::off;  // default: draft when a draft is attached
+  int max_tokens = 8;                               // proposals verified in one pass, at most
+};
+
 struct model_entry {
   std::string name;
   std::vector<std::string> aliases;
@@ -87,7 +94,8 @@ struct model_entry {
   // max_sequences). Elastic in between: pages come from the device pool all models share.
   uint64_t kv_reserve = 0;
   std::optional<uint64_t> kv_limit;
-  std::string draft;          // a draft model entry speculating for this one
+  std::string draft;  // a draft model entry speculating for this one
+  speculate_config speculate;
   std::string medusa;         // a medusa entry attached to this one
   std::string chat_template;  // built-in template name; empty: detected from the file
   // Stated sizes, so `tandem sim` and `serve --check` work without the file; `serve`
@@ -139,6 +147,7 @@ inline constexpr int64_t k_kv_block_tokens = 16;
 std::optional<uint64_t> kv_budget_bytes(const model_entry& m);
 
 const char* role_name(model_role r);
+const char* speculate_method_name(speculate_method m);
 const char* preload_name(preload_tier p);
 const char* backend_name(backend_choice b);
 

@@ -67,7 +67,7 @@ device_config read_device(const reader& r, const YAML::Node& n, const std::strin
 model_entry read_model(const reader& r, const YAML::Node& n, const std::string& path) {
   r.only_keys(n, path, {"name",    "aliases", "path",          "role",    "priority",           "pinned",     "keep_alive",
                         "preload", "context", "max_sequences", "kv_type", "kv_rotate",          "kv_reserve", "kv_limit",
-                        "draft",   "medusa",  "chat_template", "size",    "kv_bytes_per_token", "optional"});
+                        "draft",   "medusa",  "chat_template", "size",    "kv_bytes_per_token", "optional",   "speculate"});
   model_entry m;
   m.line = n.Mark().line + 1;
   if (!n["name"]) r.fail(n, path, "missing key 'name'");
@@ -100,6 +100,18 @@ model_entry read_model(const reader& r, const YAML::Node& n, const std::string& 
         {{"f16", kv_cache_type::f16}, {"f32", kv_cache_type::f32}, {"q8_0", kv_cache_type::q8_0}, {"q4_0", kv_cache_type::q4_0}});
   if (n["kv_rotate"]) m.kv_rotate = r.boolean(n["kv_rotate"], path + ".kv_rotate");
   if (n["draft"]) m.draft = r.string(n["draft"], path + ".draft");
+  if (!m.draft.empty()) m.speculate.method = speculate_method::draft;
+  if (const auto sp = n["speculate"]) {
+    const std::string at = path + ".speculate";
+    if (!sp.IsMap()) r.fail(sp, at, "expected a mapping {method: ngram | draft | off, max_tokens: N}");
+    r.only_keys(sp, at, {"method", "max_tokens"});
+    if (sp["method"])
+      m.speculate.method = r.choice<speculate_method>(
+          sp["method"], at + ".method", {{"off", speculate_method::off}, {"ngram", speculate_method::ngram}, {"draft", speculate_method::draft}});
+    if (sp["max_tokens"]) m.speculate.max_tokens = static_cast<int>(r.integer(sp["max_tokens"], at + ".max_tokens", 1, 32));
+    if (m.speculate.method == speculate_method::draft && m.draft.empty())
+      r.fail(sp["method"] ? sp["method"] : sp, at + ".method", "draft speculation needs a draft model attached ('draft: NAME')");
+  }
   if (n["medusa"]) m.medusa = r.string(n["medusa"], path + ".medusa");
   if (n["chat_template"]) m.chat_template = r.string(n["chat_template"], path + ".chat_template");
   if (n["size"]) m.size_bytes = r.size(n["size"], path + ".size");
@@ -185,6 +197,11 @@ void check_roster(const reader& r, const YAML::Node& doc, roster& out) {
         r.fail(models[i][key], path + "." + key, "'" + target + "' has role " + role_name(t->role) + ", expected " + role_name(role));
       if (m.role != model_role::chat && m.role != model_role::code)
         r.fail(models[i][key], path + "." + key, "only chat and code models take a " + std::string(key) + " model");
+      // A draft runs several passes for each of its target's: only a smaller model pays.
+      if (m.size_bytes && t->size_bytes && *t->size_bytes >= *m.size_bytes)
+        r.fail(models[i][key], path + "." + key,
+               "'" + target + "' (" + format_byte_size(*t->size_bytes) + ") is not smaller than '" + m.name + "' (" +
+                   format_byte_size(*m.size_bytes) + "): a " + key + " model must cost less to run than the model it serves");
     }
   }
   if (!out.policy.home.empty() && !out.find(out.policy.home))
@@ -249,6 +266,18 @@ std::optional<uint64_t> kv_budget_bytes(const model_entry& m) {
   if (!m.kv_bytes_per_token) return std::nullopt;
   const uint64_t full = *m.kv_bytes_per_token * static_cast<uint64_t>(m.context) * static_cast<uint64_t>(m.max_sequences);
   return m.kv_limit ? std::min(full, *m.kv_limit) : full;
+}
+
+const char* speculate_method_name(speculate_method m) {
+  switch (m) {
+    case speculate_method::off:
+      return "off";
+    case speculate_method::ngram:
+      return "ngram";
+    case speculate_method::draft:
+      return "draft";
+  }
+  return "?";
 }
 
 const char* role_name(model_role r) {

@@ -47,6 +47,9 @@ struct model_demand {
   time_point oldest{};        // arrival of the oldest request waiting to start or to resume
                               // after preemption (time_point{}: none waits); its wait ages the model
   double arrivals_per_s = 0;  // recent arrival rate (for prefetching)
+  // Speculation by its draft model, as measured: tokens a sequence gains per unit of time
+  // (above 1 it pays for its draft's passes); 0: not measured yet.
+  double draft_speedup = 0;
 };
 
 struct demand {

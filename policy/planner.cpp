@@ -30,6 +30,9 @@ namespace {
 
 double seconds(std::chrono::nanoseconds d) { return std::chrono::duration<double>(d).count(); }
 
+// A draft pays when its target's sequences gain at least this much per unit of time.
+constexpr double k_draft_pays = 1.05;
+
 // The planner's working copy of the world: what each action would change, so later rules see
 // the effect of earlier ones.
 struct world {
@@ -62,6 +65,13 @@ struct world {
   bool startable(size_t i) const { return m[i].preempted > 0 || (queued(i) > 0 && m[i].running < e[i]->max_sequences); }
   bool wanted(size_t i) const { return queued(i) > 0 || m[i].preempted > 0; }
   bool busy(size_t i) const { return m[i].running > 0 || queued(i) > 0; }
+  // A draft with no work of its own: it only speculates, and is the first to give way.
+  bool idle_draft(size_t i) const { return e[i]->role == configs::model_role::draft && !busy(i) && m[i].preempted == 0; }
+  size_t index_of(const std::string& name) const {
+    for (size_t i = 0; i < size(); ++i)
+      if (m[i].name == name) return i;
+    return size();
+  }
   double prio(size_t i) const { return startable(i) ? effective_priority(r, *e[i], dem[i], now) : e[i]->priority; }
   uint64_t device_used() const {
     uint64_t u = s.device_other;
@@ -126,10 +136,11 @@ struct world {
       // its bursts, not within one. by_base: ranked by base priority, aged only among equals.
       const bool idle_long = !busy(v) && m[v].preempted == 0 && now - m[v].last_used >= r.policy.idle_grace;
       const bool ranks_above = by_base && e[v]->priority != e[i]->priority ? e[v]->priority > e[i]->priority : prio(v) >= pi;
-      if (!any_priority && ((ranks_above && !idle_long) || protected_by_hysteresis(v, i))) continue;
+      if (!any_priority && !idle_draft(v) && ((ranks_above && !idle_long) || protected_by_hysteresis(v, i))) continue;
       (busy(v) ? running : idle).push_back(v);
     }
     auto by_score = [&](size_t a, size_t b) {
+      if (idle_draft(a) != idle_draft(b)) return idle_draft(a);  // speculation stops before anything else moves
       const double sa = victim_score(*e[a], m[a], s, now), sb = victim_score(*e[b], m[b], s, now);
       return sa != sb ? sa < sb : m[a].name < m[b].name;
     };
@@ -248,6 +259,22 @@ plan plan_tandem(const configs::roster& r, const snapshot& s, const demand& d, t
     // No room without taking it from models that rank higher (busy, or idle only briefly):
     // run it streamed beside them, with the part that fits on the device and its KV.
     stream_beside(false);
+  }
+
+  // 2c. Drafts come with their targets: a target wholly on the device with work gets its draft
+  // loaded where the free device memory holds it beside the KV the target wants (nothing is
+  // evicted for a draft), unless the measured speed-up says it does not pay; one that does
+  // not pay leaves the device once it has no work of its own.
+  for (size_t i = 0; i < n; ++i) {
+    if (w.e[i]->speculate.method != configs::speculate_method::draft) continue;
+    const size_t j = w.index_of(w.e[i]->draft);
+    if (j == n || !w.m[i].on_device || w.partial(i) || !w.busy(i)) continue;
+    const double gain = w.dem[i] ? w.dem[i]->draft_speedup : 0;
+    if (gain > 0 && gain < k_draft_pays) {
+      if (w.m[j].on_device && w.idle_draft(j) && !w.e[j]->pinned) w.evict(j, "draft of " + w.m[i].name + " does not pay");
+      continue;
+    }
+    if (!w.m[j].on_device && w.device_free() >= w.need(j) + w.m[i].kv_wanted_bytes) w.bring(j, "draft for " + w.m[i].name);
   }
 
   // 5. Keep-alive expiry.

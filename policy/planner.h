@@ -24,6 +24,11 @@
 //  4. Hysteresis: a model that came onto the device less than policy.hysteresis ago is not
 //     evicted for a model of the same or lower base priority, so alternating requests do not
 //     ping-pong the device.
+//  2c. Drafts: a target wholly on the device with work brings its draft (speculate.method
+//     draft) where the free device memory holds it beside the target's wanted KV, unless its
+//     measured speed-up (model_demand::draft_speedup) is below 1.05; then the draft leaves.
+//     A draft without requests of its own is the first victim of every make-room: its
+//     target goes on without speculation.
 //  5. Keep-alive: an idle model whose keep_alive has run out leaves the device (0: as soon as
 //     it is idle; -1: never).
 //  6. Home: when nothing but the home model is asked for and the others have been idle for

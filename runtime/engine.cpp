@@ -14,6 +14,8 @@
 namespace tandem::runtime {
 
 namespace {
+// Passes a draft proposes for before its measured gain is published to the planner.
+constexpr int64_t k_draft_samples = 32;
 // Past this wait, no request further back in the queue is preferred over one (admission_plan.h).
 constexpr auto k_admission_patience = std::chrono::seconds(2);
 }  // namespace
@@ -408,8 +410,20 @@ void engine::run_pass(served& s, std::unique_lock<std::mutex>& lock, bool interl
   lock.unlock();
   try {
     const auto t0 = clock_type::now();
+    const int64_t draft_ns = s.draft_ns.load();
     step(s);
-    s.itl.learn(s.pass.decode_rows, s.pass.prompt_rows, std::chrono::duration<double>(clock_type::now() - t0).count() - s.interleave.seconds);
+    const double secs = std::chrono::duration<double>(clock_type::now() - t0).count() - s.interleave.seconds;
+    s.itl.learn(s.pass.decode_rows, s.pass.prompt_rows, secs);
+    if (s.pass.drafted_seqs > 0 && secs > 0) {
+      // The draft's gain (model_stats::draft_speedup): the planner keeps a draft that pays.
+      const double in_draft = static_cast<double>(s.draft_ns.load() - draft_ns) / 1e9;
+      const double sample =
+          static_cast<double>(s.pass.drafted_tokens) / static_cast<double>(s.pass.drafted_seqs) * std::max(0.0, secs - in_draft) / secs;
+      s.draft_gain_avg = s.draft_samples++ == 0 ? sample : 0.9 * s.draft_gain_avg + 0.1 * sample;
+      // Published once the average has seen enough passes to judge (the first carry the
+      // draft's catch-up with whole prompts).
+      if (s.draft_samples >= k_draft_samples) s.draft_gain = s.draft_gain_avg;
+    }
   } catch (const std::exception& e) {
     lock.lock();
     for (auto& a : s.queues.running) retire(s, *a, finish_reason::error, e.what());

@@ -136,6 +136,12 @@ struct model_stats {
   // the tokens those gave (accepted ones and the one sampled where the guess parted).
   int64_t spec_proposed = 0, spec_accepted = 0, spec_passes = 0, spec_tokens = 0;
   double draft_seconds = 0;  // spent in the draft model's passes for its proposals
+  std::string draft;         // its draft model ("" without one)
+  // The draft's measured gain: tokens per sequence and pass of the passes it proposed for,
+  // scaled by the share of their time not spent in the draft (a verifying pass taken to cost
+  // what a plain one does, as it does while decode is bound by reading weights); 0 until it
+  // has proposed for enough passes to judge.
+  double draft_speedup = 0;
 };
 
 struct engine_config {

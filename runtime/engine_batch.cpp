@@ -21,6 +21,7 @@ constexpr int k_ngram_min = 2, k_ngram_max = 4;
 void engine::propose(served& s, active& a, int decoding) {
   a.draft.clear();
   a.draft_room = 0;
+  a.drafted = false;
   const spec_settings& cfg = s.cfg.speculate;
   const bool predicted = !a.params.prediction.empty();
   if (!a.params.speculate || (cfg.method == spec_method::off && !predicted)) return;
@@ -216,6 +217,10 @@ void engine::apply(served& s, const batch_plan& plan, const step_result& r) {
     s.spec_accepted += accepted;
     ++s.spec_passes;
     s.spec_tokens += used;
+    if (a.drafted) {
+      ++s.pass.drafted_seqs;
+      s.pass.drafted_tokens += used;
+    }
   }
 }
 
@@ -230,6 +235,7 @@ void engine::step(served& s) {
   if (plan.mixed) ++s.itl.passes_with_prompts;
   reserve_for(s, plan);
   s.pass.decode_rows = s.pass.prompt_rows = 0;
+  s.pass.drafted_seqs = s.pass.drafted_tokens = 0;
   if (plan.entries.empty()) return;
   // A proposal's row costs what a prompt row does: the ITL estimator learns it as one.
   for (const auto& e : plan.entries) {

@@ -156,7 +156,10 @@ void engine::draft_round(served& s) {
       take_guesses();
     }
     for (auto& l : lanes)
-      if (l.guesses_wanted > 0) to_target(s.vocab, l.guesses, l.a->draft_room, l.a->draft);
+      if (l.guesses_wanted > 0) {
+        to_target(s.vocab, l.guesses, l.a->draft_room, l.a->draft);
+        l.a->drafted = !l.a->draft.empty();
+      }
   } catch (const std::exception& e) {
     // The target goes on without proposals; the draft's sequences start over next time.
     runtime::logger().warn("engine: draft '{}' for '{}' failed: {}; its proposals stop for now", d.cfg.name, s.cfg.name, e.what());

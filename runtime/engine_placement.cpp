@@ -121,6 +121,7 @@ engine::served* engine::plan_and_pick() {
     f.arrivals_per_s = m->arrivals.at(now);
     f.kv_floor_bytes = static_cast<uint64_t>(m->kv->floor_blocks()) * m->kv->block_footprint();
     f.kv_wanted_bytes = kv_wanted(*m);
+    f.draft_speedup = m->draft_gain.load();
     facts.push_back(std::move(f));
   }
   const double link = config_.link_gb_s > 0                       ? config_.link_gb_s
@@ -290,6 +291,8 @@ model_stats engine::stats(const std::string& model) const {
   st.spec_passes = s.spec_passes.load();
   st.spec_tokens = s.spec_tokens.load();
   st.draft_seconds = static_cast<double>(s.draft_ns.load()) / 1e9;
+  st.draft_speedup = s.draft_gain.load();
+  if (s.draft) st.draft = s.draft->cfg.name;
   return st;
 }
 

@@ -45,6 +45,7 @@ struct engine::active {
   int64_t prediction_at = 0;                   // where in params.prediction the last proposals came from
   int64_t draft_room = 0;                      // proposals left to the draft model this pass (0: none)
   draft_mirror mirror;                         // its state in the draft model
+  bool drafted = false;                        // active::draft came from the draft model this pass
 
   active(engine_request r, size_t m, const models::tokenizer& tok)
       : handle(std::make_shared<request_handle>()),
@@ -68,6 +69,7 @@ struct engine::pass_buffers {
   std::vector<std::vector<int32_t>> drawn;        // per sampled entry: the tokens its rows gave
   batch_state state;                              // plan_batch's input (its vectors kept)
   int64_t decode_rows = 0, prompt_rows = 0;       // of the pass run last: what the ITL estimator learns from
+  int64_t drafted_seqs = 0, drafted_tokens = 0;   // of the pass run last: sequences the draft proposed for, their tokens
 };
 
 // Requests per second, decaying over a minute: how likely a model is to be wanted next.
@@ -105,10 +107,13 @@ struct engine::served {
   std::atomic<int64_t> kv_moved_to_host{0}, kv_moved_to_device{0};
   std::atomic<int64_t> restored{0};
   std::atomic<int64_t> spec_proposed{0}, spec_accepted{0}, spec_passes{0}, spec_tokens{0};
-  std::atomic<int64_t> draft_ns{0};  // in the draft's passes for this model's proposals
-  served* draft = nullptr;           // engine_model::draft, resolved
-  draft_vocab vocab;                 // target and (another vocabulary) draft tokenizers
-  bool stepping = false;             // its pass is in flight: its context is not free for drafting
+  std::atomic<int64_t> draft_ns{0};   // in the draft's passes for this model's proposals
+  served* draft = nullptr;            // engine_model::draft, resolved
+  draft_vocab vocab;                  // target and (another vocabulary) draft tokenizers
+  bool stepping = false;              // its pass is in flight: its context is not free for drafting
+  std::atomic<double> draft_gain{0};  // model_stats::draft_speedup: draft_gain_avg once judged
+  double draft_gain_avg = 0;          // a moving average over the passes the draft proposed for
+  int64_t draft_samples = 0;
   clock_type::time_point last_pass = clock_type::now();
   clock_type::time_point loaded_at{};  // when the engine last started loading it (placement by plan)
   int in_flight = 0;                   // submitted and not finished (engine::m_): the queue limit

@@ -69,7 +69,7 @@ policy::snapshot planner_snapshot(const memory::arbiter_snapshot& a, size_t bloc
 
 policy::demand planner_demand(std::span<const model_facts> facts) {
   policy::demand d;
-  for (const auto& f : facts) d.models.push_back({f.name, f.queued, f.oldest, f.arrivals_per_s});
+  for (const auto& f : facts) d.models.push_back({f.name, f.queued, f.oldest, f.arrivals_per_s, f.draft_speedup});
   return d;
 }
 

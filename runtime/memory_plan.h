@@ -28,6 +28,7 @@ struct model_facts {
   double arrivals_per_s = 0;
   uint64_t kv_floor_bytes = 0;   // device KV its pool keeps whatever happens (kv_reserve)
   uint64_t kv_wanted_bytes = 0;  // policy::model_state::kv_wanted_bytes
+  double draft_speedup = 0;      // policy::model_demand::draft_speedup
 };
 
 // The planner's snapshot: capacities, the device bytes no model holds or can give back

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/log.h"
+#include "runtime/draft_mirror.h"
 #include "configs/byte_size.h"
 #include "models/forward.h"
 #include "runtime/memory_plan.h"
@@ -56,6 +57,18 @@ kernels::cpu::kv_type kv_type_of(configs::kv_cache_type t) {
       break;
   }
   return kernels::cpu::kv_type::f16;
+}
+
+spec_method spec_method_of(configs::speculate_method m) {
+  switch (m) {
+    case configs::speculate_method::ngram:
+      return spec_method::ngram;
+    case configs::speculate_method::draft:
+      return spec_method::draft;
+    case configs::speculate_method::off:
+      break;
+  }
+  return spec_method::off;
 }
 
 bool kv_rotate_of(const configs::model_entry& e) { return e.kv_rotate.value_or(models::default_kv_rotate(kv_type_of(e.kv_type))); }
@@ -117,6 +130,18 @@ served_roster::served_roster(const configs::roster& r, const serve_options& o) :
                              "; set devices[0].backend: cpu to serve the roster on the CPU");
   }
 #endif
+  // A draft mirrors its targets' sequences in slots of its own: as many as they run, beside
+  // its own requests'.
+  for (auto& d : roster_.models) {
+    int mirrors = 0;
+    for (const auto& t : roster_.models)
+      if (t.draft == d.name && t.speculate.method == configs::speculate_method::draft) mirrors += t.max_sequences;
+    if (mirrors > d.max_sequences) {
+      runtime::logger().info("serve: draft '{}' runs up to {} sequences, one for each of its targets' (it was given {})", d.name, mirrors,
+                             d.max_sequences);
+      d.max_sequences = mirrors;
+    }
+  }
   // Every model opened first: the arbiter's allocation unit follows their KV blocks.
   std::vector<uint64_t> per_token(roster_.models.size());
   for (size_t i = 0; i < roster_.models.size(); ++i) {
@@ -161,6 +186,18 @@ served_roster::served_roster(const configs::roster& r, const serve_options& o) :
                            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     models_.push_back(std::move(m));
   }
+  // A draft of another vocabulary proposes through text: both tokenizers must spell any text.
+  for (const auto& m : models_) {
+    const auto& e = *m->entry;
+    if (e.speculate.method != configs::speculate_method::draft) continue;
+    const served_model* d = find(e.draft);
+    if (!d || same_vocabulary(*m->tokenizer, *d->tokenizer)) continue;
+    for (const served_model* x : {static_cast<const served_model*>(m.get()), d})
+      if (!x->tokenizer->encodes_any_text())
+        throw std::runtime_error(roster_.source + ":" + std::to_string(e.line) + ": model '" + e.name + "': draft '" + e.draft +
+                                 "' has another vocabulary, and the tokenizer of '" + x->name() +
+                                 "' cannot spell every text (no byte tokens): it cannot be tokenized back");
+  }
   // What `serve --check` checks, with the same messages, before anything is allocated.
   std::vector<model_needs> needs;
   for (const auto& m : models_) needs.push_back(needs_of(*m->entry, m->model.get(), kv_type_of(m->entry->kv_type)));
@@ -197,6 +234,8 @@ served_roster::served_roster(const configs::roster& r, const serve_options& o) :
     em.kv_pool = m.kv.get();
     em.placement = m.placement.get();
     em.max_queue = roster_.server.limits.max_queue;
+    em.speculate = {spec_method_of(e.speculate.method), e.speculate.max_tokens};
+    if (e.speculate.method == configs::speculate_method::draft) em.draft = e.draft;
     ems.push_back(em);
   }
   engine_config ec;

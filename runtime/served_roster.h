@@ -75,6 +75,7 @@ class served_roster {
 
 // The cache element type of a roster's kv_type.
 kernels::cpu::kv_type kv_type_of(configs::kv_cache_type t);
+spec_method spec_method_of(configs::speculate_method m);
 // Whether the entry's KV is rotated: kv_rotate, else models::default_kv_rotate of its type.
 bool kv_rotate_of(const configs::model_entry& e);
 

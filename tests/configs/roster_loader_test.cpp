@@ -118,6 +118,18 @@ TEST_SUITE("roster_loader") {
         {with("    context: 4096\n", "    context: 4096\n    draft: code\n"), "models[0].draft: 'code' has role code, expected draft"},
         {with("    context: 4096\n", "    context: 4096\n    draft: ghost\n"), "models[0].draft: no model named 'ghost' in the roster"},
         {with("    role: code\n", "    role: coder\n"), "models[1].role: expected one of chat, code, draft, medusa, got 'coder'"},
+        {with("    context: 4096\n", "    context: 4096\n    speculate: {method: medusa}\n"),
+         "r.yaml:13:25: models[0].speculate.method: expected one of off, ngram, draft, got 'medusa'"},
+        {with("    context: 4096\n", "    context: 4096\n    speculate: {max_tokens: 64}\n"),
+         "models[0].speculate.max_tokens: must be in [1, 32], got 64"},
+        {with("    context: 4096\n", "    context: 4096\n    speculate: {max_tokens: many}\n"),
+         "models[0].speculate.max_tokens: expected an integer"},
+        {with("    context: 4096\n", "    context: 4096\n    speculate: {method: draft}\n"),
+         "models[0].speculate.method: draft speculation needs a draft model attached ('draft: NAME')"},
+        {with("    context: 4096\n", "    context: 4096\n    speculate: ngram\n"), "models[0].speculate: expected a mapping"},
+        {with("    context: 4096\n", "    context: 4096\n    speculate: {method: ngram, depth: 3}\n"), "models[0].speculate.depth: unknown key"},
+        {edit(with("    context: 4096\n", "    context: 4096\n    draft: code\n"), "    role: code\n", "    role: draft\n    size: 5GiB\n"),
+         "models[0].draft: 'code' (5.0 GiB) is not smaller than 'chat' (4.0 GiB): a draft model must cost less to run than the model it serves"},
         {with("    size: 1GiB\n", ""), "models[1].path: model file 'nowhere/code.gguf' is not there, so the entry must state 'size'"},
         {edit(with("    priority: 10\n", "    priority: 10\n    pinned: true\n    keep_alive: -1\n    kv_reserve: 512MiB\n"), "    vram: 8GiB\n",
               "    vram: 5GiB\n") +
@@ -160,6 +172,22 @@ TEST_SUITE("roster_loader") {
     }
   }
 
+  TEST_CASE("speculate: method and max_tokens; a draft attachment defaults to draft speculation, off turns it off") {
+    const auto r = parse(k_base + "    speculate: {method: ngram, max_tokens: 5}\n");
+    CHECK(r.models[1].speculate.method == configs::speculate_method::ngram);
+    CHECK(r.models[1].speculate.max_tokens == 5);
+    CHECK(r.models[0].speculate.method == configs::speculate_method::off);
+    CHECK(r.models[0].speculate.max_tokens == 8);
+    const std::string drafted = k_base + "  - name: d\n    path: nowhere/d.gguf\n    role: draft\n    size: 100MiB\n    kv_bytes_per_token: 8KiB\n";
+    auto attach = [&](const std::string& extra) {
+      std::string y = drafted;
+      return y.replace(y.find("    max_sequences: 2\n"), 21, "    max_sequences: 2\n    draft: d\n" + extra);
+    };
+    CHECK(parse(attach("")).models[0].speculate.method == configs::speculate_method::draft);
+    CHECK(parse(attach("    speculate: {method: off}\n")).models[0].speculate.method == configs::speculate_method::off);
+    CHECK(parse(attach("    speculate: {max_tokens: 3}\n")).models[0].speculate.max_tokens == 3);
+  }
+
   TEST_CASE("with files required, a missing model file is an error naming the resolved path") {
     const auto got = error_of(k_base, true);
     CHECK(got.find("r.yaml:8:11: models[0].path: model file 'nowhere/chat.gguf' not found") != std::string::npos);
@@ -178,6 +206,8 @@ TEST_SUITE("roster_loader") {
     REQUIRE(office.models.size() == 3);
     CHECK(office.find("gpt-4o") == &office.models[0]);
     CHECK(office.models[0].draft == "chat-draft");
+    CHECK(office.models[0].speculate.method == configs::speculate_method::draft);  // attached: draft by default
+    CHECK(office.models[1].speculate.method == configs::speculate_method::off);
     CHECK(office.models[1].keep_alive.forever);
     CHECK_THROWS_AS(configs::load_roster(repo_file("configs/office-24gb.yaml")), config_error);  // files absent
 
@@ -197,6 +227,8 @@ TEST_SUITE("roster_loader") {
     CHECK_FALSE(schema.errors(test::yaml_to_json(YAML::Load(k_base + "    kv_limit: plenty\n"))).empty());
     CHECK(schema.errors(test::yaml_to_json(YAML::Load(k_base + "policy:\n  itl_target: 50ms\n  itl_budget: 2\n"))).empty());
     CHECK_FALSE(schema.errors(test::yaml_to_json(YAML::Load(k_base + "policy:\n  itl_budget: -1\n"))).empty());
+    CHECK(schema.errors(test::yaml_to_json(YAML::Load(k_base + "    speculate: {method: ngram, max_tokens: 6}\n"))).empty());
+    CHECK_FALSE(schema.errors(test::yaml_to_json(YAML::Load(k_base + "    speculate: {method: lookahead}\n"))).empty());
   }
 
   TEST_CASE("an optional model without its file is left out with a note; a required one is an error") {

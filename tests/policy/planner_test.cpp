@@ -422,4 +422,44 @@ TEST_SUITE("planner") {
     CHECK_FALSE(has(p, action_kind::load, "chat"));  // priority 20: 7 GB more would make 11 of 10
     CHECK(has(p, action_kind::load, "aux"));         // priority 10: 4 GB fits
   }
+
+  TEST_CASE("drafts: brought with a busy target where room is free, dropped first under pressure, and when they do not pay") {
+    // chat (6 GB) takes draft d (0.5 GB, 0.5 GB of KV a sequence), of a priority above code's:
+    // only its being a draft without work of its own makes it give way.
+    const auto r = roster(
+        "    draft: d\n  - name: d\n    path: none\n    role: draft\n    priority: 90\n    size: 500MB\n    kv_bytes_per_token: 500KB\n"
+        "    context: 1000\n    max_sequences: 1\n");
+    auto chat = state("chat", 6, true);
+    chat.running = 1;
+    chat.kv_device_bytes = 1000000000ull;
+    chat.last_used = t0;
+    auto d = state("d", 0, false);
+    d.weight_bytes = 500000000ull;
+    d.last_used = t0;
+    // 3 GB free: the draft comes with its target.
+    auto p = policy::plan_tandem(r, snap({chat, state("code", 3, false), state("aux", 3, false), d}), {}, t0);
+    CHECK(has(p, action_kind::load, "d"));
+    CHECK(p.run == "chat");
+    // Not when the target is idle, nor when it is measured not to pay (then it leaves).
+    chat.running = 0;
+    CHECK_FALSE(has(policy::plan_tandem(r, snap({chat, state("code", 3, false), state("aux", 3, false), d}), {}, t0), action_kind::load, "d"));
+    chat.running = 1;
+    policy::demand slow;
+    slow.models.push_back({"chat", 0, {}, 0, 0.8});
+    CHECK_FALSE(has(policy::plan_tandem(r, snap({chat, state("code", 3, false), state("aux", 3, false), d}), slow, t0), action_kind::load, "d"));
+    d.on_device = true;
+    p = policy::plan_tandem(r, snap({chat, state("code", 3, false), state("aux", 3, false), d}), slow, t0);
+    CHECK(has(p, action_kind::evict_device, "d"));
+    // Measured to pay: it stays.
+    slow.models[0].draft_speedup = 1.6;
+    CHECK(policy::plan_tandem(r, snap({chat, state("code", 3, false), state("aux", 3, false), d}), slow, t0).actions.empty());
+    // code (3 GB + 1 GB of KV) asked for with 3.5 GB free: the draft goes first, chat stays.
+    chat.running = 0;
+    chat.kv_device_bytes = 0;
+    chat.last_used = t0 - 1s;
+    p = policy::plan_tandem(r, snap({chat, state("code", 3, false), state("aux", 3, false), d}), wants("code", 1), t0);
+    CHECK(has(p, action_kind::evict_device, "d"));
+    CHECK_FALSE(has(p, action_kind::evict_device, "chat"));
+    CHECK(has(p, action_kind::load, "code"));
+  }
 }

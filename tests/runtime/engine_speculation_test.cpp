@@ -174,11 +174,9 @@ TEST_SUITE("engine") {
       // Three slots for six requests: the later ones start after earlier ones left their blocks.
       runtime::engine_model em{"m", &m, &tok, 0, 3, 128, kernels::cpu::kv_type::f16, nullptr, pool.get()};
       em.speculate = {method, 6};
+      if (method == runtime::spec_method::draft) em.draft = "d";
       std::vector<runtime::engine_model> ms{em};
-      if (method == runtime::spec_method::draft) {
-        ms[0].draft = "d";
-        ms.push_back({"d", &d, &tok, 0, 6, 128});
-      }
+      if (method == runtime::spec_method::draft) ms.push_back({"d", &d, &tok, 0, 6, 128});
       runtime::engine e(ms, {.threads = 2, .max_batch_tokens = 64, .prefill_chunk = 16});
       std::vector<std::shared_ptr<runtime::request_handle>> hs;
       for (const auto& p : prompts) hs.push_back(e.submit({"m", p, greedy(60)}));
@@ -196,7 +194,7 @@ TEST_SUITE("engine") {
       // A stop string inside what speculation would accept: the text ends before it.
       const auto want = alone(m, tok, prompts[0], 60);
       const std::string text = tok.decode(want, false);
-      const std::string stop = text.substr(text.size() / 2, 4);
+      const std::string stop(std::string_view(text).substr(text.size() / 2, 4));
       auto p = greedy(60);
       p.stop = {stop};
       auto h = e.submit({"m", prompts[0], p});
@@ -204,7 +202,7 @@ TEST_SUITE("engine") {
       runtime::piece pc;
       while (h->next(&pc, std::chrono::seconds(60))) got += pc.text;
       CHECK(h->finished() == runtime::finish_reason::stop);
-      CHECK(got == text.substr(0, text.find(stop)));
+      CHECK(got == std::string_view(text).substr(0, text.find(stop)));
       e.drain();
     }
   }
