@@ -11,6 +11,16 @@ std::vector<int32_t> tokenize_prompt(const runtime::served_model& m, const std::
   return m.tokenizer->encode(text, m.tokenizer->add_bos(), /*parse_special=*/true);
 }
 
+std::vector<int32_t> tokenize_prediction(const runtime::served_model& m, const std::string& text) {
+  // Text the answer continues into: no BOS, and special-token texts stay text.
+  auto ids = m.tokenizer->encode(text, false, false);
+  if (static_cast<int64_t>(ids.size()) > m.entry->context)
+    throw bad_request("the prediction is " + std::to_string(ids.size()) + " tokens, more than the " + std::to_string(m.entry->context) +
+                          " of model `" + m.name() + "`'s context",
+                      "prediction.content");
+  return ids;
+}
+
 std::vector<int32_t> tokenize_chat(const runtime::served_model& m, std::span<const models::chat_message> messages) {
   const std::string text = models::apply_chat_template(m.chat, messages, /*add_generation_prompt=*/true);
   // A template that writes BOS itself must not get a second one from the tokenizer.

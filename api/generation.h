@@ -19,6 +19,9 @@ namespace tandem::api {
 // A raw prompt: BOS as the model wants it, special-token texts parsed (as llama.cpp does for
 // prompts, so clients can write a model's FIM or chat markers themselves).
 std::vector<int32_t> tokenize_prompt(const runtime::served_model& m, const std::string& text);
+// OpenAI's predicted output: no BOS, special-token texts not parsed; 400 naming
+// prediction.content when it is longer than the model's context.
+std::vector<int32_t> tokenize_prediction(const runtime::served_model& m, const std::string& text);
 // Messages in the model's chat template, ending with the assistant's turn.
 std::vector<int32_t> tokenize_chat(const runtime::served_model& m, std::span<const models::chat_message> messages);
 

@@ -32,6 +32,9 @@ struct parsed_generation {
   bool max_tokens_given = false;  // the request bounded max_tokens itself
   bool stream = false;
   bool include_usage = false;  // OpenAI stream_options.include_usage
+  // OpenAI's predicted output (prediction.content), as text: the route tokenizes it with the
+  // model's tokenizer (no BOS) into params.prediction.
+  std::optional<std::string> prediction;
 };
 
 }  // namespace tandem::api

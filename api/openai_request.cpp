@@ -45,7 +45,9 @@ constexpr std::string_view k_common_keys[] = {"model",
                                               "id_slot",
                                               "n_probs",
                                               "reasoning_effort",
-                                              "modalities"};
+                                              "modalities",
+                                              "prediction",
+                                              "speculate"};
 constexpr std::string_view k_completion_keys[] = {"prompt", "suffix", "echo", "best_of"};
 constexpr std::string_view k_chat_keys[] = {"messages",  "max_completion_tokens", "top_logprobs", "tools",
                                             "functions", "tool_choice",           "function_call"};
@@ -145,6 +147,24 @@ void reject_unsupported_common(const json& body) {
       if (m != "text") throw bad_request("only the \"text\" modality is supported", "modalities");
 }
 
+std::string read_content_parts(const json& parts, const std::string& msg_path);
+
+// OpenAI's predicted outputs: {type: "content", content: text or text parts}.
+std::optional<std::string> read_prediction(const json& body) {
+  const json* v = find_field(body, "prediction");
+  if (!v || v->is_null()) return std::nullopt;
+  if (!v->is_object()) throw bad_request("'prediction' must be an object {\"type\": \"content\", \"content\": ...}", "prediction");
+  constexpr std::string_view keys[] = {"type", "content"};
+  reject_unknown_keys(*v, keys, "prediction");
+  const std::string type = require_string(*v, "type", "prediction");
+  if (type != "content") throw bad_request("'prediction.type' must be \"content\", got '" + type + "'", "prediction.type");
+  const json* c = find_field(*v, "content");
+  if (!c) throw bad_request("'prediction.content' is required", "prediction.content");
+  if (c->is_string()) return c->get<std::string>();
+  if (c->is_array()) return read_content_parts(*c, "prediction");
+  throw bad_request("'prediction.content' must be a string or an array of text parts", "prediction.content");
+}
+
 void read_common(const json& body, parsed_generation& g) {
   g.model = read_model(body);
   read_sampling(body, g.params.sampling);
@@ -153,6 +173,9 @@ void read_common(const json& body, parsed_generation& g) {
   g.params.stop_at_eog = !optional_bool(body, "ignore_eos").value_or(false);
   read_stream(body, g);
   reject_unsupported_common(body);
+  g.prediction = read_prediction(body);
+  // tandem's extra: no speculation for this request (the model's speculate: setting otherwise).
+  if (auto v = optional_bool(body, "speculate")) g.params.speculate = *v;
 }
 
 // [int]: token ids, non-empty, each in [0, INT32_MAX].

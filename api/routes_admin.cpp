@@ -65,7 +65,19 @@ json admin_model(server_context& ctx, const runtime::served_model& m, const memo
       {"swap_ins", st.swap_ins},
       {"swap_outs", st.swap_outs},
       {"last_swap_in_seconds", st.last_swap_in_seconds},
-      {"preemptions", st.preemptions}};
+      {"preemptions", st.preemptions},
+      {"speculation",
+       {{"method", configs::speculate_method_name(m.entry->speculate.method)},
+        {"max_tokens", m.entry->speculate.max_tokens},
+        {"draft", st.draft.empty() ? json(nullptr) : json(st.draft)},
+        {"proposed", st.spec_proposed},
+        {"accepted", st.spec_accepted},
+        {"acceptance_rate",
+         st.spec_proposed > 0 ? json(static_cast<double>(st.spec_accepted) / static_cast<double>(st.spec_proposed)) : json(nullptr)},
+        {"verifying_passes", st.spec_passes},
+        {"tokens_per_pass", st.spec_passes > 0 ? json(static_cast<double>(st.spec_tokens) / static_cast<double>(st.spec_passes)) : json(nullptr)},
+        {"draft_seconds", st.draft_seconds},
+        {"draft_speedup", st.draft_speedup > 0 ? json(st.draft_speedup) : json(nullptr)}}}};
 }
 
 http_response ok_json(const json& j) {

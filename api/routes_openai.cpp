@@ -24,6 +24,8 @@ struct openai_state {
   std::string id, model;
   int64_t created = unix_seconds();
   bool stream = false, include_usage = false, sent_role = false;
+  bool predicted = false;  // the request gave a prediction: its tokens' fate goes in the usage
+  std::shared_ptr<runtime::request_handle> handle;
   std::string text;  // the whole answer (not streamed)
   request_clock clock;
   openai_state(server_context& ctx, dialect k, std::string m, int64_t prompt_tokens, request_clock::clock::time_point arrived)
@@ -33,9 +35,17 @@ struct openai_state {
         clock(ctx, model, k == dialect::chat ? "chat" : "completions", prompt_tokens, arrived) {}
 
   json usage() const {
-    return {{"prompt_tokens", clock.prompt_tokens()},
-            {"completion_tokens", clock.generated()},
-            {"total_tokens", clock.prompt_tokens() + clock.generated()}};
+    json u{{"prompt_tokens", clock.prompt_tokens()},
+           {"completion_tokens", clock.generated()},
+           {"total_tokens", clock.prompt_tokens() + clock.generated()}};
+    // As OpenAI reports predicted outputs: predicted tokens that were kept, and those that
+    // were proposed and not (they cost a row of a pass each).
+    if (predicted && handle) {
+      const auto sp = handle->speculation();
+      u["completion_tokens_details"] = {
+          {"reasoning_tokens", 0}, {"accepted_prediction_tokens", sp.accepted}, {"rejected_prediction_tokens", sp.proposed - sp.accepted}};
+    }
+    return u;
   }
   json chunk(json choice) const {
     json c{{"id", id},
@@ -146,20 +156,28 @@ route_result handle_completions(server_context& ctx, const http_request& r) {
   } else {
     prompt = tokenize_prompt(m, req.prompt.value_or(""));
   }
-  auto sub = submit_generation(ctx, m, std::move(prompt), req.params);
+  auto params = req.params;
+  if (req.prediction) params.prediction = tokenize_prediction(m, *req.prediction);
+  auto sub = submit_generation(ctx, m, std::move(prompt), std::move(params));
   auto st = std::make_shared<openai_state>(ctx, dialect::completion, m.name(), sub.prompt_tokens, r.received_at);
   st->stream = req.stream;
   st->include_usage = req.include_usage;
+  st->predicted = req.prediction.has_value();
+  st->handle = sub.handle;
   return make_stream(ctx, std::move(sub), st);
 }
 
 route_result handle_chat_completions(server_context& ctx, const http_request& r) {
   const auto req = parse_chat_request(parse_json_object(r), limits_of(ctx));
   const auto& m = resolve_model(ctx, req.model);
-  auto sub = submit_generation(ctx, m, tokenize_chat(m, req.messages), req.params);
+  auto params = req.params;
+  if (req.prediction) params.prediction = tokenize_prediction(m, *req.prediction);
+  auto sub = submit_generation(ctx, m, tokenize_chat(m, req.messages), std::move(params));
   auto st = std::make_shared<openai_state>(ctx, dialect::chat, m.name(), sub.prompt_tokens, r.received_at);
   st->stream = req.stream;
   st->include_usage = req.include_usage;
+  st->predicted = req.prediction.has_value();
+  st->handle = sub.handle;
   return make_stream(ctx, std::move(sub), st);
 }
 

@@ -49,6 +49,8 @@ route_result handle_metrics(server_context& ctx, const http_request&) {
       grow("tandem_prefix_cache_queries_total", name, static_cast<double>(st.prefix_queries));
       grow("tandem_prefix_cache_hits_total", name, static_cast<double>(st.prefix_hits));
       grow("tandem_preemptions_total", name, static_cast<double>(st.preemptions));
+      grow("tandem_spec_proposed_tokens_total", name, static_cast<double>(st.spec_proposed));
+      grow("tandem_spec_accepted_tokens_total", name, static_cast<double>(st.spec_accepted));
       grow("tandem_swap_ins_total", name, static_cast<double>(st.swap_ins));
       grow("tandem_swap_in_bytes_total", name, static_cast<double>(st.swap_in_bytes));
       grow("tandem_swap_in_seconds_total", name, st.swap_in_seconds);

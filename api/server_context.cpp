@@ -32,6 +32,9 @@ server_context::server_context(runtime::served_roster& s, const configs::server_
   m.declare("tandem_prefix_cache_queries_total", "Admissions that looked up the prefix cache.", metric_type::counter);
   m.declare("tandem_prefix_cache_hits_total", "Admissions that reused cached prefix blocks.", metric_type::counter);
   m.declare("tandem_preemptions_total", "Sequences preempted (KV swapped out or dropped).", metric_type::counter);
+  m.declare("tandem_spec_proposed_tokens_total", "Tokens proposed for verification (speculative decoding: n-gram, prediction, draft).",
+            metric_type::counter);
+  m.declare("tandem_spec_accepted_tokens_total", "Proposed tokens the model's own sampling kept.", metric_type::counter);
   m.declare("tandem_swap_ins_total", "Weight loads to the device.", metric_type::counter);
   m.declare("tandem_swap_in_bytes_total", "Weight bytes loaded to the device.", metric_type::counter);
   m.declare("tandem_swap_in_seconds_total", "Seconds weight loads took until every segment was resident.", metric_type::counter);

@@ -73,6 +73,15 @@ const bad_request_case k_common_bad[] = {
     {R"({"user": 5})", "user", "string"},
     {R"({"store": "no"})", "store", "boolean"},
     {R"({"id_slot": "a"})", "id_slot", "integer"},
+    {R"({"prediction": "text"})", "prediction", "object"},
+    {R"({"prediction": {"content": "x"}})", "prediction.type", "required"},
+    {R"({"prediction": {"type": "text", "content": "x"}})", "prediction.type", "\"content\""},
+    {R"({"prediction": {"type": "content"}})", "prediction.content", "required"},
+    {R"({"prediction": {"type": "content", "content": 5}})", "prediction.content", "string or an array"},
+    {R"({"prediction": {"type": "content", "content": [{"type": "image_url"}]}})", "prediction.content", "only text"},
+    {R"({"prediction": {"type": "content", "content": "x", "extra": 1}})", "prediction.extra", "Unrecognized"},
+    {R"({"speculate": "no"})", "speculate", "boolean"},
+    {R"({"speculate": 0})", "speculate", "boolean"},
 };
 
 // body + the fields of `extra` (which win on a clash).
@@ -157,6 +166,17 @@ TEST_SUITE("openai_request") {
           doctest::Approx(1.5f));
     // Streaming without options: no usage chunk.
     CHECK_FALSE(completion(R"({"model": "m", "prompt": "p", "stream": true})").include_usage);
+  }
+
+  TEST_CASE("predicted outputs and speculate: read from both routes") {
+    const auto g = completion(R"({"model": "m", "prompt": "p", "prediction": {"type": "content", "content": "int x = 1;"}, "speculate": false})");
+    CHECK(g.prediction == "int x = 1;");
+    CHECK_FALSE(g.params.speculate);
+    const auto c = chat(
+        R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "prediction": {"type": "content", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}})");
+    CHECK(c.prediction == "ab");
+    CHECK(c.params.speculate);
+    CHECK_FALSE(chat(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "prediction": null, "speculate": null})").prediction);
   }
 
   TEST_CASE("null counts as absent for every optional field") {

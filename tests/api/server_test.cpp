@@ -286,6 +286,77 @@ TEST_SUITE("server") {
     check_clean(f);
   }
 
+  TEST_CASE("predicted outputs: the same answer, its tokens counted in the usage as OpenAI does, and in /admin/models and /metrics") {
+    tandem::test::served_fixture f;
+    const json base{{"model", "stories"},
+                    {"messages", json::array({{{"role", "user"}, {"content", "Tell me a story"}}})},
+                    {"max_tokens", 40},
+                    {"temperature", 0}};
+    const auto plain = http_call(f.port, "POST", "/v1/chat/completions", base.dump());
+    REQUIRE(plain.status == 200);
+    const std::string answer = json::parse(plain.body)["choices"][0]["message"]["content"];
+    CHECK_FALSE(json::parse(plain.body)["usage"].contains("completion_tokens_details"));
+    // The answer itself, with a wrong ending: most of it accepted, some of it rejected.
+    json req = base;
+    req["prediction"] = {{"type", "content"}, {"content", answer.substr(0, answer.size() / 2) + " and then a dragon ate the moon"}};
+    const auto r = http_call(f.port, "POST", "/v1/chat/completions", req.dump());
+    REQUIRE(r.status == 200);
+    const auto j = json::parse(r.body);
+    CHECK(j["choices"][0]["message"]["content"] == answer);
+    const auto& d = j["usage"]["completion_tokens_details"];
+    CHECK(d["accepted_prediction_tokens"].get<int>() > 0);
+    CHECK(d["rejected_prediction_tokens"].get<int>() >= 0);
+    CHECK(d["accepted_prediction_tokens"].get<int>() <= j["usage"]["completion_tokens"].get<int>());
+    // Streamed, on /v1/completions, and with speculation turned off: the same text.
+    json off = req;
+    off["speculate"] = false;
+    const auto o = json::parse(http_call(f.port, "POST", "/v1/chat/completions", off.dump()).body);
+    CHECK(o["choices"][0]["message"]["content"] == answer);
+    CHECK(o["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] == 0);
+    json stream = req;
+    stream["stream"] = true;
+    stream["stream_options"] = {{"include_usage", true}};
+    bool done = false;
+    const auto events = sse_events(http_call(f.port, "POST", "/v1/chat/completions", stream.dump()).body, &done);
+    CHECK(done);
+    REQUIRE_FALSE(events.empty());
+    std::string joined;
+    for (const json& ev : events) {
+      if (ev["choices"].empty() || !ev["choices"][0]["delta"].contains("content")) continue;
+      const std::string piece = ev["choices"][0]["delta"]["content"];
+      joined += piece;
+    }
+    CHECK(joined == answer);
+    CHECK(events.back()["usage"]["completion_tokens_details"]["accepted_prediction_tokens"].get<int>() > 0);
+    const json comp{{"model", "stories"}, {"prompt", "Once upon a time"}, {"max_tokens", 30}, {"temperature", 0}};
+    const std::string text = json::parse(http_call(f.port, "POST", "/v1/completions", comp.dump()).body)["choices"][0]["text"];
+    json pc = comp;
+    pc["prediction"] = {{"type", "content"}, {"content", text}};
+    const auto pj = json::parse(http_call(f.port, "POST", "/v1/completions", pc.dump()).body);
+    CHECK(pj["choices"][0]["text"] == text);
+    CHECK(pj["usage"]["completion_tokens_details"]["accepted_prediction_tokens"].get<int>() > 10);
+    // Longer than the model's context: refused, naming the field.
+    std::string huge;
+    for (int i = 0; i < 400; ++i) huge += "and the dog ran ";
+    json big = base;
+    big["prediction"] = {{"type", "content"}, {"content", huge}};
+    const auto b = http_call(f.port, "POST", "/v1/chat/completions", big.dump());
+    CHECK(b.status == 400);
+    CHECK(json::parse(b.body)["error"]["param"] == "prediction.content");
+
+    const auto spec = model_entry(f.port, "stories")["speculation"];
+    CHECK(spec["method"] == "off");
+    CHECK(spec["draft"].is_null());
+    CHECK(spec["proposed"].get<int>() > 0);
+    CHECK(spec["accepted"].get<int>() > 0);
+    CHECK(spec["acceptance_rate"].get<double>() > 0);
+    CHECK(spec["tokens_per_pass"].get<double>() > 1);
+    const auto metrics = http_call(f.port, "GET", "/metrics").body;
+    CHECK(metrics.find("# TYPE tandem_spec_proposed_tokens_total counter") != std::string::npos);
+    CHECK(metrics.find("tandem_spec_accepted_tokens_total{model=\"stories\"} " + std::to_string(spec["accepted"].get<int>())) != std::string::npos);
+    check_clean(f);
+  }
+
   TEST_CASE("admin: evict, load, pin and unpin, visible in /admin/models and /metrics") {
     tandem::test::served_fixture f;
     CHECK(model_entry(f.port, "stories")["state"] == "device");
