@@ -45,6 +45,27 @@ struct tokenizer::state {
     pre->split(clean, words);
     for (auto w : words) bpe->encode_word(w, out);
   }
+
+  // Special tokens first: scan left to right, longest special token at each position; the
+  // text between them is tokenized normally, with SPM's space prefix (when `space_prefix`)
+  // on the first run and on runs after a special token.
+  void encode_runs(std::string_view text, bool parse_special, bool space_prefix, std::vector<int32_t>& out) const {
+    bool after_special = space_prefix;
+    size_t run_start = 0;
+    for (size_t pos = 0; pos < text.size();) {
+      const auto id = voc.match_special(text, pos, parse_special);
+      if (!id) {
+        ++pos;
+        continue;
+      }
+      if (pos > run_start) encode_text(text.substr(run_start, pos - run_start), after_special, out);
+      out.push_back(*id);
+      after_special = space_prefix;
+      pos += voc.text(*id).size();
+      run_start = pos;
+    }
+    if (run_start < text.size()) encode_text(text.substr(run_start), after_special, out);
+  }
 };
 
 namespace {
@@ -112,48 +133,14 @@ std::vector<int32_t> tokenizer::encode(std::string_view text, bool add_bos, bool
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 2);
   if (add_bos && s_->voc.bos() >= 0) out.push_back(s_->voc.bos());
-
-  // Special tokens first: scan left to right, longest special token at each position;
-  // the text between them is tokenized normally.
-  bool after_special = true;
-  size_t run_start = 0;
-  for (size_t pos = 0; pos < text.size();) {
-    const auto id = s_->voc.match_special(text, pos, parse_special);
-    if (!id) {
-      ++pos;
-      continue;
-    }
-    if (pos > run_start) {
-      s_->encode_text(text.substr(run_start, pos - run_start), after_special, out);
-    }
-    out.push_back(*id);
-    after_special = true;
-    pos += s_->voc.text(*id).size();
-    run_start = pos;
-    continue;
-  }
-  if (run_start < text.size()) s_->encode_text(text.substr(run_start), after_special, out);
+  s_->encode_runs(text, parse_special, true, out);
   return out;
 }
 
 std::vector<int32_t> tokenizer::encode_continuation(std::string_view text) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 1);
-  // Only USER_DEFINED tokens are matched (as encode always does); runs between them continue
-  // the text, so none takes the space prefix.
-  size_t run_start = 0;
-  for (size_t pos = 0; pos < text.size();) {
-    const auto id = s_->voc.match_special(text, pos, false);
-    if (!id) {
-      ++pos;
-      continue;
-    }
-    if (pos > run_start) s_->encode_text(text.substr(run_start, pos - run_start), false, out);
-    out.push_back(*id);
-    pos += s_->voc.text(*id).size();
-    run_start = pos;
-  }
-  if (run_start < text.size()) s_->encode_text(text.substr(run_start), false, out);
+  s_->encode_runs(text, false, false, out);  // runs continue the text: no space prefix
   return out;
 }
 
