@@ -69,6 +69,7 @@ json admin_model(server_context& ctx, const runtime::served_model& m, const memo
       {"speculation",
        {{"method", configs::speculate_method_name(m.entry->speculate.method)},
         {"max_tokens", m.entry->speculate.max_tokens},
+        {"ngram_cache", m.entry->speculate.cache},
         {"draft", st.draft.empty() ? json(nullptr) : json(st.draft)},
         {"proposed", st.spec_proposed},
         {"accepted", st.spec_accepted},

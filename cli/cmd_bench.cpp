@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -15,6 +16,7 @@
 #include "bench/gpu_bench.h"
 #include "bench/http_load.h"
 #include "bench/serve_bench.h"
+#include "bench/spec_bench.h"
 #include "bench/swap_bench.h"
 #include "cli/command_registry.h"
 #include "configs/roster_loader.h"
@@ -197,6 +199,63 @@ void add_http_command(CLI::App& bench_cmd) {
   });
 }
 
+// Reads a whole text file (a prompt, a prediction) or throws naming it.
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void add_spec_command(CLI::App& bench_cmd) {
+  struct spec_args {
+    bench::spec_bench_options opt;
+    std::string prompt_file, prediction_file;
+    bool ngram = false, prediction = false, raw = false, json = false;
+  };
+  auto a = std::make_shared<spec_args>();
+  auto* cmd = bench_cmd.add_subcommand("spec", "Measure speculative decoding: plain and speculative greedy decode of the same request, alternating");
+  cmd->add_option("-m,--model", a->opt.model_path, "the target's GGUF model file")->required()->check(CLI::ExistingFile);
+  auto* draft =
+      cmd->add_option("--draft", a->opt.draft_path, "speculate with this draft model (another vocabulary is fine)")->check(CLI::ExistingFile);
+  auto* ngram = cmd->add_flag("--ngram", a->ngram, "speculate by n-gram lookup over the sequence's own tokens");
+  auto* pred = cmd->add_flag("--prediction", a->prediction,
+                             "speculate from a predicted output (OpenAI's prediction): --prediction-file, else the prompt's first ``` block");
+  draft->excludes(ngram, pred);
+  ngram->excludes(pred);
+  cmd->add_option("-p,--prompt-file", a->prompt_file,
+                  "the request's text (default: a code-editing request for --prediction, a code-generation one otherwise)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--prediction-file", a->prediction_file, "the predicted output for --prediction")->check(CLI::ExistingFile)->needs(pred);
+  cmd->add_flag("--raw", a->raw, "feed the prompt as it is (default: a user message in the model's chat template, when it has one)");
+  cmd->add_option("-n,--gen", a->opt.gen, "tokens to generate per run (fewer when the model ends its answer)")
+      ->check(CLI::Range(int64_t{2}, models::k_max_context))
+      ->capture_default_str();
+  cmd->add_option("--draft-max", a->opt.max_draft, "proposals verified in one pass, at most")
+      ->check(CLI::Range(int64_t{1}, int64_t{32}))
+      ->capture_default_str();
+  cmd->add_flag("!--fixed-length", a->opt.cost_aware,
+                "with --draft: guess the whole window every pass (default: only as many guesses as pay at the measured acceptance and cost)")
+      ->needs(draft);
+  cmd->add_option("-r,--reps", a->opt.reps, "timed repetitions of each side (after one untimed warm-up)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  cmd->add_option("-t,--threads", a->opt.threads, "threads (0: all cores)")->check(CLI::Range(0, 1024))->capture_default_str();
+  cmd->add_flag("--json", a->json, "print one JSON object instead of the table");
+  cmd->callback([a] {
+    auto& o = a->opt;
+    if (a->ngram + a->prediction + !o.draft_path.empty() != 1)
+      throw std::runtime_error("bench spec: give one of --draft FILE, --ngram and --prediction");
+    o.method = a->ngram ? bench::spec_bench_method::ngram : a->prediction ? bench::spec_bench_method::prediction : bench::spec_bench_method::draft;
+    if (!a->prompt_file.empty()) o.prompt = read_text_file(a->prompt_file);
+    if (!a->prediction_file.empty()) o.prediction = read_text_file(a->prediction_file);
+    o.chat = !a->raw;
+    const auto r = bench::run_spec_bench(o);
+    const std::string out = a->json ? bench::to_json(r).dump() + "\n" : bench::format_table(r);
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fflush(stdout);
+  });
+}
+
 void add_gpu_command(CLI::App& bench_cmd) {
   struct gpu_args {
     bench::gpu_bench_options opt;
@@ -262,12 +321,15 @@ void add_gpu_command(CLI::App& bench_cmd) {
 void add_bench_command(CLI::App& root) {
   auto a = std::make_shared<bench_args>();
   auto& p = a->opt.params;
-  auto* cmd = root.add_subcommand("bench", "Measure prefill, decode and batched-decode throughput of a GGUF model (CPU); `bench swap`: a swap-in");
+  auto* cmd = root.add_subcommand("bench",
+                                  "Measure prefill, decode and batched-decode throughput of a GGUF model (CPU); subcommands measure swaps, serving, "
+                                  "HTTP, the GPU and speculation");
   cmd->require_subcommand(0, 1);
   add_swap_command(*cmd);
   add_serve_command(*cmd);
   add_http_command(*cmd);
   add_gpu_command(*cmd);
+  add_spec_command(*cmd);
   cmd->add_option("-m,--model", a->opt.model_path, "GGUF model file")->check(CLI::ExistingFile);
   cmd->add_option("-t,--threads", a->opt.threads, "threads (0: all cores)")->check(CLI::Range(0, 1024))->capture_default_str();
   cmd->add_option("-p,--prompt", p.prompt, "prefill: prompt tokens")->check(CLI::Range(int64_t{1}, models::k_max_context))->capture_default_str();
@@ -308,7 +370,9 @@ void add_bench_command(CLI::App& root) {
                 "decode with a pool job per step and also with one team job per layer (the default), alternating repetitions, and report the ratio");
   cmd->add_flag("--json", a->json, "print one JSON object instead of the table");
   cmd->callback([a, cmd] {
-    if (cmd->got_subcommand("swap") || cmd->got_subcommand("serve") || cmd->got_subcommand("http") || cmd->got_subcommand("gpu")) return;
+    if (cmd->got_subcommand("swap") || cmd->got_subcommand("serve") || cmd->got_subcommand("http") || cmd->got_subcommand("gpu") ||
+        cmd->got_subcommand("spec"))
+      return;
     if (a->opt.model_path.empty()) throw std::runtime_error("bench: -m/--model is required");
     run_bench_command(*a);
   });

@@ -1,5 +1,6 @@
 // `tandem run`: generate text from a GGUF model on the CPU (or a CUDA device with --gpu), one request
-// through a one-model engine. Only the generated text goes to stdout; one line of timings to stderr.
+// through a one-model engine (two with --draft: the draft proposes, the target verifies). Only the generated text goes to stdout; one line of timings
+// to stderr.
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -23,6 +24,7 @@
 #include "models/model.h"
 #include "models/tokenizer.h"
 #include "models/weight_plan.h"
+#include "runtime/draft_mirror.h"
 #include "runtime/engine.h"
 #include "runtime/placement.h"
 
@@ -49,6 +51,12 @@ struct run_args {
   bool no_stream = false;
   int prefetch_depth = 2;
   bool gpu = false;  // the CUDA forward pass, weights resident in VRAM
+  // Speculative decoding: a draft model's guesses (--draft) or n-gram lookup (--draft-ngram),
+  // at most draft_max verified per pass.
+  std::string draft;
+  bool draft_ngram = false;
+  int64_t draft_max = 8;
+  bool draft_max_given = false;
 };
 
 // A CLI11 validator for byte sizes ("22GiB", "512MiB", "4096").
@@ -84,11 +92,58 @@ std::vector<int32_t> build_prompt(const run_args& a, const models::model& m, con
   return tok.encode(text, tok.add_bos() && !models::renders_bos(tmpl.kind), /*parse_special=*/true);
 }
 
+// Puts one model of the run under the arbiter (--vram, --gpu) and points its engine entry at it.
+std::unique_ptr<runtime::placed_model> place_for_run(const run_args& a, const models::model& m, const std::string& name, int64_t n_ctx,
+                                                     uint64_t device_bytes, int64_t pass_rows, runtime::engine_model& em) {
+  runtime::placement_options po;
+  po.backend.kind = a.gpu ? memory::backend_kind::cuda : memory::backend_kind::cpu;
+  po.backend.link_gbps = a.link_gbps;
+  po.device_bytes = device_bytes;
+  po.host_bytes = a.host_ram.value_or((m.plan().total_bytes() + (64 << 20)));
+  po.allow_streaming = !a.no_stream;
+  po.prefetch_depth = a.prefetch_depth;
+  po.n_ctx = n_ctx;
+  po.kv = em.kv;
+  po.kv_rotate = em.kv_rotate;
+  po.max_batch = pass_rows;
+  po.wait = a.gpu;
+  auto placed = runtime::place_model(m, name, po);
+  const auto info = placed->backend->info();
+  cli::logger().info("{}: backend {}{}", name, info.name,
+                     info.link_gbps > 0 ? fmt::format(", host<->device link {:.1f} GB/s (simulated)", info.link_gbps) : std::string());
+  cli::logger().info("{}: device {} / host {}: {} of {} segments on the device, {} staged on the host{}", name,
+                     configs::format_byte_size(po.device_bytes), configs::format_byte_size(po.host_bytes), placed->on_device, placed->segments,
+                     placed->staged,
+                     placed->stream_slots > 0
+                         ? fmt::format(", the rest streamed through {} stream slot{}", placed->stream_slots, placed->stream_slots == 1 ? "" : "s")
+                         : std::string());
+  em.residency = placed->residency.get();
+  em.kv_pool = placed->kv.get();
+  if (a.gpu) em.placement = placed->residency.get();  // its arbiter's backend picks the CUDA forward pass
+  if (placed->scratch) em.scratch = placed->scratch->data;
+  return placed;
+}
+
+// Device memory a draft needs to sit wholly on the device beside its target: its weights,
+// its KV cache and its activations, with a margin for what a GPU pass takes besides.
+uint64_t draft_device_bytes(const models::model& d, int64_t n_ctx, const runtime::engine_model& em, int64_t pass_rows) {
+  models::context_params cp;
+  cp.n_ctx = n_ctx;
+  cp.kv = em.kv;
+  cp.kv_rotate = em.kv_rotate;
+  cp.max_batch = pass_rows;
+  constexpr int64_t bt = 16;  // placement_options::kv_block_tokens
+  const uint64_t kv = models::kv_bytes_per_token(d.config(), em.kv) * static_cast<uint64_t>((n_ctx + bt - 1) / bt * bt);
+  return d.plan().total_bytes() + kv + models::forward_context::scratch_bytes(d.config(), cp) + (64ull << 20);
+}
+
 void run(const run_args& a) {
   if (a.prompt.empty() == a.chat.empty()) throw std::runtime_error("give exactly one of -p/--prompt and --chat");
   if (!a.vram && (a.host_ram || a.link_gbps > 0 || a.no_stream || a.prefetch_depth != 2))
     throw std::runtime_error("--host-ram, --link-gbps, --no-stream and --prefetch-depth need --vram");
   if (a.gpu && a.vram) throw std::runtime_error("--gpu and --vram cannot be combined (--vram budgets the CPU backend's simulated device)");
+  if (!a.draft.empty() && a.draft_ngram) throw std::runtime_error("--draft and --draft-ngram cannot be combined: give one proposer");
+  if (a.draft_max_given && a.draft.empty() && !a.draft_ngram) throw std::runtime_error("--draft-max needs --draft FILE or --draft-ngram");
   // Without --gpu, `run` computes on the CPU backend (with --vram too: its kernels read the
   // device tier directly); say once whether a GPU was there to be asked for.
   const auto cuda = kernels::probe_cuda();
@@ -111,6 +166,16 @@ void run(const run_args& a) {
   cli::logger().info("loaded {} ({}, {} layers, {:.1f} MiB) in {:.2f} s", a.model, models::architecture_name(m.config().arch), m.config().n_layer,
                      m.weight_bytes() / 1048576.0, std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count());
 
+  std::unique_ptr<models::model> draft;
+  std::optional<models::tokenizer> draft_tok;
+  if (!a.draft.empty()) {
+    draft = std::make_unique<models::model>(a.draft, lo);
+    draft_tok = models::tokenizer::from_gguf(draft->file());
+    models::check_tokenizer_matches(*draft_tok, draft->config(), a.draft);
+    cli::logger().info("draft {} ({}, {:.1f} MiB){}", a.draft, models::architecture_name(draft->config().arch), draft->weight_bytes() / 1048576.0,
+                       runtime::same_vocabulary(tok, *draft_tok) ? "" : ", another vocabulary: its guesses pass through text");
+  }
+
   const auto prompt = build_prompt(a, m, tok);
   // Without --ctx-size the cache holds exactly what this run needs (prompt + tokens to
   // generate, or 4096 when generating until the end), never more than the training context.
@@ -131,41 +196,44 @@ void run(const run_args& a) {
   em.context = n_ctx;
   em.kv = kv;
   em.kv_rotate = kv_rotate;
-  std::unique_ptr<runtime::placed_model> placed;
+  if (a.draft_ngram) em.speculate = {runtime::spec_method::ngram, a.draft_max};
+  // The draft: one sequence slot mirroring the request's; another vocabulary may spell the same
+  // text in several times the tokens.
+  runtime::engine_model dm;
+  int64_t draft_ctx = 0;
+  if (draft) {
+    std::string dname = std::filesystem::path(a.draft).stem().string();
+    if (dname == name) dname += "-draft";
+    em.speculate = {runtime::spec_method::draft, a.draft_max};
+    em.draft = dname;
+    draft_ctx = std::min(models::k_max_context, runtime::same_vocabulary(tok, *draft_tok) ? n_ctx : 4 * n_ctx);
+    dm = {dname, draft.get(), &*draft_tok, 0, 1, draft_ctx};
+    dm.kv = kv;
+    dm.kv_rotate = kv_rotate;
+  }
+  std::unique_ptr<runtime::placed_model> placed, placed_draft;
   if (a.vram || a.gpu) {
-    runtime::placement_options po;
-    po.backend.kind = a.gpu ? memory::backend_kind::cuda : memory::backend_kind::cpu;
-    po.backend.link_gbps = a.link_gbps;
+    // The draft wholly on the device beside the target: on a GPU its room comes out of the
+    // device's; with --vram (a simulated device) it gets a budget of its own, the target keeps --vram.
+    const uint64_t draft_bytes = draft ? draft_device_bytes(*draft, draft_ctx, dm, k_pass_rows) : 0;
     // --gpu: the device's memory, less a margin for the CUDA context and cuBLAS.
-    po.device_bytes = a.gpu ? cuda.devices[0].total_bytes / 10 * 9 : *a.vram;
-    po.host_bytes = a.host_ram.value_or((m.plan().total_bytes() + (64 << 20)));
-    po.allow_streaming = !a.no_stream;
-    po.prefetch_depth = a.prefetch_depth;
-    po.n_ctx = n_ctx;
-    po.kv = kv;
-    po.kv_rotate = kv_rotate;
-    po.max_batch = k_pass_rows;
-    po.wait = a.gpu;
-    placed = runtime::place_model(m, name, po);
-    const auto info = placed->backend->info();
-    cli::logger().info("backend: {}{}", info.name,
-                       info.link_gbps > 0 ? fmt::format(", host<->device link {:.1f} GB/s (simulated)", info.link_gbps) : std::string());
-    cli::logger().info("device {} / host {}: {} of {} segments on the device, {} staged on the host{}", configs::format_byte_size(po.device_bytes),
-                       configs::format_byte_size(po.host_bytes), placed->on_device, placed->segments, placed->staged,
-                       placed->stream_slots > 0
-                           ? fmt::format(", the rest streamed through {} stream slot{}", placed->stream_slots, placed->stream_slots == 1 ? "" : "s")
-                           : std::string());
-    em.residency = placed->residency.get();
-    em.kv_pool = placed->kv.get();
-    if (a.gpu) em.placement = placed->residency.get();  // its arbiter's backend picks the CUDA forward pass
-    if (placed->scratch) em.scratch = placed->scratch->data;
+    uint64_t device = a.gpu ? cuda.devices[0].total_bytes / 10 * 9 : *a.vram;
+    if (a.gpu && draft) {
+      if (draft_bytes >= device)
+        throw std::runtime_error("--draft: the draft needs " + configs::format_byte_size(draft_bytes) + ", more than the device has");
+      device -= draft_bytes;
+    }
+    placed = place_for_run(a, m, name, n_ctx, device, k_pass_rows, em);
+    if (draft) placed_draft = place_for_run(a, *draft, dm.name, draft_ctx, draft_bytes, k_pass_rows, dm);
   }
   runtime::engine_config ec;
   ec.threads = a.threads;
   ec.max_batch_tokens = k_pass_rows;
   ec.prefill_chunk = k_pass_rows;
   ec.prefix_cache = false;
-  runtime::engine eng({em}, ec);
+  std::vector<runtime::engine_model> entries{em};
+  if (draft) entries.push_back(dm);
+  runtime::engine eng(std::move(entries), ec);
 
   runtime::engine_request rq;
   rq.model = name;
@@ -199,6 +267,13 @@ void run(const run_args& a) {
     where = fmt::format("threads {}, {}", a.threads > 0 ? a.threads : kernels::cpu::default_thread_count(), kernels::cpu::active_path_name());
   std::fputc('\n', stdout);
   std::fflush(stdout);
+  if (em.speculate.method != runtime::spec_method::off) {
+    const auto sp = h->speculation();
+    const auto st = eng.stats(name);
+    where += fmt::format(" | speculation: {} of {} proposed tokens accepted ({:.0f}%), {:.2f} tokens per verifying pass", sp.accepted, sp.proposed,
+                         sp.proposed > 0 ? 100.0 * static_cast<double>(sp.accepted) / static_cast<double>(sp.proposed) : 0.0,
+                         st.spec_passes > 0 ? static_cast<double>(st.spec_tokens) / static_cast<double>(st.spec_passes) : 0.0);
+  }
   std::fprintf(stderr, "prompt: %lld tokens, %.1f tok/s | generated: %lld tokens, %.1f tok/s | %s\n", static_cast<long long>(prompt.size()),
                prompt_s > 0 ? static_cast<double>(prompt.size()) / prompt_s : 0.0, static_cast<long long>(generated),
                gen_s > 0 && generated > 1 ? static_cast<double>(generated - 1) / gen_s : 0.0, where.c_str());
@@ -252,6 +327,13 @@ void add_run_command(CLI::App& root) {
   cmd->add_option("--prefetch-depth", a->prefetch_depth, "with --vram: segments copied ahead of the one computing when streaming")
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
+  auto* draft = cmd->add_option("--draft", a->draft, "speculative decoding: a smaller model's guesses, verified (another vocabulary is fine)")
+                    ->check(CLI::ExistingFile);
+  cmd->add_flag("--draft-ngram", a->draft_ngram, "speculative decoding: guesses by n-gram lookup over the prompt and output")->excludes(draft);
+  cmd->add_option("--draft-max", a->draft_max, "speculative decoding: guesses verified in one pass, at most")
+      ->check(CLI::Range(int64_t{1}, int64_t{32}))
+      ->capture_default_str()
+      ->each([a](const std::string&) { a->draft_max_given = true; });
   cmd->add_flag("--gpu", a->gpu, "run on the CUDA device, the weights resident in its memory (CUDA builds)");
   cmd->add_option("--seed", a->seed, "random seed (default: random)")->each([a](const std::string&) { a->has_seed = true; });
   cmd->callback([a] { run(*a); });

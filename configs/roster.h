@@ -71,6 +71,7 @@ enum class speculate_method { off, ngram, draft };
 struct speculate_config {
   speculate_method method = speculate_method::off;  // default: draft when a draft is attached
   int max_tokens = 8;                               // proposals verified in one pass, at most
+  bool cache = false;                               // ngram: look in the model's recent outputs too
 };
 
 struct model_entry {

@@ -103,14 +103,17 @@ model_entry read_model(const reader& r, const YAML::Node& n, const std::string& 
   if (!m.draft.empty()) m.speculate.method = speculate_method::draft;
   if (const auto sp = n["speculate"]) {
     const std::string at = path + ".speculate";
-    if (!sp.IsMap()) r.fail(sp, at, "expected a mapping {method: ngram | draft | off, max_tokens: N}");
-    r.only_keys(sp, at, {"method", "max_tokens"});
+    if (!sp.IsMap()) r.fail(sp, at, "expected a mapping {method: ngram | draft | off, max_tokens: N, cache: BOOL}");
+    r.only_keys(sp, at, {"method", "max_tokens", "cache"});
     if (sp["method"])
       m.speculate.method = r.choice<speculate_method>(
           sp["method"], at + ".method", {{"off", speculate_method::off}, {"ngram", speculate_method::ngram}, {"draft", speculate_method::draft}});
     if (sp["max_tokens"]) m.speculate.max_tokens = static_cast<int>(r.integer(sp["max_tokens"], at + ".max_tokens", 1, 32));
+    if (sp["cache"]) m.speculate.cache = r.boolean(sp["cache"], at + ".cache");
     if (m.speculate.method == speculate_method::draft && m.draft.empty())
       r.fail(sp["method"] ? sp["method"] : sp, at + ".method", "draft speculation needs a draft model attached ('draft: NAME')");
+    if (m.speculate.cache && m.speculate.method != speculate_method::ngram)
+      r.fail(sp["cache"], at + ".cache", "the n-gram cache is for method: ngram");
   }
   if (n["medusa"]) m.medusa = r.string(n["medusa"], path + ".medusa");
   if (n["chat_template"]) m.chat_template = r.string(n["chat_template"], path + ".chat_template");

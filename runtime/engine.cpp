@@ -251,6 +251,10 @@ void engine::retire(served& s, active& a, finish_reason why, const std::string& 
   if (completed)
     if (auto rest = a.text.flush(); !rest.empty()) a.handle->push(-1, std::move(rest));
   if (s.draft) drop_mirror(s, a);
+  // Its output, for later requests' n-gram lookups (what a client hung up on counts too: the
+  // tokens were the model's).
+  if (s.cfg.speculate.method == spec_method::ngram && s.cfg.speculate.ngram_cache && a.generated > 0 && why != finish_reason::error)
+    s.recent.add(std::span<const int32_t>(a.history).last(std::min(a.history.size(), static_cast<size_t>(a.generated))));
   if (a.seq >= 0) {
     // A sequence that ran to its end, or was cancelled between passes (a client that hung
     // up, an infill cut off: the IDE's next keystroke starts with the same tokens), leaves its
@@ -414,9 +418,13 @@ void engine::run_pass(served& s, std::unique_lock<std::mutex>& lock, bool interl
     step(s);
     const double secs = std::chrono::duration<double>(clock_type::now() - t0).count() - s.interleave.seconds;
     s.itl.learn(s.pass.decode_rows, s.pass.prompt_rows, secs);
+    const double in_draft = static_cast<double>(s.draft_ns.load() - draft_ns) / 1e9;
+    if (s.draft && s.pass.decode_rows > 0 && s.pass.prompt_rows == 0 && secs > in_draft) {
+      const double own = secs - in_draft;
+      s.target_pass_s = s.target_pass_s <= 0 ? own : 0.9 * s.target_pass_s + 0.1 * own;
+    }
     if (s.pass.drafted_seqs > 0 && secs > 0) {
       // The draft's gain (model_stats::draft_speedup): the planner keeps a draft that pays.
-      const double in_draft = static_cast<double>(s.draft_ns.load() - draft_ns) / 1e9;
       const double sample =
           static_cast<double>(s.pass.drafted_tokens) / static_cast<double>(s.pass.drafted_seqs) * std::max(0.0, secs - in_draft) / secs;
       s.draft_gain_avg = s.draft_samples++ == 0 ? sample : 0.9 * s.draft_gain_avg + 0.1 * sample;

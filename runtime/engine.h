@@ -178,6 +178,9 @@ struct engine_config {
   // No proposals while more sequences than this decode: a pass of that many rows is no longer
   // bound by reading the weights, so verifying guesses would cost what they save.
   int spec_max_batch = 16;
+  // A draft model guesses only as many tokens as pay at the sequence's acceptance and the
+  // draft's measured cost (engine::draft_length); off: always as many as the window allows.
+  bool spec_cost_aware = true;
 };
 
 struct generation_params {
@@ -279,6 +282,10 @@ class engine {
   // A draft model's proposals for the sequences `propose` left to it (engine_draft.cpp): the
   // draft catches up with each history, then guesses greedily, one row per sequence a pass.
   void draft_round(served& s);
+  // Guesses to ask of the draft for `a`, at most `room`: the number that pays at the
+  // sequence's acceptance and the draft's measured cost (best_draft_length); 0 when none does,
+  // except for a probe of one every so many passes.
+  int64_t draft_length(const served& s, active& a, int64_t room);
   bool draft_ready(const served& s) const;
   // Resolves engine_model::draft (constructor); throws std::invalid_argument naming the models.
   void attach_draft(served& s);

@@ -15,8 +15,25 @@ namespace {
 
 // n-gram lengths of the lookups: a single token matches too often to be worth a row.
 constexpr int k_ngram_min = 2, k_ngram_max = 4;
+constexpr int64_t k_draft_probe_every = 16;  // passes without guesses before one is tried (draft_length)
 
 }  // namespace
+
+int64_t engine::draft_length(const served& s, active& a, int64_t room) {
+  spec_window& w = a.window;
+  // The sequence's own record once it has a few guesses judged, the model's before.
+  const double acceptance = w.record.judged >= 3 ? w.record.rate() : s.draft_record.rate();
+  if (!config_.spec_cost_aware || acceptance < 0 || s.draft_pass_s <= 0 || s.target_pass_s <= 0) return room;  // (nothing measured yet)
+  if (const int64_t k = best_draft_length(acceptance, s.draft_pass_s / s.target_pass_s, room); k > 0) {
+    w.probe_gap = 0;
+    return k;
+  }
+  // Nothing pays now: one guess now and then keeps the acceptance measured (the text
+  // changes), less often each time it still does not pay (each costs the draft a catch-up).
+  if (++w.passes_idle < std::max(w.probe_gap, k_draft_probe_every)) return 0;
+  w.probe_gap = std::max(w.probe_gap, k_draft_probe_every / 2) * 2;
+  return 1;
+}
 
 void engine::propose(served& s, active& a, int decoding) {
   a.draft.clear();
@@ -44,10 +61,11 @@ void engine::propose(served& s, active& a, int decoding) {
       return;
     }
   }
-  if (cfg.method == spec_method::ngram)
-    lookup_proposals(a.history, a.history, k_ngram_min, k_ngram_max, std::numeric_limits<int64_t>::max(), room, a.draft);
-  else if (cfg.method == spec_method::draft && s.draft)
-    a.draft_room = room;  // draft_round guesses for it, with the other sequences
+  if (cfg.method == spec_method::ngram) {
+    if (lookup_proposals(a.history, a.history, k_ngram_min, k_ngram_max, std::numeric_limits<int64_t>::max(), room, a.draft) < 0 && cfg.ngram_cache)
+      s.recent.lookup(a.history, k_ngram_min, k_ngram_max, room, a.draft);
+  } else if (cfg.method == spec_method::draft && s.draft)
+    a.draft_room = draft_length(s, a, room);  // draft_round guesses for it, with the other sequences
 }
 
 batch_plan engine::plan_pass(served& s) {
@@ -212,6 +230,7 @@ void engine::apply(served& s, const batch_plan& plan, const step_result& r) {
     s.kv->truncate(a.seq, pos + used);
     sync_mirror(s, a);
     a.window.learn(draft, accepted, std::max<int64_t>(s.cfg.speculate.max_tokens, 1));
+    if (a.drafted) s.draft_record.add(draft, accepted);
     a.handle->add_speculation(draft, accepted);
     s.spec_proposed += draft;
     s.spec_accepted += accepted;

@@ -82,6 +82,7 @@ void engine::draft_round(served& s) {
   std::vector<int64_t> seqs;
   const int64_t max_rows = std::min(config_.max_batch_tokens, d.ctx->max_batch());
   const int64_t vocab = d.cfg.model->config().n_vocab;
+  int64_t steps = 0;  // draft passes run
   try {
     int64_t rows = 0;
     for (active* a : want) {
@@ -137,6 +138,7 @@ void engine::draft_round(served& s) {
       going = std::move(next);
     };
     if (!lanes.empty()) {
+      ++steps;
       d.ctx->step(toks, seqs);
       for (auto& l : lanes) {
         commit_fed(l.a->mirror, s.vocab, l.feed);
@@ -152,6 +154,7 @@ void engine::draft_round(served& s) {
         seqs.push_back(l->a->mirror.seq);
         l->a->mirror.fed.push_back(l->guesses.back());  // fed, not agreed: resync decides
       }
+      ++steps;
       d.ctx->step(toks, seqs);
       take_guesses();
     }
@@ -169,7 +172,12 @@ void engine::draft_round(served& s) {
     }
   }
   for (active* a : want) a->draft_room = 0;
-  s.draft_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - t0).count();
+  const auto spent = clock_type::now() - t0;
+  s.draft_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(spent).count();
+  if (steps > 0) {
+    const double per = std::chrono::duration<double>(spent).count() / static_cast<double>(steps);
+    s.draft_pass_s = s.draft_pass_s <= 0 ? per : 0.9 * s.draft_pass_s + 0.1 * per;
+  }
 }
 
 }  // namespace tandem::runtime

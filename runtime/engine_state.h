@@ -91,6 +91,7 @@ struct engine::served {
   memory::kv_pool* kv = nullptr;
   std::unique_ptr<models::forward_pass> ctx;  // forward_context, or gpu_forward on a CUDA backend
   std::unique_ptr<prefix_cache> cache;
+  ngram_cache recent;  // finished outputs, for n-gram lookup across requests (spec_settings::ngram_cache)
   request_queues<std::shared_ptr<active>> queues;
   std::vector<int64_t> free_seqs;  // sequence slots no request holds
   pass_buffers pass;
@@ -107,7 +108,12 @@ struct engine::served {
   std::atomic<int64_t> kv_moved_to_host{0}, kv_moved_to_device{0};
   std::atomic<int64_t> restored{0};
   std::atomic<int64_t> spec_proposed{0}, spec_accepted{0}, spec_passes{0}, spec_tokens{0};
-  std::atomic<int64_t> draft_ns{0};   // in the draft's passes for this model's proposals
+  std::atomic<int64_t> draft_ns{0};  // in the draft's passes for this model's proposals
+  // Moving averages for the draft's length (engine::draft_length): seconds of one draft pass
+  // (a catch-up or guessing step of its rounds), and of this model's own decode passes with
+  // the draft's time taken out.
+  double draft_pass_s = 0, target_pass_s = 0;
+  acceptance_record draft_record;     // the draft's guesses over every sequence: a new one's prior
   served* draft = nullptr;            // engine_model::draft, resolved
   draft_vocab vocab;                  // target and (another vocabulary) draft tokenizers
   bool stepping = false;              // its pass is in flight: its context is not free for drafting

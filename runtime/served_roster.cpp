@@ -234,7 +234,7 @@ served_roster::served_roster(const configs::roster& r, const serve_options& o) :
     em.kv_pool = m.kv.get();
     em.placement = m.placement.get();
     em.max_queue = roster_.server.limits.max_queue;
-    em.speculate = {spec_method_of(e.speculate.method), e.speculate.max_tokens};
+    em.speculate = {spec_method_of(e.speculate.method), e.speculate.max_tokens, e.speculate.cache};
     if (e.speculate.method == configs::speculate_method::draft) em.draft = e.draft;
     ems.push_back(em);
   }

@@ -97,6 +97,39 @@ TEST_SUITE("run") {
     CHECK(r.err.find("generated: 48 tokens") != std::string::npos);
   }
 
+  TEST_CASE("--draft-ngram and --draft: llama.cpp's greedy text unchanged, the speculation reported; on a simulated device too") {
+    const auto ref = fixture("stories260K-greedy.json");
+    const std::string want = ref["generated_text"].get<std::string>() + "\n";
+    const std::string base = "run -m '" + test::data_path("stories260K.gguf").string() + "' -p 'Once upon a time' -n 48 --temp 0";
+    const std::string draft = " --draft '" + test::data_path("stories260K-q8_0.gguf").string() + "'";
+    for (const std::string& flags : {std::string(" --draft-ngram"), std::string(" --draft-ngram --draft-max 3"), draft, draft + " --vram 64MiB"}) {
+      CAPTURE(flags);
+      const auto r = test::run_tandem(base + flags);
+      REQUIRE(r.exit_code == 0);
+      CHECK(r.out == want);
+      CHECK(r.err.find("generated: 48 tokens") != std::string::npos);
+      CHECK(r.err.find("proposed tokens accepted") != std::string::npos);
+    }
+    // The same weights in Q8_0 guess the F32 model's tokens nearly always.
+    const auto r = test::run_tandem("-v " + base + draft);
+    CHECK(r.err.find("draft " + test::data_path("stories260K-q8_0.gguf").string()) != std::string::npos);
+    CHECK(r.err.find(" of 0 proposed") == std::string::npos);
+  }
+
+  TEST_CASE("--draft-max without a proposer, and --draft with --draft-ngram, are refused") {
+    const std::string base = "run -m '" + test::data_path("stories260K.gguf").string() + "' -p hi -n 2 --temp 0";
+    auto r = test::run_tandem(base + " --draft-max 4");
+    CHECK(r.exit_code != 0);
+    CHECK(r.err.find("--draft-max needs --draft FILE or --draft-ngram") != std::string::npos);
+    r = test::run_tandem(base + " --draft-ngram --draft '" + test::data_path("stories260K.gguf").string() + "'");
+    CHECK(r.exit_code != 0);
+    CHECK(r.err.find("excludes") != std::string::npos);
+    r = test::run_tandem(base + " --draft-ngram --draft-max 33");
+    CHECK(r.exit_code != 0);
+    r = test::run_tandem(base + " --draft /nonexistent.gguf");
+    CHECK(r.exit_code != 0);
+  }
+
   TEST_CASE("a seed makes sampling repeatable; different seeds differ") {
     const std::string base =
         "run -m '" + test::data_path("stories260K.gguf").string() + "' -p 'Once upon a time' -n 40 --temp 1.2 --top-k 0 --top-p 1 --min-p 0 --seed ";
@@ -156,6 +189,21 @@ TEST_SUITE("smollm_run") {
     const auto r = test::run_tandem("run -m '" + test::smollm_path().string() + "' -p '" + run["prompt"].get<std::string>() + "' -n 32 --temp 0");
     REQUIRE(r.exit_code == 0);
     CHECK(r.out == run["generated_text"].get<std::string>() + "\n");
+  }
+
+  TEST_CASE("SmolLM2 with n-gram lookup, and with stories260K drafting through text (another vocabulary): llama.cpp's text exactly") {
+    test::require_smollm();
+    const auto ref = fixture("smollm2-greedy.json");
+    const auto& run = ref["runs"][0];
+    const std::string base = "run -m '" + test::smollm_path().string() + "' -p '" + run["prompt"].get<std::string>() + "' -n 32 --temp 0";
+    const std::string stories = " --draft '" + test::data_path("stories260K.gguf").string() + "'";
+    for (const std::string& flags : {std::string(" --draft-ngram"), stories, stories + " --draft-max 3"}) {
+      CAPTURE(flags);
+      const auto r = test::run_tandem(base + flags);
+      REQUIRE(r.exit_code == 0);
+      CHECK(r.out == run["generated_text"].get<std::string>() + "\n");
+      CHECK(r.err.find("proposed tokens accepted") != std::string::npos);
+    }
   }
 
   TEST_CASE("--chat renders the model's template, answers, and stops at end of turn") {

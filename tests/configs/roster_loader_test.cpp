@@ -127,6 +127,10 @@ TEST_SUITE("roster_loader") {
         {with("    context: 4096\n", "    context: 4096\n    speculate: {method: draft}\n"),
          "models[0].speculate.method: draft speculation needs a draft model attached ('draft: NAME')"},
         {with("    context: 4096\n", "    context: 4096\n    speculate: ngram\n"), "models[0].speculate: expected a mapping"},
+        {with("    context: 4096\n", "    context: 4096\n    speculate: {method: ngram, cache: sometimes}\n"),
+         "models[0].speculate.cache: expected true or false"},
+        {with("    context: 4096\n", "    context: 4096\n    speculate: {cache: true}\n"),
+         "models[0].speculate.cache: the n-gram cache is for method: ngram"},
         {with("    context: 4096\n", "    context: 4096\n    speculate: {method: ngram, depth: 3}\n"), "models[0].speculate.depth: unknown key"},
         {edit(with("    context: 4096\n", "    context: 4096\n    draft: code\n"), "    role: code\n", "    role: draft\n    size: 5GiB\n"),
          "models[0].draft: 'code' (5.0 GiB) is not smaller than 'chat' (4.0 GiB): a draft model must cost less to run than the model it serves"},
@@ -176,6 +180,8 @@ TEST_SUITE("roster_loader") {
     const auto r = parse(k_base + "    speculate: {method: ngram, max_tokens: 5}\n");
     CHECK(r.models[1].speculate.method == configs::speculate_method::ngram);
     CHECK(r.models[1].speculate.max_tokens == 5);
+    CHECK_FALSE(r.models[1].speculate.cache);
+    CHECK(parse(k_base + "    speculate: {method: ngram, cache: true}\n").models[1].speculate.cache);
     CHECK(r.models[0].speculate.method == configs::speculate_method::off);
     CHECK(r.models[0].speculate.max_tokens == 8);
     const std::string drafted = k_base + "  - name: d\n    path: nowhere/d.gguf\n    role: draft\n    size: 100MiB\n    kv_bytes_per_token: 8KiB\n";

@@ -91,6 +91,28 @@ TEST_SUITE("engine") {
     CHECK(spec.kv_blocks_in_use("m") == 0);
   }
 
+  TEST_CASE("the n-gram cache proposes from earlier requests' outputs; output unchanged, nothing kept with it off") {
+    const models::model m(test::data_path("stories260K.gguf").string());
+    const auto tok = models::tokenizer::from_gguf(m.file());
+    const auto prompt = tok.encode("Once upon a time, there was a little dog", true, false);
+    const runtime::engine_config ec{.threads = 2, .max_batch_tokens = 64, .prefill_chunk = 16, .prefix_cache = false};
+    runtime::engine plain({{"m", &m, &tok, 0, 2, 256}}, ec);
+    const auto want = collect(*plain.submit({"m", prompt, greedy(48)}));
+    // The same request twice: the second finds the first's output in the cache.
+    auto accepted_second = [&](bool cache) {
+      runtime::engine_model em{"m", &m, &tok, 0, 2, 256};
+      em.speculate = {runtime::spec_method::ngram, 8, cache};
+      runtime::engine spec({em}, ec);
+      CHECK(collect(*spec.submit({"m", prompt, greedy(48)})) == want);
+      auto h = spec.submit({"m", prompt, greedy(48)});
+      CHECK(collect(*h) == want);
+      return h->speculation().accepted;
+    };
+    const int64_t with = accepted_second(true), without = accepted_second(false);
+    CHECK(with > without + 20);
+    CHECK(with >= 40);  // nearly every token after the first came from the cache
+  }
+
   TEST_CASE("a draft model of the same vocabulary: greedy and seeded outputs unchanged, several at once, guesses accepted") {
     test::scratch_dir dir;
     const auto tpath = (dir / "t.gguf").string(), dpath = (dir / "d.gguf").string();

@@ -10,6 +10,9 @@
 #include <vector>
 
 #include "configs/roster_loader.h"
+#include "models/gguf_reader.h"
+#include "models/gguf_writer.h"
+#include "models/synth.h"
 #include "tests/runtime/engine_test_util.h"
 #include "tests/test_support.h"
 
@@ -142,6 +145,52 @@ TEST_SUITE("served_roster") {
     CHECK(e.stats("d").kv_blocks_used == 0);
     for (const auto& m : s.models()) m->kv->check();
     s.arbiter().check_integrity();
+  }
+
+  TEST_CASE("a draft of another vocabulary that cannot spell every text is a roster error naming the line") {
+    // The draft's vocabulary: stories260K's with its byte tokens made plain ones (and one token
+    // renamed, so that the vocabularies differ): text it has no pieces for cannot be fed to it.
+    test::scratch_dir dir;
+    const auto vpath = (dir / "vocab.gguf").string(), dpath = (dir / "d.gguf").string();
+    {
+      const models::gguf_file stories(test::data_path("stories260K.gguf").string());
+      models::gguf_writer w;
+      for (const auto& kv : stories.metadata()) {
+        if (kv.key.rfind("tokenizer.", 0) != 0) continue;
+        if (kv.key == "tokenizer.ggml.token_type") {
+          std::vector<int32_t> types(kv.value.count);
+          for (uint64_t i = 0; i < kv.value.count; ++i) {
+            const auto t = static_cast<int32_t>(kv.value.array_number(i));
+            types[i] = t == 6 ? 1 : t;  // byte -> normal
+          }
+          w.set(kv.key, models::gguf_out_value::array(types));
+        } else if (kv.key == "tokenizer.ggml.tokens") {
+          auto tokens = kv.value.strings;
+          tokens.back() = "renamed";
+          w.set(kv.key, models::gguf_out_value::strings(tokens));
+        } else {
+          w.set(kv.key, models::gguf_out_value::from(kv.value));
+        }
+      }
+      w.write(vpath);
+    }
+    models::synth_options o;
+    o.dim = 32;
+    o.layers = 1;
+    o.heads = 2;
+    o.kv_heads = 2;
+    o.ffn = 64;
+    o.context = 256;
+    o.type = kernels::weight_type::q8_0;
+    o.vocab_path = vpath;
+    models::synth_model(o, dpath);
+    const std::string yaml = "devices:\n  - backend: cpu\n    vram: 64MiB\n    host: 64MiB\nmodels:\n  - name: t\n    path: " +
+                             test::data_path("stories260K.gguf").string() + "\n    context: 256\n    draft: d\n  - name: d\n    path: " + dpath +
+                             "\n    role: draft\n    context: 256\n";
+    const auto r = configs::parse_roster(yaml, "t.yaml", ".");
+    CHECK_THROWS_WITH_AS(runtime::served_roster(r, {.threads = 1}),
+                         doctest::Contains("t.yaml:6: model 't': draft 'd' has another vocabulary, and the tokenizer of 'd' cannot spell every text"),
+                         std::runtime_error);
   }
 
   TEST_CASE("errors name the model and file, or the roster") {
