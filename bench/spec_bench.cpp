@@ -225,6 +225,8 @@ spec_bench_result run_spec_bench(const spec_bench_options& o) {
   r.decode_tok_s_plain = summarize(plain_s);
   r.decode_tok_s_spec = summarize(spec_s);
   r.speedup = summarize(ratio_s);
+  r.proposed = proposed;
+  r.accepted = accepted;
   r.acceptance_rate = proposed > 0 ? static_cast<double>(accepted) / static_cast<double>(proposed) : 0.0;
   // Passes that verified proposals, plus one pass for each decoded token no proposal covered.
   const int64_t passes = std::max<int64_t>(1, spec_passes + std::max<int64_t>(0, decoded - spec_pass_tokens));
@@ -256,6 +258,8 @@ nlohmann::json to_json(const spec_bench_result& r) {
   put("decode_tok_s_plain", r.decode_tok_s_plain);
   put("decode_tok_s_spec", r.decode_tok_s_spec);
   put("speedup", r.speedup);
+  j["proposed"] = r.proposed;
+  j["accepted"] = r.accepted;
   j["acceptance_rate"] = r.acceptance_rate;
   j["tokens_per_pass"] = r.tokens_per_pass;
   j["draft_ms_per_token"] = r.draft_ms_per_token;
@@ -284,7 +288,8 @@ std::string format_table(const spec_bench_result& r) {
   row("decode, plain", r.decode_tok_s_plain, "tok/s");
   row("decode, speculative", r.decode_tok_s_spec, "tok/s");
   row("speed-up", r.speedup, "x");
-  add("%-24s %10.3f\n", "acceptance rate", r.acceptance_rate);
+  add("%-24s %10.3f (%lld of %lld proposed)\n", "acceptance rate", r.acceptance_rate, static_cast<long long>(r.accepted),
+      static_cast<long long>(r.proposed));
   add("%-24s %10.2f\n", "tokens per pass", r.tokens_per_pass);
   if (!r.draft_path.empty()) add("%-24s %10.3f ms\n", "draft per token", r.draft_ms_per_token);
   add("%-24s %10s\n", "outputs identical", r.identical ? "yes" : "NO");

@@ -40,13 +40,14 @@ struct spec_bench_result {
   int threads = 0, reps = 0;
   bool same_vocabulary = true;  // draft: the draft's token ids pass straight
   summary decode_tok_s_plain, decode_tok_s_spec;
-  summary speedup;                // per repetition: spec over plain of the same repetition
-  double acceptance_rate = 0;     // accepted / proposed over every speculative run
-  double tokens_per_pass = 0;     // decoded tokens per target pass of the speculative runs
-  double draft_ms_per_token = 0;  // the draft model's passes per decoded token (0 without one)
-  int64_t generated = 0;          // tokens of one run (the plain one of the first repetition)
-  std::string output;             // its text
-  bool identical = true;          // every speculative output equals the plain one, token for token
+  summary speedup;                     // per repetition: spec over plain of the same repetition
+  int64_t proposed = 0, accepted = 0;  // tokens, over every timed speculative run
+  double acceptance_rate = 0;          // accepted / proposed (0 when nothing was proposed)
+  double tokens_per_pass = 0;          // decoded tokens per target pass of the speculative runs
+  double draft_ms_per_token = 0;       // the draft model's passes per decoded token (0 without one)
+  int64_t generated = 0;               // tokens of one run (the plain one of the first repetition)
+  std::string output;                  // its text
+  bool identical = true;               // every speculative output equals the plain one, token for token
 };
 
 // Throws what loading the models throws, std::invalid_argument for options out of range or a

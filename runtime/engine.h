@@ -283,9 +283,9 @@ class engine {
   // draft catches up with each history, then guesses greedily, one row per sequence a pass.
   void draft_round(served& s);
   // Guesses to ask of the draft for `a`, at most `room`: the number that pays at the
-  // sequence's acceptance and the draft's measured cost (best_draft_length); 0 when none does,
-  // except for a probe of one every so many passes.
-  int64_t draft_length(const served& s, active& a, int64_t room);
+  // sequence's acceptance (the model's before it has its own) and the draft's measured cost
+  // (best_draft_length); 0 when none does, except for a probe of one every so many passes.
+  int64_t draft_length(served& s, active& a, int64_t room);
   bool draft_ready(const served& s) const;
   // Resolves engine_model::draft (constructor); throws std::invalid_argument naming the models.
   void attach_draft(served& s);

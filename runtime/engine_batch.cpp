@@ -16,20 +16,26 @@ namespace {
 // n-gram lengths of the lookups: a single token matches too often to be worth a row.
 constexpr int k_ngram_min = 2, k_ngram_max = 4;
 constexpr int64_t k_draft_probe_every = 16;  // passes without guesses before one is tried (draft_length)
+constexpr int64_t k_draft_trial_every = 8;   // sequences between two that try a draft afresh
 
 }  // namespace
 
-int64_t engine::draft_length(const served& s, active& a, int64_t room) {
+int64_t engine::draft_length(served& s, active& a, int64_t room) {
   spec_window& w = a.window;
-  // The sequence's own record once it has a few guesses judged, the model's before.
-  const double acceptance = w.record.judged >= 3 ? w.record.rate() : s.draft_record.rate();
+  // The sequence's own record once it has a few guesses judged; before, the model's, except
+  // that every so many sequences try afresh (the text they bring may suit the draft better).
+  const bool own = w.record.judged >= 3;
+  if (!own && w.trial < 0) w.trial = s.draft_trials++ % k_draft_trial_every == 0 ? 1 : 0;
+  const double acceptance = own ? w.record.rate() : w.trial == 1 ? -1.0 : s.draft_record.rate();
   if (!config_.spec_cost_aware || acceptance < 0 || s.draft_pass_s <= 0 || s.target_pass_s <= 0) return room;  // (nothing measured yet)
   if (const int64_t k = best_draft_length(acceptance, s.draft_pass_s / s.target_pass_s, room); k > 0) {
     w.probe_gap = 0;
     return k;
   }
-  // Nothing pays now: one guess now and then keeps the acceptance measured (the text
-  // changes), less often each time it still does not pay (each costs the draft a catch-up).
+  // Nothing pays now. A sequence the draft follows guesses once now and then, so its record
+  // follows the text, less often each time that still does not pay (each costs the draft a
+  // catch-up); one it does not follow stays without (catching up would cost its whole history).
+  if (a.mirror.seq < 0) return 0;
   if (++w.passes_idle < std::max(w.probe_gap, k_draft_probe_every)) return 0;
   w.probe_gap = std::max(w.probe_gap, k_draft_probe_every / 2) * 2;
   return 1;

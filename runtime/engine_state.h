@@ -114,6 +114,7 @@ struct engine::served {
   // the draft's time taken out.
   double draft_pass_s = 0, target_pass_s = 0;
   acceptance_record draft_record;     // the draft's guesses over every sequence: a new one's prior
+  int64_t draft_trials = 0;           // sequences that asked for the record (every k_draft_trial_every-th tries afresh)
   served* draft = nullptr;            // engine_model::draft, resolved
   draft_vocab vocab;                  // target and (another vocabulary) draft tokenizers
   bool stepping = false;              // its pass is in flight: its context is not free for drafting

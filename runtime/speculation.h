@@ -79,6 +79,9 @@ struct spec_window {
   // A draft that does not pay (engine::draft_length): passes since the sequence's last
   // proposal, and how many it waits before guessing once more (doubling while none pays).
   int64_t passes_idle = 0, probe_gap = 0;
+  // Whether this sequence tries the draft afresh, whatever the model's record says (-1: not
+  // decided yet; engine::draft_length decides when it first asks).
+  int trial = -1;
   void learn(int64_t proposed, int64_t accepted, int64_t max);
   int64_t next(int64_t max) const { return size <= 0 ? max : std::min(size, max); }
 };
