@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <set>
 
@@ -224,7 +225,7 @@ value dict_method(const value& obj, const std::string& name) {
   if (name == "items")
     return bound(name, [obj](call_args&) {
       value_list out;
-      for (const auto& [k, v] : obj.dict_ref().entries) out.push_back(value(value_list{value(k), v}));
+      for (const auto& [k, v] : obj.dict_ref().entries) out.push_back(value::tuple(value_list{value(k), v}));
       return value(std::move(out));
     });
   if (name == "keys")
@@ -251,7 +252,7 @@ int64_t to_int(const value& v, int64_t fallback) {
       const int64_t x = std::stoll(t, &used);
       if (used == t.size()) return x;
       const double d = std::stod(t, &used);  // jinja2's int filter reads "3.5" as 3
-      if (used == t.size()) return static_cast<int64_t>(d);
+      if (used == t.size()) return value::float_to_int(d);
     } catch (const std::exception&) {
     }
   }
@@ -264,7 +265,9 @@ value attribute_of(const value& item, const value& attr) {
   for (const auto& part : split(attr.str(), value("."), -1)) {
     const std::string p = part.as_string();
     const bool digits = !p.empty() && std::all_of(p.begin(), p.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
-    v = digits ? get_item(v, value(static_cast<int64_t>(std::stoll(p)))) : (v.is_undefined() ? v : get_attribute(v, p));
+    int64_t index = 0;
+    if (digits && std::from_chars(p.data(), p.data() + p.size(), index).ec != std::errc()) return value::undefined_named(p);
+    v = digits ? get_item(v, value(index)) : (v.is_undefined() ? v : get_attribute(v, p));
   }
   return v;
 }
@@ -296,6 +299,7 @@ value select_items(const value& v, call_args& a, bool by_attribute, bool keep) {
 // jinja2's do_indent, quirks included: a newline is added before splitting into lines (so a
 // trailing newline keeps an empty last line), empty lines stay unindented unless `blank`.
 std::string indent(const std::string& s, const value& width, bool first, bool blank) {
+  if (!width.is_string() && width.as_int() > 4096) throw error("indent: a width of more than 4096", 0);
   const std::string pad = width.is_string() ? width.as_string() : std::string(static_cast<size_t>(std::max<int64_t>(0, width.as_int())), ' ');
   std::vector<std::string> lines;
   const std::string text = s + "\n";
@@ -448,7 +452,7 @@ bool apply_test(const std::string& name, const value& v, call_args& a) {
     if (!v.is_number()) throw error("the '" + name + "' test takes a number", 0);
     return (v.as_int() % 2 == 0) == (name == "even");
   }
-  if (name == "divisibleby") return arg.as_int() != 0 && v.as_int() % arg.as_int() == 0;
+  if (name == "divisibleby") return arg.as_int() == -1 || (arg.as_int() != 0 && v.as_int() % arg.as_int() == 0);
   if (name == "eq" || name == "equalto" || name == "==") return equal(v, arg);
   if (name == "ne" || name == "!=") return !equal(v, arg);
   if (name == "lt" || name == "lessthan" || name == "<") return less(v, arg);
@@ -570,7 +574,10 @@ value apply_filter(const std::string& name, const value& v, call_args& a, const 
     });
     return value(std::move(items));
   }
-  if (name == "abs") return v.is_int() ? value(static_cast<int64_t>(std::llabs(v.as_int()))) : value(std::fabs(v.as_double()));
+  if (name == "abs") {
+    if (v.is_int() && v.as_int() == INT64_MIN) throw error("integer overflow in abs", 0);
+    return v.is_int() ? value(static_cast<int64_t>(std::llabs(v.as_int()))) : value(std::fabs(v.as_double()));
+  }
   if (name == "round") {
     const int64_t p = a.get(0, "precision", value(int64_t{0})).as_int();
     const double m = std::pow(10.0, static_cast<double>(p));

@@ -121,7 +121,11 @@ class lexer {
     out_.push_back({var ? token::kind::var_begin : token::kind::block_begin, {}, line_});
     const char close = var ? '}' : '%';
     int depth = 0;  // brackets open inside the tag: a "}}" in a dict literal does not close it
+    const size_t first = out_.size();
     while (true) {
+      // A bound on one tag's tokens bounds the depth of its expression trees (a chain of
+      // operators parses to a tree as deep as it is long), which the renderer walks recursively.
+      if (out_.size() - first > k_max_tag_tokens) throw error("a tag of more than " + std::to_string(k_max_tag_tokens) + " tokens", line_);
       while (pos_ < src_.size() && is_space(src_[pos_])) {
         line_ += src_[pos_] == '\n';
         ++pos_;
@@ -248,6 +252,7 @@ class lexer {
     pos_ = p + 1;
   }
 
+  static constexpr size_t k_max_tag_tokens = 4096;
   std::string_view src_;
   size_t pos_ = 0;
   int line_ = 1;
@@ -256,6 +261,13 @@ class lexer {
 
 }  // namespace
 
-std::vector<token> tokenize(std::string_view source) { return lexer(source).run(); }
+std::vector<token> tokenize(std::string_view source) {
+  // jinja2 drops one newline at the end of the source (keep_trailing_newline off).
+  if (source.ends_with("\r\n"))
+    source.remove_suffix(2);
+  else if (source.ends_with('\n'))
+    source.remove_suffix(1);
+  return lexer(source).run();
+}
 
 }  // namespace tandem::models::jinja

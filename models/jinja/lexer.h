@@ -2,7 +2,8 @@
 // settings Hugging Face's chat templates are rendered with (trim_blocks and lstrip_blocks on,
 // as in transformers): the first newline after a block or comment tag is dropped, spaces and
 // tabs before one on its line are dropped, and `-` inside a tag's delimiter strips all
-// whitespace on that side (`+` keeps what trim_blocks or lstrip_blocks would drop).
+// whitespace on that side (`+` keeps what trim_blocks or lstrip_blocks would drop). One
+// newline at the very end of the source is dropped, as jinja2 does.
 #pragma once
 
 #include <string>

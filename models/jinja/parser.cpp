@@ -32,6 +32,17 @@ class parser {
     if (i_ + 1 < t_.size()) ++i_;
   }
   [[noreturn]] void fail(const std::string& what) const { throw error(what, cur().line); }
+  // Each level of brackets and statements recurses: a bound keeps hostile input off the
+  // stack's end.
+  struct nesting {
+    parser& p;
+    explicit nesting(parser& owner) : p(owner) {
+      if (++p.depth_ > k_max_nesting) p.fail("expressions or blocks nest more than " + std::to_string(k_max_nesting) + " deep");
+    }
+    ~nesting() { --p.depth_; }
+    nesting(const nesting&) = delete;
+    nesting& operator=(const nesting&) = delete;
+  };
   void expect_op(const char* op) {
     if (!at_op(op)) fail(std::string("expected '") + op + "'" + found());
     advance();
@@ -112,6 +123,7 @@ class parser {
   }
 
   std::unique_ptr<node> statement() {
+    const nesting guard(*this);
     const std::string what = cur().text;
     const int line = cur().line;
     advance();
@@ -177,6 +189,7 @@ class parser {
         if (at_op(",")) {  // a, b = x, y
           auto list = std::make_unique<expr>();
           list->k = expr::kind::list;
+          list->name = "tuple";
           list->line = line;
           list->args.push_back(std::move(n->e));
           while (at_op(",")) {
@@ -248,6 +261,7 @@ class parser {
 
  public:
   expr_ptr expression() {
+    const nesting guard(*this);
     auto a = or_expr();
     while (at_name("if")) {
       const int line = cur().line;
@@ -287,6 +301,7 @@ class parser {
     return a;
   }
   expr_ptr not_expr() {
+    const nesting guard(*this);
     if (at_name("not")) {
       const int line = cur().line;
       advance();
@@ -358,6 +373,7 @@ class parser {
     return a;
   }
   expr_ptr unary(bool with_filter) {
+    const nesting guard(*this);
     expr_ptr e;
     if (at_op("-") || at_op("+")) {
       const int line = cur().line;
@@ -397,7 +413,10 @@ class parser {
       }
       case tk::number: {
         auto e = make(expr::kind::literal, t.line);
-        e->lit = value(std::stod(t.text));
+        double v = 0;
+        const auto r = std::from_chars(t.text.data(), t.text.data() + t.text.size(), v);
+        if (r.ec != std::errc()) fail("the number " + t.text + " is out of range");
+        e->lit = value(v);
         advance();
         return e;
       }
@@ -421,7 +440,9 @@ class parser {
           advance();
           if (at_op(")")) {  // the empty tuple
             advance();
-            return make(expr::kind::list, t.line);
+            auto empty = make(expr::kind::list, t.line);
+            empty->name = "tuple";
+            return empty;
           }
           auto first = expression();
           if (!at_op(",")) {
@@ -429,6 +450,7 @@ class parser {
             return first;
           }
           auto list = make(expr::kind::list, t.line);
+          list->name = "tuple";
           list->args.push_back(std::move(first));
           while (at_op(",")) {
             advance();
@@ -494,7 +516,10 @@ class parser {
           a->k = expr::kind::subscript;
           a->args.push_back(std::move(e));
           auto idx = make(expr::kind::literal, line);
-          idx->lit = value(static_cast<int64_t>(std::stoll(cur().text)));
+          int64_t i = 0;
+          const auto& digits = cur().text;
+          if (std::from_chars(digits.data(), digits.data() + digits.size(), i).ec != std::errc()) fail("the index " + digits + " is out of range");
+          idx->lit = value(i);
           advance();
           a->args.push_back(std::move(idx));
         } else {
@@ -576,8 +601,10 @@ class parser {
     }
   }
 
+  static constexpr int k_max_nesting = 200;
   std::vector<token> t_;
   size_t i_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

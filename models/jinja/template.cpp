@@ -17,8 +17,14 @@ value arithmetic(const std::string& op, const value& a, const value& b) {
   auto bad = [&]() -> value {
     throw error(std::string("unsupported operand type(s) for ") + op + ": '" + a.type_name() + "' and '" + b.type_name() + "'", 0);
   };
+  // Python's integers do not overflow; these do, so an overflow is an error instead.
+  auto checked = [&](bool overflow, int64_t r) -> value {
+    if (overflow) throw error("integer overflow in '" + op + "'", 0);
+    return value(r);
+  };
+  int64_t r = 0;
   if (op == "+") {
-    if (ints) return value(a.as_int() + b.as_int());
+    if (ints) return checked(__builtin_add_overflow(a.as_int(), b.as_int(), &r), r);
     if (nums) return value(a.as_double() + b.as_double());
     if (a.is_string() && b.is_string()) return value(a.as_string() + b.as_string());
     if (a.is_list() && b.is_list()) {
@@ -29,12 +35,12 @@ value arithmetic(const std::string& op, const value& a, const value& b) {
     return bad();
   }
   if (op == "-") {
-    if (ints) return value(a.as_int() - b.as_int());
+    if (ints) return checked(__builtin_sub_overflow(a.as_int(), b.as_int(), &r), r);
     if (nums) return value(a.as_double() - b.as_double());
     return bad();
   }
   if (op == "*") {
-    if (ints) return value(a.as_int() * b.as_int());
+    if (ints) return checked(__builtin_mul_overflow(a.as_int(), b.as_int(), &r), r);
     if (nums) return value(a.as_double() * b.as_double());
     const value& seq = a.is_int() ? b : a;
     const value& times = a.is_int() ? a : b;
@@ -61,12 +67,13 @@ value arithmetic(const std::string& op, const value& a, const value& b) {
     if (ints) {
       const int64_t x = a.as_int(), y = b.as_int();
       if (y == 0) throw error("integer division or modulo by zero", 0);
-      int64_t q = x / y, r = x % y;
-      if (r != 0 && ((r < 0) != (y < 0))) {  // Python floors
+      if (x == INT64_MIN && y == -1) throw error("integer overflow in '" + op + "'", 0);
+      int64_t q = x / y, m = x % y;
+      if (m != 0 && ((m < 0) != (y < 0))) {  // Python floors
         --q;
-        r += y;
+        m += y;
       }
-      return op == "//" ? value(q) : value(r);
+      return op == "//" ? value(q) : value(m);
     }
     const double x = a.as_double(), y = b.as_double();
     if (y == 0) throw error("float division or modulo by zero", 0);
@@ -75,9 +82,14 @@ value arithmetic(const std::string& op, const value& a, const value& b) {
   }
   if (op == "**") {
     if (ints && b.as_int() >= 0) {
-      int64_t r = 1;
-      for (int64_t i = 0; i < b.as_int() && i < 64; ++i) r *= a.as_int();
-      return value(r);
+      const int64_t base = a.as_int(), n = b.as_int();
+      if (base == 0) return value(int64_t{n == 0 ? 1 : 0});
+      if (base == 1) return value(int64_t{1});
+      if (base == -1) return value(int64_t{n % 2 == 0 ? 1 : -1});
+      int64_t p = 1;
+      for (int64_t i = 0; i < n; ++i)  // (|base| >= 2: overflows within 63 steps)
+        if (__builtin_mul_overflow(p, base, &p)) throw error("integer overflow in '**'", 0);
+      return value(p);
     }
     return value(std::pow(a.as_double(), b.as_double()));
   }
@@ -110,6 +122,10 @@ class interpreter {
   }
 
  private:
+  void check_size(const std::string& out, int line) const {
+    if (out.size() > o_.max_output) throw error("the template wrote more than " + std::to_string(o_.max_output) + " bytes", line);
+  }
+
   void step(int line) {
     if (++steps_ > o_.max_steps)
       throw error("the template ran more than " + std::to_string(o_.max_steps) + " steps (does it loop without end?)", line);
@@ -148,9 +164,11 @@ class interpreter {
       switch (n.k) {
         case node::kind::text:
           out += n.text;
+          check_size(out, n.line);
           return flow::normal;
         case node::kind::output:
           out += eval(*n.e).str();
+          check_size(out, n.line);
           return flow::normal;
         case node::kind::if_:
           for (const auto& [cond, b] : n.branches)
@@ -308,7 +326,7 @@ class interpreter {
       case expr::kind::list: {
         value_list items;
         for (const auto& x : e.args) items.push_back(eval(*x));
-        return value(std::move(items));
+        return e.name == "tuple" ? value::tuple(std::move(items)) : value(std::move(items));
       }
       case expr::kind::dict: {
         value d = value::dict();
@@ -349,7 +367,9 @@ class interpreter {
         if (e.name == "not") return value(!v.truthy());
         if (!v.is_number() && !v.is_bool()) throw error(std::string("bad operand type for unary ") + e.name + ": '" + v.type_name() + "'", e.line);
         if (e.name == "+") return v.is_bool() ? value(v.as_int()) : v;
-        return v.type() == value::kind::number ? value(-v.as_double()) : value(-v.as_int());
+        if (v.type() == value::kind::number) return value(-v.as_double());
+        if (v.as_int() == INT64_MIN) throw error("integer overflow in unary '-'", e.line);
+        return value(-v.as_int());
       }
       case expr::kind::binary: {
         const std::string& op = e.name;

@@ -25,7 +25,8 @@ struct render_options {
   // template that loops or recurses without end fails with an error instead of hanging.
   int64_t max_steps = 1'000'000;
   int max_depth = 64;
-  std::optional<std::tm> now;  // what strftime_now formats; none: the local time when it is called
+  size_t max_output = 16u << 20;  // bytes of text one render may write
+  std::optional<std::tm> now;     // what strftime_now formats; none: the local time when it is called
 };
 
 class program {

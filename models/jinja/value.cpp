@@ -26,6 +26,12 @@ void value_dict::set(const std::string& key, value v) {
 
 value::value(value_list items) : k_(kind::list), list_(std::make_shared<value_list>(std::move(items))) {}
 
+value value::tuple(value_list items) {
+  value v(std::move(items));
+  v.tuple_ = true;
+  return v;
+}
+
 value value::none() {
   value v;
   v.k_ = kind::none;
@@ -277,43 +283,54 @@ void json_into(const value& v, int indent, bool sort_keys, int depth, std::strin
 
 }  // namespace
 
-std::string value::str() const {
-  switch (k_) {
-    case kind::undefined:
+namespace {
+
+// str() and repr() with a bound on nesting: a namespace may hold itself.
+std::string str_of(const value& v, bool quoted, int depth) {
+  if (depth > 256) throw error("the value nests more than 256 levels deep", 0);
+  switch (v.type()) {
+    case value::kind::undefined:
       return {};
-    case kind::none:
+    case value::kind::none:
       return "None";
-    case kind::boolean:
-      return i_ ? "True" : "False";
-    case kind::integer:
-      return std::to_string(i_);
-    case kind::number:
-      return python_float(d_);
-    case kind::string:
-      return s_;
-    case kind::list: {
-      std::string out = "[";
-      for (size_t i = 0; i < list_->size(); ++i) {
+    case value::kind::boolean:
+      return v.as_bool() ? "True" : "False";
+    case value::kind::integer:
+      return std::to_string(v.as_int());
+    case value::kind::number:
+      return python_float(v.as_double());
+    case value::kind::string:
+      return quoted ? repr_string(v.as_string()) : v.as_string();
+    case value::kind::list: {
+      const auto& items = v.list();
+      std::string out = v.is_tuple() ? "(" : "[";
+      for (size_t i = 0; i < items.size(); ++i) {
         if (i) out += ", ";
-        out += (*list_)[i].repr();
+        out += str_of(items[i], true, depth + 1);
       }
-      return out + "]";
+      if (v.is_tuple() && items.size() == 1) out += ",";
+      return out + (v.is_tuple() ? ")" : "]");
     }
-    case kind::dict: {
-      std::string out = dict_->is_namespace ? "<Namespace {" : "{";
-      for (size_t i = 0; i < dict_->entries.size(); ++i) {
+    case value::kind::dict: {
+      const auto& d = v.dict_ref();
+      std::string out = d.is_namespace ? "<Namespace {" : "{";
+      for (size_t i = 0; i < d.entries.size(); ++i) {
         if (i) out += ", ";
-        out += repr_string(dict_->entries[i].first) + ": " + dict_->entries[i].second.repr();
+        out += repr_string(d.entries[i].first) + ": " + str_of(d.entries[i].second, true, depth + 1);
       }
-      return out + (dict_->is_namespace ? "}>" : "}");
+      return out + (d.is_namespace ? "}>" : "}");
     }
-    case kind::function:
-      return "<function " + s_ + ">";
+    case value::kind::function:
+      return "<function " + v.function_name() + ">";
   }
   return {};
 }
 
-std::string value::repr() const { return k_ == kind::string ? repr_string(s_) : str(); }
+}  // namespace
+
+std::string value::str() const { return str_of(*this, false, 0); }
+
+std::string value::repr() const { return str_of(*this, true, 0); }
 
 std::string value::to_json(int indent, bool sort_keys) const {
   std::string out;

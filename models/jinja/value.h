@@ -43,6 +43,7 @@ class value {
   value(std::string s) : k_(kind::string), s_(std::move(s)) {}
   value(const char* s) : k_(kind::string), s_(s) {}
   value(value_list items);
+  static value tuple(value_list items);  // a list that prints as Python's tuple: (1, 2)
   static value none();
   static value undefined_named(std::string name);  // an Undefined that remembers what was missing
   static value dict();
@@ -57,12 +58,20 @@ class value {
   bool is_number() const { return k_ == kind::integer || k_ == kind::number; }  // (booleans are not, unlike Python)
   bool is_string() const { return k_ == kind::string; }
   bool is_list() const { return k_ == kind::list; }
+  bool is_tuple() const { return k_ == kind::list && tuple_; }
   bool is_dict() const { return k_ == kind::dict; }
   bool is_function() const { return k_ == kind::function; }
 
   bool truthy() const;
   bool as_bool() const { return i_ != 0; }
-  int64_t as_int() const { return k_ == kind::number ? static_cast<int64_t>(d_) : i_; }
+  // A float truncates toward zero (saturating; NaN gives 0), as int() would without bigints.
+  int64_t as_int() const { return k_ == kind::number ? float_to_int(d_) : i_; }
+  static int64_t float_to_int(double d) {
+    if (!(d == d)) return 0;
+    if (d >= 9.2233720368547758e18) return INT64_MAX;
+    if (d <= -9.2233720368547758e18) return INT64_MIN;
+    return static_cast<int64_t>(d);
+  }
   double as_double() const { return k_ == kind::number ? d_ : static_cast<double>(i_); }
   const std::string& as_string() const { return s_; }  // string, or an Undefined's name
   value_list& list() const { return *list_; }
@@ -86,6 +95,7 @@ class value {
   kind k_ = kind::undefined;
   int64_t i_ = 0;
   double d_ = 0;
+  bool tuple_ = false;
   std::string s_;
   std::shared_ptr<value_list> list_;
   std::shared_ptr<value_dict> dict_;

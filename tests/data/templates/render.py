@@ -75,3 +75,22 @@ def main():
 
 if __name__ == "__main__":
     main()
+
+
+def snippets():
+    """snippets.json: small templates exercising one construct each; their renderings (or
+    failures) go to snippets.expected.json."""
+    env = environment()
+    out = []
+    for s in json.loads((HERE / "snippets.json").read_text(encoding="utf-8")):
+        try:
+            out.append({"out": env.from_string(s["t"]).render(**s.get("c", {}))})
+        except TemplateError as e:
+            out.append({"raise": str(e)})
+        except Exception as e:  # noqa: BLE001
+            out.append({"error": type(e).__name__})
+    (HERE / "snippets.expected.json").write_text(json.dumps(out, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    snippets()
