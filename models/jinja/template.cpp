@@ -18,13 +18,13 @@ value arithmetic(const std::string& op, const value& a, const value& b) {
     throw error(std::string("unsupported operand type(s) for ") + op + ": '" + a.type_name() + "' and '" + b.type_name() + "'", 0);
   };
   // Python's integers do not overflow; these do, so an overflow is an error instead.
-  auto checked = [&](bool overflow, int64_t r) -> value {
+  int64_t r = 0;
+  auto checked = [&](bool overflow) -> value {  // (r written by the __builtin before this runs)
     if (overflow) throw error("integer overflow in '" + op + "'", 0);
     return value(r);
   };
-  int64_t r = 0;
   if (op == "+") {
-    if (ints) return checked(__builtin_add_overflow(a.as_int(), b.as_int(), &r), r);
+    if (ints) return checked(__builtin_add_overflow(a.as_int(), b.as_int(), &r));
     if (nums) return value(a.as_double() + b.as_double());
     if (a.is_string() && b.is_string()) return value(a.as_string() + b.as_string());
     if (a.is_list() && b.is_list()) {
@@ -35,12 +35,12 @@ value arithmetic(const std::string& op, const value& a, const value& b) {
     return bad();
   }
   if (op == "-") {
-    if (ints) return checked(__builtin_sub_overflow(a.as_int(), b.as_int(), &r), r);
+    if (ints) return checked(__builtin_sub_overflow(a.as_int(), b.as_int(), &r));
     if (nums) return value(a.as_double() - b.as_double());
     return bad();
   }
   if (op == "*") {
-    if (ints) return checked(__builtin_mul_overflow(a.as_int(), b.as_int(), &r), r);
+    if (ints) return checked(__builtin_mul_overflow(a.as_int(), b.as_int(), &r));
     if (nums) return value(a.as_double() * b.as_double());
     const value& seq = a.is_int() ? b : a;
     const value& times = a.is_int() ? a : b;
