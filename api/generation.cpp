@@ -1,5 +1,7 @@
 #include "api/generation.h"
 
+#include "models/chat_jinja.h"
+
 #include <ctime>
 #include <random>
 
@@ -21,9 +23,26 @@ std::vector<int32_t> tokenize_prediction(const runtime::served_model& m, const s
   return ids;
 }
 
-std::vector<int32_t> tokenize_chat(const runtime::served_model& m, std::span<const models::chat_message> messages) {
-  const std::string text = models::apply_chat_template(m.chat, messages, /*add_generation_prompt=*/true);
+std::string render_chat_text(const runtime::served_model& m, std::span<const models::chat_message> messages,
+                             const nlohmann::ordered_json& template_kwargs) {
+  if (!m.chat.program) return models::apply_chat_template(m.chat, messages, /*add_generation_prompt=*/true);
+  models::chat_render_input in;
+  in.messages = models::messages_json(messages);
+  if (template_kwargs.is_object()) in.kwargs = template_kwargs;
+  try {
+    return models::render_chat(*m.chat.program, *m.tokenizer, in);
+  } catch (const models::jinja::raised& e) {
+    throw bad_request("model `" + m.name() + "`'s chat template refuses this conversation: " + e.message, "messages");
+  } catch (const models::jinja::error& e) {
+    throw bad_request("model `" + m.name() + "`'s chat template failed on this conversation: " + std::string(e.what()), "messages");
+  }
+}
+
+std::vector<int32_t> tokenize_chat(const runtime::served_model& m, std::span<const models::chat_message> messages,
+                                   const nlohmann::ordered_json& template_kwargs) {
+  const std::string text = render_chat_text(m, messages, template_kwargs);
   // A template that writes BOS itself must not get a second one from the tokenizer.
+  if (m.chat.program) return m.tokenizer->encode(text, m.tokenizer->add_bos() && !models::starts_with_bos(*m.tokenizer, text), true);
   const bool bos = m.tokenizer->add_bos() && !models::renders_bos(m.chat.kind);
   return m.tokenizer->encode(text, bos, /*parse_special=*/true);
 }

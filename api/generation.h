@@ -3,6 +3,8 @@
 // /metrics (time to first token, inter-token latency, end to end, tokens, outcome).
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -22,8 +24,17 @@ std::vector<int32_t> tokenize_prompt(const runtime::served_model& m, const std::
 // OpenAI's predicted output: no BOS, special-token texts not parsed; 400 naming
 // prediction.content when it is longer than the model's context.
 std::vector<int32_t> tokenize_prediction(const runtime::served_model& m, const std::string& text);
-// Messages in the model's chat template, ending with the assistant's turn.
-std::vector<int32_t> tokenize_chat(const runtime::served_model& m, std::span<const models::chat_message> messages);
+// The conversation as the model sees it: rendered with its own Jinja template (the request's
+// chat_template_kwargs given to the template), else its built-in family, ending with the
+// assistant's turn. Throws bad_request naming `messages` when the template refuses the
+// conversation or fails on it.
+std::string render_chat_text(const runtime::served_model& m, std::span<const models::chat_message> messages,
+                             const nlohmann::ordered_json& template_kwargs = nlohmann::ordered_json::object());
+// Renders a conversation with the model's own Jinja template (its chat_template_kwargs given
+// to the template), else its built-in family, and tokenizes it. Throws bad_request naming
+// `messages` when the template refuses the conversation or fails on it.
+std::vector<int32_t> tokenize_chat(const runtime::served_model& m, std::span<const models::chat_message> messages,
+                                   const nlohmann::ordered_json& template_kwargs = nlohmann::ordered_json::object());
 
 struct submission {
   std::shared_ptr<runtime::request_handle> handle;

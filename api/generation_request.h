@@ -3,6 +3,8 @@
 // model, renders messages with its chat template, tokenizes, and submits.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -24,6 +26,8 @@ struct parsed_generation {
   std::optional<std::vector<int32_t>> prompt_tokens;
   std::optional<std::string> suffix;           // FIM suffix (completions `suffix`, Ollama `suffix`)
   std::vector<models::chat_message> messages;  // chat routes; roles system | user | assistant only
+  // Chat: variables for the model's own Jinja template (chat_template_kwargs), an object.
+  nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
   // sampling is complete (the route's defaults filled in, seed drawn when the request gave
   // none) and within the sampler's ranges. max_tokens -1: not bounded by the request; the route
   // must replace it (the engine takes >= 0) with what is left of the context, capped by

@@ -49,8 +49,8 @@ constexpr std::string_view k_common_keys[] = {"model",
                                               "prediction",
                                               "speculate"};
 constexpr std::string_view k_completion_keys[] = {"prompt", "suffix", "echo", "best_of"};
-constexpr std::string_view k_chat_keys[] = {"messages",  "max_completion_tokens", "top_logprobs", "tools",
-                                            "functions", "tool_choice",           "function_call"};
+constexpr std::string_view k_chat_keys[] = {"messages",  "max_completion_tokens", "top_logprobs",  "tools",
+                                            "functions", "tool_choice",           "function_call", "chat_template_kwargs"};
 constexpr std::string_view k_stream_option_keys[] = {"include_usage", "continuous_usage_stats"};
 
 template <size_t A, size_t B>
@@ -327,6 +327,11 @@ parsed_generation parse_chat_request(const json& body, const request_limits& lim
     if (const json* v = optional_array(body, key); v && !v->empty()) unsupported(std::string(key) + " (tool calling)", std::string(key));
   read_tool_choice(body, "tool_choice");
   read_tool_choice(body, "function_call");
+  // vLLM's and llama.cpp's: variables for the model's own template (enable_thinking, ...).
+  if (const json* kw = find_field(body, "chat_template_kwargs")) {
+    if (!kw->is_object() && !kw->is_null()) throw bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+    if (kw->is_object()) g.template_kwargs = nlohmann::ordered_json::parse(kw->dump());
+  }
   return g;
 }
 

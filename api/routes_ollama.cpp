@@ -136,7 +136,7 @@ route_result handle_ollama_generate(server_context& ctx, const http_request& r) 
     in.prefix = text;
     in.suffix = *req.gen.suffix;
     prompt = models::build_infill_prompt(*m.tokenizer, fim, in, m.entry->context, m.entry->context, req.gen.params.max_tokens);
-  } else if (req.raw || m.chat.kind == models::chat_template_kind::plain) {
+  } else if (req.raw || (!m.chat.program && m.chat.kind == models::chat_template_kind::plain)) {
     // A model without a chat template completes the prompt as written (Ollama's template for
     // such models is just the prompt).
     prompt = tokenize_prompt(m, req.system && !req.raw ? *req.system + "\n\n" + text : text);

@@ -172,13 +172,24 @@ route_result handle_chat_completions(server_context& ctx, const http_request& r)
   const auto& m = resolve_model(ctx, req.model);
   auto params = req.params;
   if (req.prediction) params.prediction = tokenize_prediction(m, *req.prediction);
-  auto sub = submit_generation(ctx, m, tokenize_chat(m, req.messages), std::move(params));
+  auto sub = submit_generation(ctx, m, tokenize_chat(m, req.messages, req.template_kwargs), std::move(params));
   auto st = std::make_shared<openai_state>(ctx, dialect::chat, m.name(), sub.prompt_tokens, r.received_at);
   st->stream = req.stream;
   st->include_usage = req.include_usage;
   st->predicted = req.prediction.has_value();
   st->handle = sub.handle;
   return make_stream(ctx, std::move(sub), st);
+}
+
+// llama.cpp's POST /apply-template: the chat request's conversation rendered with the model's
+// template, not generated from.
+route_result handle_apply_template(server_context& ctx, const http_request& r) {
+  const auto req = parse_chat_request(parse_json_object(r), limits_of(ctx));
+  const auto& m = resolve_model(ctx, req.model);
+  http_response out;
+  out.body = nlohmann::json{{"prompt", render_chat_text(m, req.messages, req.template_kwargs)}}.dump();
+  out.content_type = "application/json";
+  return out;
 }
 
 }  // namespace tandem::api

@@ -3,12 +3,17 @@
 // official template exactly (see docs/chat-templates.md for the per-family strings).
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 
 namespace tandem::models {
+
+namespace jinja {
+class program;
+}
 
 struct chat_message {
   std::string role;  // "system" | "user" | "assistant"; other roles are skipped
@@ -42,6 +47,9 @@ std::string_view family_default_system_prompt(chat_template_kind k);
 struct chat_template {
   chat_template_kind kind = chat_template_kind::plain;
   std::string default_system;
+  // The GGUF's own Jinja template, compiled (chat_jinja.h): when set, conversations are
+  // rendered with it; `kind` stays the recognised family (for stop markers and the CLI).
+  std::shared_ptr<const jinja::program> program;
 };
 
 // detect_chat_template plus the template's default system prompt: for chatml, the literal

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/log.h"
+#include "models/chat_jinja.h"
 #include "runtime/draft_mirror.h"
 #include "configs/byte_size.h"
 #include "models/forward.h"
@@ -163,11 +164,22 @@ served_roster::served_roster(const configs::roster& r, const serve_options& o) :
     }
     m->file_bytes = std::filesystem::file_size(e.file);
     m->created = modified(e.file);
-    m->chat = models::chat_template_from_jinja(m->model->file().get_string("tokenizer.chat_template").value_or(""));
+    const std::string jinja = m->model->file().get_string("tokenizer.chat_template").value_or("");
+    m->chat = models::chat_template_from_jinja(jinja);
     if (!e.chat_template.empty()) {
+      // A family named in the roster replaces the file's template.
       const auto k = models::parse_chat_template_name(e.chat_template);
       if (!k) throw std::runtime_error("model '" + e.name + "': unknown chat_template '" + e.chat_template + "'");
-      if (*k != m->chat.kind) m->chat = {*k, std::string(models::family_default_system_prompt(*k))};
+      if (*k != m->chat.kind) m->chat = {*k, std::string(models::family_default_system_prompt(*k)), nullptr};
+    } else {
+      // The file's own template, rendered as transformers renders it; one that does not parse
+      // leaves the recognised family's built-in rendering.
+      try {
+        m->chat.program = models::compile_chat_template(jinja);
+      } catch (const models::jinja::error& ex) {
+        runtime::logger().warn("serve: model '{}': its chat template does not parse ({}); using the built-in {} format", e.name, ex.what(),
+                               models::chat_template_name(m->chat.kind));
+      }
     }
     // The roster may state sizes for `tandem sim`; say so when the file disagrees.
     if (e.size_bytes && std::abs(static_cast<double>(*e.size_bytes) - static_cast<double>(m->file_bytes)) > 0.05 * static_cast<double>(m->file_bytes))
