@@ -7,6 +7,7 @@
 #include <set>
 
 #include "models/jinja/error.h"
+#include "models/unicode.h"
 
 namespace tandem::models::jinja {
 
@@ -16,8 +17,7 @@ namespace {
 std::vector<std::string> chars_of(const std::string& s) {
   std::vector<std::string> out;
   for (size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
+    const size_t n = utf8_lead_len(static_cast<uint8_t>(s[i]));
     out.push_back(s.substr(i, n));
     i += n;
   }
