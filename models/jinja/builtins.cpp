@@ -606,7 +606,7 @@ value apply_filter(const std::string& name, const value& v, call_args& a, const 
   throw error("no filter named '" + name + "'", 0);
 }
 
-void add_globals(value_dict& root, const std::optional<std::tm>& now) {
+void add_globals(value_dict& root, const std::optional<std::tm>& now, std::shared_ptr<value_list> namespaces) {
   root.set("raise_exception", value::function("raise_exception", [](call_args& a) -> value { throw raised(a.get(0, "message").str()); }));
   root.set("strftime_now", value::function("strftime_now", [now](call_args& a) {
              std::tm tm{};
@@ -620,9 +620,10 @@ void add_globals(value_dict& root, const std::optional<std::tm>& now) {
              const size_t n = std::strftime(buf, sizeof buf, a.get(0, "format").str().c_str(), &tm);
              return value(std::string(buf, n));
            }));
-  root.set("namespace", value::function("namespace", [](call_args& a) {
+  root.set("namespace", value::function("namespace", [namespaces](call_args& a) {
              value ns = value::dict();
              ns.dict_ref().is_namespace = true;
+             namespaces->push_back(ns);
              if (!a.positional.empty() && a.positional[0].is_dict())
                for (const auto& [k, v] : a.positional[0].dict_ref().entries) ns.dict_ref().set(k, v);
              for (const auto& [k, v] : a.keywords) ns.dict_ref().set(k, v);

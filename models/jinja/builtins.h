@@ -15,6 +15,7 @@
 
 #include <ctime>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -40,6 +41,8 @@ int64_t length_of(const value& v);
 // What `for` iterates: a list's items, a dict's keys, a string's characters; none for
 // Undefined. Throws for anything else.
 value_list iterate(const value& v);
-void add_globals(value_dict& root, const std::optional<std::tm>& now);
+// `namespaces` collects every namespace() made, so that the render can empty them when it
+// ends: a namespace may hold itself (`set ns.me = ns`), a cycle shared pointers never free.
+void add_globals(value_dict& root, const std::optional<std::tm>& now, std::shared_ptr<value_list> namespaces);
 
 }  // namespace tandem::models::jinja

@@ -111,11 +111,19 @@ class interpreter {
  public:
   interpreter(const value& context, const render_options& o) : o_(o) {
     auto root = std::make_shared<value_dict>();
-    add_globals(*root, o.now);
+    add_globals(*root, o.now, namespaces_);
     if (context.is_dict())
       for (const auto& [k, v] : context.dict_ref().entries) root->set(k, v);
     scopes_.push_back(std::move(root));
   }
+
+  ~interpreter() {
+    // Namespaces are the only values a template can change after making them, so the only
+    // way to a cycle: emptied here, whatever they hold is freed.
+    for (auto& ns : *namespaces_) ns.dict_ref().entries.clear();
+  }
+  interpreter(const interpreter&) = delete;
+  interpreter& operator=(const interpreter&) = delete;
 
   void run(const body& b, std::string& out) {
     if (exec(b, out) != flow::normal) throw error("'break' or 'continue' outside a loop", 0);
@@ -401,6 +409,7 @@ class interpreter {
   }
 
   const render_options& o_;
+  std::shared_ptr<value_list> namespaces_ = std::make_shared<value_list>();
   std::vector<std::shared_ptr<value_dict>> scopes_;
   int64_t steps_ = 0;
   int depth_ = 0;
