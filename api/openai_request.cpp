@@ -51,6 +51,7 @@ constexpr std::string_view k_common_keys[] = {"model",
 constexpr std::string_view k_completion_keys[] = {"prompt", "suffix", "echo", "best_of"};
 constexpr std::string_view k_chat_keys[] = {"messages",  "max_completion_tokens", "top_logprobs",  "tools",
                                             "functions", "tool_choice",           "function_call", "chat_template_kwargs"};
+constexpr int64_t k_max_top_logprobs = 20;  // OpenAI's limit on top_logprobs
 constexpr std::string_view k_stream_option_keys[] = {"include_usage", "continuous_usage_stats"};
 
 template <size_t A, size_t B>
@@ -301,7 +302,8 @@ parsed_generation parse_completion_request(const json& body, const request_limit
   if (optional_bool(body, "echo").value_or(false)) unsupported("echo", "echo");
   if (auto v = optional_integer(body, "best_of", std::numeric_limits<int64_t>::min(), k_int64_max); v && *v != 1)
     throw bad_request("only best_of=1 is supported", "best_of");
-  if (optional_integer(body, "logprobs", 0, k_int64_max).value_or(0) != 0) unsupported("logprobs", "logprobs");
+  // The legacy form: the number of most likely tokens to list beside each sampled one's.
+  if (auto v = optional_integer(body, "logprobs", 0, k_max_top_logprobs)) g.params.logprobs = static_cast<int>(*v);
   return g;
 }
 
@@ -321,8 +323,10 @@ parsed_generation parse_chat_request(const json& body, const request_limits& lim
     g.max_tokens_given = true;
   }
 
-  if (optional_bool(body, "logprobs").value_or(false)) unsupported("logprobs", "logprobs");
-  if (optional_integer(body, "top_logprobs", 0, k_int64_max).value_or(0) != 0) unsupported("top_logprobs", "top_logprobs");
+  const bool logprobs = optional_bool(body, "logprobs").value_or(false);
+  const auto top = optional_integer(body, "top_logprobs", 0, k_max_top_logprobs);
+  if (top.value_or(0) > 0 && !logprobs) throw bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs");
+  if (logprobs) g.params.logprobs = static_cast<int>(top.value_or(0));
   for (std::string_view key : {"tools", "functions"})
     if (const json* v = optional_array(body, key); v && !v->empty()) unsupported(std::string(key) + " (tool calling)", std::string(key));
   read_tool_choice(body, "tool_choice");

@@ -1,5 +1,6 @@
 // POST /v1/completions and POST /v1/chat/completions: OpenAI's shapes, streamed as SSE
 // (`data: {...}` events, a usage chunk when asked, `data: [DONE]`) or answered whole.
+#include <cmath>
 #include <memory>
 
 #include <nlohmann/json.hpp>
@@ -10,6 +11,7 @@
 #include "api/openai_request.h"
 #include "api/routes.h"
 #include "models/fim.h"
+#include "models/unicode.h"
 
 namespace tandem::api {
 
@@ -27,6 +29,12 @@ struct openai_state {
   bool predicted = false;  // the request gave a prediction: its tokens' fate goes in the usage
   std::shared_ptr<runtime::request_handle> handle;
   std::string text;  // the whole answer (not streamed)
+  // logprobs asked for: the tokenizer spells the tokens; the whole answer's entries (chat:
+  // content; completions: the four parallel lists) and the text offset of the next token.
+  const models::tokenizer* tokenizer = nullptr;
+  bool logprobs = false;
+  json lp = json::object();
+  size_t text_offset = 0;
   request_clock clock;
   openai_state(server_context& ctx, dialect k, std::string m, int64_t prompt_tokens, request_clock::clock::time_point arrived)
       : kind(k),
@@ -62,6 +70,39 @@ struct openai_state {
   }
   static std::string event(const json& j) { return "data: " + j.dump() + "\n\n"; }
 
+  // A token as OpenAI spells it: its text (invalid UTF-8 of a partial character replaced) and
+  // its bytes.
+  std::pair<std::string, json> spell(int32_t id) const {
+    const std::string raw = tokenizer->token_to_piece(id, true);
+    json bytes = json::array();
+    for (const unsigned char c : raw) bytes.push_back(static_cast<int>(c));
+    return {models::utf8_sanitize(raw), std::move(bytes)};
+  }
+  // One token's logprobs in the dialect's shape, appended to `into` (an empty object starts it).
+  void add_logprob(json& into, int32_t id, const runtime::token_logprob& t) {
+    auto [text, bytes] = spell(id);
+    const double lp_value = std::isfinite(t.logprob) ? t.logprob : -9999.0;  // (JSON has no -inf; OpenAI uses -9999)
+    if (kind == dialect::chat) {
+      json top = json::array();
+      for (const auto& [tid, l] : t.top) {
+        auto [tt, tb] = spell(tid);
+        top.push_back({{"token", tt}, {"logprob", std::isfinite(l) ? l : -9999.0}, {"bytes", tb}});
+      }
+      if (!into.contains("content")) into = {{"content", json::array()}, {"refusal", nullptr}};
+      into["content"].push_back({{"token", text}, {"logprob", lp_value}, {"bytes", bytes}, {"top_logprobs", top}});
+      return;
+    }
+    if (!into.contains("tokens"))
+      into = {{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()}, {"text_offset", json::array()}};
+    json top = json::object();
+    for (const auto& [tid, l] : t.top) top[spell(tid).first] = std::isfinite(l) ? l : -9999.0;
+    into["tokens"].push_back(text);
+    into["token_logprobs"].push_back(lp_value);
+    into["top_logprobs"].push_back(top);
+    into["text_offset"].push_back(text_offset);
+    text_offset += text.size();
+  }
+
   // The role goes out with the first chunk of a chat stream.
   std::string role_event() {
     if (kind != dialect::chat || sent_role) return {};
@@ -83,10 +124,20 @@ generation_stream make_stream(server_context& ctx, submission sub, std::shared_p
     if (p.token >= 0) st->clock.token(p.at);
     if (!st->stream) {
       st->text += p.text;
+      if (st->logprobs && p.logprob && p.token >= 0) st->add_logprob(st->lp, p.token, *p.logprob);
       return {};
     }
     std::string out = st->role_event();
-    if (!p.text.empty()) out += openai_state::event(st->chunk(st->delta_choice({{"content", p.text}}, nullptr)));
+    if (st->logprobs && p.logprob && p.token >= 0) {
+      // Each token's chunk carries its logprobs, even where its text is still held back.
+      json one = json::object();
+      st->add_logprob(one, p.token, *p.logprob);
+      json choice = st->delta_choice({{"content", p.text}}, nullptr);
+      choice["logprobs"] = std::move(one);
+      out += openai_state::event(st->chunk(std::move(choice)));
+    } else if (!p.text.empty()) {
+      out += openai_state::event(st->chunk(st->delta_choice({{"content", p.text}}, nullptr)));
+    }
     return out;
   };
   g.on_end = [st, h = sub.handle]() -> http_response {
@@ -116,10 +167,17 @@ generation_stream make_stream(server_context& ctx, submission sub, std::shared_p
       r.body += "data: [DONE]\n\n";
       return r;
     }
+    json logprobs = nullptr;
+    if (st->logprobs)
+      logprobs =
+          !st->lp.empty() ? st->lp
+          : st->kind == dialect::chat
+              ? json{{"content", json::array()}, {"refusal", nullptr}}
+              : json{{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()}, {"text_offset", json::array()}};
     json choice =
         st->kind == dialect::chat
-            ? json{{"index", 0}, {"message", {{"role", "assistant"}, {"content", st->text}}}, {"logprobs", nullptr}, {"finish_reason", finish}}
-            : json{{"index", 0}, {"text", st->text}, {"logprobs", nullptr}, {"finish_reason", finish}};
+            ? json{{"index", 0}, {"message", {{"role", "assistant"}, {"content", st->text}}}, {"logprobs", logprobs}, {"finish_reason", finish}}
+            : json{{"index", 0}, {"text", st->text}, {"logprobs", logprobs}, {"finish_reason", finish}};
     r.body = json{{"id", st->id},
                   {"object", st->kind == dialect::chat ? "chat.completion" : "text_completion"},
                   {"created", st->created},
@@ -163,6 +221,8 @@ route_result handle_completions(server_context& ctx, const http_request& r) {
   st->stream = req.stream;
   st->include_usage = req.include_usage;
   st->predicted = req.prediction.has_value();
+  st->logprobs = req.params.logprobs >= 0;
+  st->tokenizer = m.tokenizer.get();
   st->handle = sub.handle;
   return make_stream(ctx, std::move(sub), st);
 }
@@ -177,6 +237,8 @@ route_result handle_chat_completions(server_context& ctx, const http_request& r)
   st->stream = req.stream;
   st->include_usage = req.include_usage;
   st->predicted = req.prediction.has_value();
+  st->logprobs = req.params.logprobs >= 0;
+  st->tokenizer = m.tokenizer.get();
   st->handle = sub.handle;
   return make_stream(ctx, std::move(sub), st);
 }

@@ -80,7 +80,7 @@ std::vector<int32_t> build_prompt(const run_args& a, const models::model& m, con
   if (!a.chat_template.empty()) {
     const auto k = models::parse_chat_template_name(a.chat_template);
     if (!k) throw std::runtime_error("unknown chat template '" + a.chat_template + "'");
-    if (*k != tmpl.kind) tmpl = {*k, std::string(models::family_default_system_prompt(*k))};
+    if (*k != tmpl.kind) tmpl = {*k, std::string(models::family_default_system_prompt(*k)), nullptr};
   }
   if (!a.default_system) tmpl.default_system.clear();
   cli::logger().info("chat template: {}{}", models::chat_template_name(tmpl.kind),

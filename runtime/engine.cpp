@@ -153,6 +153,7 @@ std::shared_ptr<request_handle> engine::submit(engine_request r) {
     if (t < 0 || t >= vocab)
       throw std::invalid_argument("token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(vocab) + ")");
   if (r.params.max_tokens < 0) throw std::invalid_argument("max_tokens must be >= 0");
+  if (r.params.logprobs < -1 || r.params.logprobs > 20) throw std::invalid_argument("logprobs must be -1 (none) or 0..20");
   for (const auto& stop : r.params.stop)
     if (stop.empty()) throw std::invalid_argument("a stop string is empty");
   auto a = std::make_shared<active>(std::move(r), m, *cfg.tokenizer);  // the sampler validates its parameters

@@ -199,6 +199,9 @@ struct generation_params {
   // Tokens the output is expected mostly to repeat (OpenAI's predicted outputs): proposed by
   // n-gram lookup in them, whatever the model's method, unless speculate is false.
   std::vector<int32_t> prediction;
+  // -1: none; 0..20: each generated token's log-probability comes with its piece, with this
+  // many of the most likely tokens' (log_probabilities: from the raw logits).
+  int logprobs = -1;
 };
 
 struct engine_request {
@@ -220,7 +223,7 @@ class engine {
 
   // Throws std::invalid_argument (before queueing anything) for an unknown model, an empty
   // prompt, a prompt that does not fit the model's context, sampling parameters out of range,
-  // or an empty stop string.
+  // logprobs outside -1..20, or an empty stop string.
   std::shared_ptr<request_handle> submit(engine_request r);
   // Waits until every submitted request has finished.
   void drain();

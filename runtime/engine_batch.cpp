@@ -181,7 +181,9 @@ void engine::apply(served& s, const batch_plan& plan, const step_result& r) {
   // history, as it would be without speculation.
   const size_t vocab = r.vocab;
   auto& drawn = s.pass.drawn;
+  auto& drawn_lp = s.pass.drawn_logprobs;
   if (drawn.size() < picks.size()) drawn.resize(picks.size());
+  if (drawn_lp.size() < picks.size()) drawn_lp.resize(picks.size());
   pool_.parallel_for(static_cast<int64_t>(picks.size()), 1, [&](int64_t b, int64_t e) {
     thread_local std::vector<float> logits;
     logits.resize(vocab);
@@ -189,11 +191,15 @@ void engine::apply(served& s, const batch_plan& plan, const step_result& r) {
       const size_t k = picks[static_cast<size_t>(i)].first;
       active& a = *in_pass[k];
       auto& got = drawn[static_cast<size_t>(i)];
+      auto& got_lp = drawn_lp[static_cast<size_t>(i)];
       got.clear();
+      got_lp.clear();
       const int64_t draft = plan.entries[k].draft;
       for (int64_t j = 0; j <= draft; ++j) {
-        std::copy_n(r.logits.data() + (at[k] + j) * static_cast<int64_t>(vocab), vocab, logits.begin());
+        const float* row_logits = r.logits.data() + (at[k] + j) * static_cast<int64_t>(vocab);
+        std::copy_n(row_logits, vocab, logits.begin());
         got.push_back(a.smp.sample(logits, a.history));
+        if (a.params.logprobs >= 0) got_lp.push_back(log_probabilities({row_logits, vocab}, got.back(), a.params.logprobs));
         if (j == draft || got.back() != a.draft[static_cast<size_t>(j)]) break;
         a.history.push_back(got.back());  // for the next row's penalties; taken back below
       }
@@ -216,7 +222,9 @@ void engine::apply(served& s, const batch_plan& plan, const step_result& r) {
       a.next = id;
       ++a.generated;
       auto released = a.text.push(id);
-      a.handle->push(id, std::move(released.text));
+      std::optional<token_logprob> lp;
+      if (a.params.logprobs >= 0 && static_cast<size_t>(used - 1) < drawn_lp[i].size()) lp = std::move(drawn_lp[i][static_cast<size_t>(used - 1)]);
+      a.handle->push(id, std::move(released.text), std::move(lp));
       if (released.stopped)
         a.ending = finish_reason::stop;
       else if (a.generated >= a.params.max_tokens)

@@ -62,14 +62,15 @@ struct engine::active {
 struct engine::pass_buffers {
   std::vector<int32_t> row_tokens;
   std::vector<int64_t> row_seqs;
-  std::vector<active*> seqs;                      // per plan entry: its sequence
-  std::vector<std::pair<size_t, int32_t>> picks;  // per sampled row: its plan entry, the token
-  std::vector<int64_t> logit_rows;                // per plan entry: rows of logits (1 + its draft)
-  std::vector<int64_t> logits_at;                 // per plan entry: its first row of logits
-  std::vector<std::vector<int32_t>> drawn;        // per sampled entry: the tokens its rows gave
-  batch_state state;                              // plan_batch's input (its vectors kept)
-  int64_t decode_rows = 0, prompt_rows = 0;       // of the pass run last: what the ITL estimator learns from
-  int64_t drafted_seqs = 0, drafted_tokens = 0;   // of the pass run last: sequences the draft proposed for, their tokens
+  std::vector<active*> seqs;                               // per plan entry: its sequence
+  std::vector<std::pair<size_t, int32_t>> picks;           // per sampled row: its plan entry, the token
+  std::vector<int64_t> logit_rows;                         // per plan entry: rows of logits (1 + its draft)
+  std::vector<int64_t> logits_at;                          // per plan entry: its first row of logits
+  std::vector<std::vector<int32_t>> drawn;                 // per sampled entry: the tokens its rows gave
+  std::vector<std::vector<token_logprob>> drawn_logprobs;  // and their log-probabilities, when asked for
+  batch_state state;                                       // plan_batch's input (its vectors kept)
+  int64_t decode_rows = 0, prompt_rows = 0;                // of the pass run last: what the ITL estimator learns from
+  int64_t drafted_seqs = 0, drafted_tokens = 0;            // of the pass run last: sequences the draft proposed for, their tokens
 };
 
 // Requests per second, decaying over a minute: how likely a model is to be wanted next.

@@ -86,11 +86,11 @@ void request_handle::set_notify(std::function<void()> f) {
   if (now) f();
 }
 
-void request_handle::push(int32_t token, std::string text) {
+void request_handle::push(int32_t token, std::string text, std::optional<token_logprob> logprob) {
   std::function<void()> f;
   {
     std::lock_guard lock(m_);
-    pieces_.push_back({token, std::move(text), std::chrono::steady_clock::now()});
+    pieces_.push_back({token, std::move(text), std::chrono::steady_clock::now(), std::move(logprob)});
     f = notify_;
   }
   cv_.notify_all();

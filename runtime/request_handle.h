@@ -9,7 +9,10 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
+
+#include "runtime/sampler.h"
 
 namespace tandem::runtime {
 
@@ -24,6 +27,7 @@ struct piece {
   int32_t token = -1;
   std::string text;
   std::chrono::steady_clock::time_point at{};  // when the engine released it
+  std::optional<token_logprob> logprob;        // when the request asked for logprobs (generation_params::logprobs)
 };
 
 class request_handle {
@@ -59,7 +63,7 @@ class request_handle {
   speculation_counts speculation() const;
 
   // Engine side.
-  void push(int32_t token, std::string text = {});
+  void push(int32_t token, std::string text = {}, std::optional<token_logprob> logprob = {});
   void add_speculation(int64_t proposed, int64_t accepted);
   void finish(finish_reason why, std::string error = {});
 

@@ -194,4 +194,34 @@ int32_t sampler::sample_infinite(std::span<const float> logits) {
   return 0;  // unreachable: count >= 1 when called
 }
 
+token_logprob log_probabilities(std::span<const float> logits, int32_t token, int top) {
+  token_logprob out;
+  float mx = -std::numeric_limits<float>::infinity();
+  for (const float v : logits)
+    if (v > mx) mx = v;  // (NaN compares false)
+  if (!std::isfinite(mx)) {
+    out.logprob = -std::numeric_limits<float>::infinity();
+    return out;
+  }
+  double sum = 0;
+  for (const float v : logits)
+    if (v > -std::numeric_limits<float>::infinity()) sum += std::exp(static_cast<double>(v - mx));
+  const double lse = static_cast<double>(mx) + std::log(sum);
+  auto lp = [&](float v) { return v == v ? static_cast<float>(static_cast<double>(v) - lse) : -std::numeric_limits<float>::infinity(); };
+  if (token >= 0 && static_cast<size_t>(token) < logits.size()) out.logprob = lp(logits[static_cast<size_t>(token)]);
+  const auto n = std::min<size_t>(static_cast<size_t>(std::max(top, 0)), logits.size());
+  if (n > 0) {
+    // The n best by a partial selection over ids (ties to the lower id).
+    std::vector<int32_t> ids(logits.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+    auto better = [&](int32_t a, int32_t b) {
+      const float x = lp(logits[static_cast<size_t>(a)]), y = lp(logits[static_cast<size_t>(b)]);
+      return x > y || (x == y && a < b);
+    };
+    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), ids.end(), better);
+    for (size_t i = 0; i < n; ++i) out.top.emplace_back(ids[i], lp(logits[static_cast<size_t>(ids[i])]));
+  }
+  return out;
+}
+
 }  // namespace tandem::runtime

@@ -6,9 +6,21 @@
 #include <random>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace tandem::runtime {
+
+// A sampled token's log-probability and the most likely tokens' (OpenAI's logprobs and
+// top_logprobs), most likely first.
+struct token_logprob {
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
+// From a row of raw logits (before penalties and temperature, as vLLM's default reports
+// them): log-softmax at `token`, and the `top` most likely (0..20). NaN counts as -inf.
+token_logprob log_probabilities(std::span<const float> logits, int32_t token, int top);
 
 // Defaults follow llama.cpp's CLI (temp 0.8, top-k 40, top-p 0.95, min-p 0.05, no penalty).
 // The sampler constructor rejects values outside the stated ranges (NaN included).

@@ -72,7 +72,7 @@ TEST_SUITE("server") {
         {"an unknown field", "POST", "/v1/chat/completions", "{" + chat_ok + R"(,"frobnicate":true})", 400, "frobnicate"},
         {"stream_options without stream", "POST", "/v1/chat/completions", "{" + chat_ok + R"(,"stream_options":{"include_usage":true}})", 400,
          "stream_options"},
-        {"logprobs", "POST", "/v1/chat/completions", "{" + chat_ok + R"(,"logprobs":true})", 400, "logprobs"},
+        {"top_logprobs without logprobs", "POST", "/v1/chat/completions", "{" + chat_ok + R"(,"top_logprobs":2})", 400, "top_logprobs"},
         {"tools", "POST", "/v1/chat/completions", "{" + chat_ok + R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{}}}]})", 400,
          "tools"},
         {"a JSON response format", "POST", "/v1/chat/completions", "{" + chat_ok + R"(,"response_format":{"type":"json_object"}})", 400},

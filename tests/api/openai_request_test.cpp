@@ -168,6 +168,16 @@ TEST_SUITE("openai_request") {
     CHECK_FALSE(completion(R"({"model": "m", "prompt": "p", "stream": true})").include_usage);
   }
 
+  TEST_CASE("logprobs: chat's flag and top_logprobs, completions' count") {
+    CHECK(chat(R"({"model": "m", "messages": [{"role": "user", "content": "x"}]})").params.logprobs == -1);
+    CHECK(chat(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true})").params.logprobs == 0);
+    CHECK(chat(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 20})").params.logprobs == 20);
+    CHECK(chat(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": false, "top_logprobs": 0})").params.logprobs == -1);
+    CHECK(completion(R"({"model": "m", "prompt": "p", "logprobs": 5})").params.logprobs == 5);
+    CHECK(completion(R"({"model": "m", "prompt": "p", "logprobs": 0})").params.logprobs == 0);
+    CHECK(completion(R"({"model": "m", "prompt": "p"})").params.logprobs == -1);
+  }
+
   TEST_CASE("predicted outputs and speculate: read from both routes") {
     const auto g = completion(R"({"model": "m", "prompt": "p", "prediction": {"type": "content", "content": "int x = 1;"}, "speculate": false})");
     CHECK(g.prediction == "int x = 1;");
@@ -270,7 +280,8 @@ TEST_SUITE("openai_request") {
         {R"({"model": "m", "prompt": "p", "echo": true})", "echo", "not supported"},
         {R"({"model": "m", "prompt": "p", "echo": "no"})", "echo", "boolean"},
         {R"({"model": "m", "prompt": "p", "best_of": 3})", "best_of", "best_of=1"},
-        {R"({"model": "m", "prompt": "p", "logprobs": 5})", "logprobs", "logprobs is not supported"},
+        {R"({"model": "m", "prompt": "p", "logprobs": 21})", "logprobs", "20"},
+        {R"({"model": "m", "prompt": "p", "logprobs": -1})", "logprobs", "0"},
         {R"({"model": "m", "prompt": "p", "logprobs": true})", "logprobs", "integer"},
         {R"({"model": "m", "prompt": "p", "max_completion_tokens": 5})", "max_completion_tokens", "Unrecognized"},
         {R"({"model": "m", "prompt": "p", "messages": []})", "messages", "Unrecognized"},
@@ -316,9 +327,9 @@ TEST_SUITE("openai_request") {
          "messages[1].tool_calls", "not supported"},
         {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0})", "max_completion_tokens", "at least 1"},
         {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 9999})", "max_completion_tokens", "4096"},
-        {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true})", "logprobs", "logprobs is not supported"},
         {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": 1})", "logprobs", "boolean"},
-        {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 3})", "top_logprobs", "not supported"},
+        {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 3})", "top_logprobs", "needs 'logprobs': true"},
+        {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21})", "top_logprobs", "20"},
         {R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function",
             "function": {"name": "f"}}]})",
          "tools", "not supported"},

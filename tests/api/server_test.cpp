@@ -155,6 +155,63 @@ TEST_SUITE("server") {
     check_clean(f);
   }
 
+  TEST_CASE("logprobs: chat and completions, whole and streamed, consistent with the tokens sampled") {
+    tandem::test::served_fixture f;
+    const json req{{"model", "stories"},
+                   {"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}},
+                   {"max_completion_tokens", 12},
+                   {"temperature", 0},
+                   {"logprobs", true},
+                   {"top_logprobs", 3}};
+    const auto whole = json::parse(http_call(f.port, "POST", "/v1/chat/completions", req.dump()).body);
+    const auto& content = whole["choices"][0]["logprobs"]["content"];
+    REQUIRE(content.is_array());
+    CHECK(content.size() == whole["usage"]["completion_tokens"]);
+    std::string spelled;
+    for (const auto& e : content) {
+      CHECK(e["logprob"].get<double>() <= 0);
+      REQUIRE(e["top_logprobs"].size() == 3);
+      // Greedy: the token sampled is the most likely one, with the same log-probability.
+      CHECK(e["top_logprobs"][0]["token"] == e["token"]);
+      CHECK(e["top_logprobs"][0]["logprob"].get<double>() == doctest::Approx(e["logprob"].get<double>()));
+      CHECK(e["top_logprobs"][1]["logprob"].get<double>() <= e["top_logprobs"][0]["logprob"].get<double>());
+      CHECK(e["bytes"].size() == e["token"].get<std::string>().size());
+      spelled += e["token"].get<std::string>();
+    }
+    // The tokens spell the answer (SentencePiece's leading space aside).
+    CHECK(spelled.find(whole["choices"][0]["message"]["content"].get<std::string>().substr(1)) != std::string::npos);
+
+    json sreq = req;
+    sreq["stream"] = true;
+    bool done = false;
+    const auto events = sse_events(http_call(f.port, "POST", "/v1/chat/completions", sreq.dump()).body, &done);
+    CHECK(done);
+    json streamed = json::array();
+    for (const auto& e : events)
+      if (e["choices"][0].contains("logprobs") && e["choices"][0]["logprobs"].is_object())
+        for (const auto& x : e["choices"][0]["logprobs"]["content"]) streamed.push_back(x);
+    CHECK(streamed == content);
+
+    // Without the flag: null, as OpenAI.
+    json plain = req;
+    plain.erase("logprobs");
+    plain.erase("top_logprobs");
+    CHECK(json::parse(http_call(f.port, "POST", "/v1/chat/completions", plain.dump()).body)["choices"][0]["logprobs"].is_null());
+
+    // Completions: the legacy four lists.
+    const json creq{{"model", "stories"}, {"prompt", "Once upon a time"}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", 2}};
+    const auto c = json::parse(http_call(f.port, "POST", "/v1/completions", creq.dump()).body);
+    const auto& lp = c["choices"][0]["logprobs"];
+    REQUIRE(lp["tokens"].size() == c["usage"]["completion_tokens"]);
+    CHECK(lp["token_logprobs"].size() == lp["tokens"].size());
+    CHECK(lp["top_logprobs"].size() == lp["tokens"].size());
+    for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+      CHECK(lp["top_logprobs"][i].contains(lp["tokens"][i].get<std::string>()));
+      if (i > 0) CHECK(lp["text_offset"][i].get<size_t>() == lp["text_offset"][i - 1].get<size_t>() + lp["tokens"][i - 1].get<std::string>().size());
+    }
+    check_clean(f);
+  }
+
   TEST_CASE("fill in the middle: OpenAI suffix, /infill whole, streamed and warm-up, and models without FIM tokens") {
     tandem::test::served_fixture f;
     const json c{{"model", "coder"}, {"prompt", "def add(a, b):\n    "}, {"suffix", "\n\nprint(add(1, 2))\n"}, {"max_tokens", 8}, {"temperature", 0}};

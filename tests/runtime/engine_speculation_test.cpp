@@ -91,6 +91,40 @@ TEST_SUITE("engine") {
     CHECK(spec.kv_blocks_in_use("m") == 0);
   }
 
+  TEST_CASE("logprobs come with every token, the same with speculation as without") {
+    const models::model m(test::data_path("stories260K.gguf").string());
+    const auto tok = models::tokenizer::from_gguf(m.file());
+    const auto prompt = repeating_prompt();
+    runtime::engine_model em{"m", &m, &tok, 0, 2, 256};
+    em.speculate = {runtime::spec_method::ngram, 6};
+    runtime::engine spec({em}, {.threads = 2, .max_batch_tokens = 64, .prefill_chunk = 16});
+    runtime::engine plain({{"m", &m, &tok, 0, 2, 256}}, {.threads = 2, .max_batch_tokens = 64, .prefill_chunk = 16});
+    auto p = greedy(40);
+    p.logprobs = 2;
+    auto pieces = [&](runtime::engine& e) {
+      std::vector<runtime::piece> out;
+      auto h = e.submit({"m", prompt, p});
+      for (runtime::piece x; h->next(&x);)
+        if (x.token >= 0) out.push_back(x);
+      return out;
+    };
+    const auto a = pieces(plain), b = pieces(spec);
+    REQUIRE(a.size() == 40);
+    REQUIRE(b.size() == a.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      CAPTURE(i);
+      REQUIRE(a[i].logprob);
+      REQUIRE(b[i].logprob);
+      CHECK(a[i].token == b[i].token);
+      CHECK(a[i].logprob->top.size() == 2);
+      CHECK(a[i].logprob->top[0].first == a[i].token);  // greedy: the most likely
+      CHECK(b[i].logprob->logprob == doctest::Approx(a[i].logprob->logprob).epsilon(1e-4));
+    }
+    auto bad = greedy(4);
+    bad.logprobs = 21;
+    CHECK_THROWS_AS(plain.submit({"m", prompt, bad}), std::invalid_argument);
+  }
+
   TEST_CASE("the n-gram cache proposes from earlier requests' outputs; output unchanged, nothing kept with it off") {
     const models::model m(test::data_path("stories260K.gguf").string());
     const auto tok = models::tokenizer::from_gguf(m.file());

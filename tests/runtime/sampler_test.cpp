@@ -497,3 +497,26 @@ TEST_SUITE("sampler") {
     CHECK(ids_drawn(s, {0.0f, 0.0f, 0.0f}, 300) == std::set<int32_t>{0, 1, 2});
   }
 }
+
+TEST_SUITE("sampler") {
+  TEST_CASE("log_probabilities: log-softmax of the raw row, the most likely first, NaN as -inf") {
+    const std::vector<float> l{1.0f, 3.0f, std::nanf(""), 3.0f, -std::numeric_limits<float>::infinity(), 0.0f};
+    const auto t = log_probabilities(l, 1, 3);
+    double sum = 0;
+    for (const float v : {1.0f, 3.0f, 3.0f, 0.0f}) sum += std::exp(static_cast<double>(v));
+    CHECK(t.logprob == doctest::Approx(3.0 - std::log(sum)));
+    REQUIRE(t.top.size() == 3);
+    CHECK(t.top[0].first == 1);  // the tie goes to the lower id
+    CHECK(t.top[1].first == 3);
+    CHECK(t.top[2].first == 0);
+    CHECK(t.top[0].second == doctest::Approx(t.logprob));
+    CHECK(std::isinf(log_probabilities(l, 2, 0).logprob));  // the NaN's
+    CHECK(std::isinf(log_probabilities(l, 4, 0).logprob));
+    CHECK(log_probabilities(l, 0, 0).top.empty());
+    CHECK(log_probabilities(l, 0, 100).top.size() == l.size());  // never more than the vocabulary
+    // Every row probability sums to one.
+    double total = 0;
+    for (const auto& [id, lp] : log_probabilities(l, 0, static_cast<int>(l.size())).top) total += std::exp(static_cast<double>(lp));
+    CHECK(total == doctest::Approx(1.0));
+  }
+}
