@@ -211,15 +211,18 @@ token_logprob log_probabilities(std::span<const float> logits, int32_t token, in
   if (token >= 0 && static_cast<size_t>(token) < logits.size()) out.logprob = lp(logits[static_cast<size_t>(token)]);
   const auto n = std::min<size_t>(static_cast<size_t>(std::max(top, 0)), logits.size());
   if (n > 0) {
-    // The n best by a partial selection over ids (ties to the lower id).
-    std::vector<int32_t> ids(logits.size());
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
-    auto better = [&](int32_t a, int32_t b) {
-      const float x = lp(logits[static_cast<size_t>(a)]), y = lp(logits[static_cast<size_t>(b)]);
-      return x > y || (x == y && a < b);
-    };
-    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), ids.end(), better);
-    for (size_t i = 0; i < n; ++i) out.top.emplace_back(ids[i], lp(logits[static_cast<size_t>(ids[i])]));
+    // The n best kept sorted while walking the row once (n <= 20 in practice): no buffer the
+    // size of the vocabulary on the sampling path. Ties go to the lower id (seen first).
+    auto& top_n = out.top;
+    top_n.reserve(n + 1);
+    for (size_t i = 0; i < logits.size(); ++i) {
+      const float v = lp(logits[i]);
+      if (top_n.size() == n && !(v > top_n.back().second)) continue;
+      size_t at = top_n.size();
+      while (at > 0 && v > top_n[at - 1].second) --at;
+      top_n.insert(top_n.begin() + static_cast<std::ptrdiff_t>(at), {static_cast<int32_t>(i), v});
+      if (top_n.size() > n) top_n.pop_back();
+    }
   }
   return out;
 }
