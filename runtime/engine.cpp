@@ -157,6 +157,15 @@ std::shared_ptr<request_handle> engine::submit(engine_request r) {
   for (const auto& stop : r.params.stop)
     if (stop.empty()) throw std::invalid_argument("a stop string is empty");
   auto a = std::make_shared<active>(std::move(r), m, *cfg.tokenizer);  // the sampler validates its parameters
+  if (a->params.constraint) {
+    std::shared_ptr<const grammar_vocab> v;
+    {
+      std::lock_guard lock(models_[m]->grammar_m);
+      if (!models_[m]->constraint_vocab) models_[m]->constraint_vocab = make_grammar_vocab(*cfg.tokenizer);
+      v = models_[m]->constraint_vocab;
+    }
+    a->matcher.emplace(a->params.constraint, std::move(v));
+  }
   auto h = a->handle;
   {
     std::lock_guard lock(m_);

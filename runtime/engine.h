@@ -54,6 +54,7 @@
 #include "runtime/memory_plan.h"
 #include "policy/plan_types.h"
 #include "runtime/batch_plan.h"
+#include "runtime/grammar.h"
 #include "runtime/itl_estimator.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/request_handle.h"
@@ -202,6 +203,10 @@ struct generation_params {
   // -1: none; 0..20: each generated token's log-probability comes with its piece, with this
   // many of the most likely tokens' (log_probabilities: from the raw logits).
   int logprobs = -1;
+  // Constrained decoding: each token is drawn from those the grammar allows next, and the
+  // generation ends (finish_reason::stop) once the text is a whole sentence that nothing may
+  // follow, or at an end-of-generation token where the grammar may end. No speculation.
+  std::shared_ptr<const runtime::grammar> constraint;
 };
 
 struct engine_request {

@@ -47,7 +47,7 @@ void engine::propose(served& s, active& a, int decoding) {
   a.drafted = false;
   const spec_settings& cfg = s.cfg.speculate;
   const bool predicted = !a.params.prediction.empty();
-  if (!a.params.speculate || (cfg.method == spec_method::off && !predicted)) return;
+  if (!a.params.speculate || a.matcher || (cfg.method == spec_method::off && !predicted)) return;
   if (a.prefilled < static_cast<int64_t>(a.prompt.size()) || decoding > config_.spec_max_batch) return;
   const int64_t most = std::max<int64_t>(cfg.max_tokens, 1);
   const int64_t pos = s.ctx->pos(a.seq);
@@ -198,6 +198,10 @@ void engine::apply(served& s, const batch_plan& plan, const step_result& r) {
       for (int64_t j = 0; j <= draft; ++j) {
         const float* row_logits = r.logits.data() + (at[k] + j) * static_cast<int64_t>(vocab);
         std::copy_n(row_logits, vocab, logits.begin());
+        if (a.matcher && !a.matcher->mask(logits)) {
+          got.push_back(-1);  // the grammar cannot go on in this vocabulary: the generation ends
+          break;
+        }
         got.push_back(a.smp.sample(logits, a.history));
         if (a.params.logprobs >= 0) got_lp.push_back(log_probabilities({row_logits, vocab}, got.back(), a.params.logprobs));
         if (j == draft || got.back() != a.draft[static_cast<size_t>(j)]) break;
@@ -214,10 +218,16 @@ void engine::apply(served& s, const batch_plan& plan, const step_result& r) {
     int64_t used = 0;                                   // rows whose tokens this pass keeps
     for (const int32_t id : drawn[i]) {
       ++used;
-      if (a.params.stop_at_eog && s.cfg.tokenizer->is_eog(id)) {
+      if (id < 0) {
+        runtime::logger().warn("engine: {}: no token of the vocabulary continues the request's grammar here; ending it", s.cfg.name);
+        a.ending = finish_reason::stop;
+        break;
+      }
+      if ((a.params.stop_at_eog || a.matcher) && s.cfg.tokenizer->is_eog(id)) {
         a.ending = finish_reason::eog;
         break;
       }
+      if (a.matcher) a.matcher->accept(id);  // (the mask allowed it)
       a.history.push_back(id);
       a.next = id;
       ++a.generated;
@@ -225,7 +235,7 @@ void engine::apply(served& s, const batch_plan& plan, const step_result& r) {
       std::optional<token_logprob> lp;
       if (a.params.logprobs >= 0 && static_cast<size_t>(used - 1) < drawn_lp[i].size()) lp = std::move(drawn_lp[i][static_cast<size_t>(used - 1)]);
       a.handle->push(id, std::move(released.text), std::move(lp));
-      if (released.stopped)
+      if (released.stopped || (a.matcher && a.matcher->finished()))
         a.ending = finish_reason::stop;
       else if (a.generated >= a.params.max_tokens)
         a.ending = finish_reason::length;

@@ -8,12 +8,14 @@
 #include <cmath>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <vector>
 
 #include "memory/huge_buffer.h"
 #include "runtime/batch_plan.h"
 #include "runtime/draft_mirror.h"
+#include "runtime/grammar_matcher.h"
 #include "runtime/engine.h"
 #include "runtime/interleave_state.h"
 #include "runtime/itl_estimator.h"
@@ -46,6 +48,7 @@ struct engine::active {
   int64_t draft_room = 0;                      // proposals left to the draft model this pass (0: none)
   draft_mirror mirror;                         // its state in the draft model
   bool drafted = false;                        // active::draft came from the draft model this pass
+  std::optional<grammar_matcher> matcher;      // with generation_params::constraint
 
   active(engine_request r, size_t m, const models::tokenizer& tok)
       : handle(std::make_shared<request_handle>()),
@@ -125,6 +128,9 @@ struct engine::served {
   clock_type::time_point last_pass = clock_type::now();
   clock_type::time_point loaded_at{};  // when the engine last started loading it (placement by plan)
   int in_flight = 0;                   // submitted and not finished (engine::m_): the queue limit
+  // Its vocabulary as grammars see it, made for the first request with a grammar (submit).
+  std::mutex grammar_m;
+  std::shared_ptr<const runtime::grammar_vocab> constraint_vocab;
   // For model_stats (engine::m_).
   int64_t prefix_queries = 0, prefix_hits = 0, preemptions = 0;
   void publish() {

@@ -13,9 +13,10 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-// The JSON grammar's fixed rules. ws is bounded; members and items carry their trailing ws, so
+// The JSON grammar's fixed rules. ws is one space, or a newline and an indent of at most 20
+// (a model cannot pad without end); members and items carry their trailing ws, so
 // no two ws meet and a parse never branches on where whitespace belongs.
-constexpr const char* k_base = R"(ws ::= [ \t\n]{0,20}
+constexpr const char* k_base = R"(ws ::= (" " | "\n" [ \t]{0,20})?
 char ::= [^"\\\x00-\x1f] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})
 string ::= "\"" char* "\""
 integer ::= "-"? ("0" | [1-9] [0-9]{0,15})

@@ -9,7 +9,8 @@
 // / uuid; enum, const; anyOf and oneOf (as anyOf); allOf of one schema; $ref to "#" or a JSON
 // pointer within the schema ($defs, definitions); true and {} (any JSON value). Annotations
 // (title, description, default, examples, $schema, $id, $comment, deprecated, readOnly,
-// writeOnly) are ignored. Whitespace between tokens is limited to 20 characters, numbers to
+// writeOnly) are ignored. Whitespace between tokens is one space, or a newline and an indent of
+// at most 20 spaces or tabs; numbers to
 // 16 digits before and after the point: a model cannot run on in either.
 #pragma once
 

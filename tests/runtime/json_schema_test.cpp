@@ -47,15 +47,16 @@ TEST_SUITE("json_schema") {
     const schema_grammar s(R"({"type": "object", "properties": {"s": {"type": "string"}, "i": {"type": "integer"},
       "n": {"type": "number"}, "b": {"type": "boolean"}, "z": {"type": "null"}}, "required": ["s", "i", "n", "b", "z"]})");
     CHECK(s.accepts(R"({"s": "a \"q\" \u00e9 ✓", "i": -12, "n": 3.5e-7, "b": true, "z": null})"));
-    CHECK(s.accepts("{\n  \"s\":\"\",\n  \"i\":0,\"n\":0,\"b\":false,\"z\":null}"));
-    CHECK(s.accepts(R"(  {"s":"x","i":1,"n":-0.25,"b":true,"z":null})"));                       // leading whitespace
+    CHECK(s.accepts("{\n  \"s\":\"\",\n  \"i\":0,\"n\":0,\"b\":false,\"z\":null\n}"));
+    CHECK(s.accepts(R"( {"s":"x","i":1,"n":-0.25,"b":true,"z":null})"));                        // leading whitespace
     CHECK_FALSE(s.accepts(R"({"s": "x", "i": 1.5, "n": 1, "b": true, "z": null})"));            // integer
     CHECK_FALSE(s.accepts(R"({"s": "x", "i": 01, "n": 1, "b": true, "z": null})"));             // leading zero
     CHECK_FALSE(s.accepts(R"({"s": "x", "i": 1, "n": 1, "b": "true", "z": null})"));            // boolean
     CHECK_FALSE(s.accepts(R"({"i": 1, "s": "x", "n": 1, "b": true, "z": null})"));              // the schema's order
     CHECK_FALSE(s.accepts(R"({"s": "x", "i": 1, "n": 1, "b": true})"));                         // required
     CHECK_FALSE(s.accepts("{\"s\": \"a\nb\", \"i\": 1, \"n\": 1, \"b\": true, \"z\": null}"));  // raw newline in a string
-    CHECK_FALSE(s.accepts(std::string("{\"s\": \"x\"") + std::string(21, ' ') + ", \"i\": 1, \"n\": 1, \"b\": true, \"z\": null}"));
+    CHECK_FALSE(s.accepts(std::string("{\"s\": \"x\"\n") + std::string(21, ' ') + ", \"i\": 1, \"n\": 1, \"b\": true, \"z\": null}"));
+    CHECK_FALSE(s.accepts(R"({"s":  "x", "i": 1, "n": 1, "b": true, "z": null})"));  // two spaces
   }
 
   TEST_CASE("optional properties: any subset, in order") {
