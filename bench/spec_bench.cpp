@@ -1,5 +1,6 @@
 #include "bench/spec_bench.h"
 
+#include "bench/chat_prompt.h"
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -68,17 +69,6 @@ std::string first_fenced_block(const std::string& text) {
   return text.substr(open, close + 3 - open);
 }
 
-std::vector<int32_t> prompt_tokens(const spec_bench_options& o, const std::string& text, const models::model& m, const models::tokenizer& tok) {
-  const std::string jinja = m.file().get_string("tokenizer.chat_template").value_or("");
-  if (!o.chat || jinja.empty()) return tok.encode(text, tok.add_bos(), /*parse_special=*/true);
-  // As `tandem run --chat`: the model's template family without its injected system prompt.
-  auto tmpl = models::chat_template_from_jinja(jinja);
-  tmpl.default_system.clear();
-  const std::vector<models::chat_message> msgs{{"user", text}};
-  const std::string rendered = models::apply_chat_template(tmpl, msgs, /*add_generation_prompt=*/true);
-  return tok.encode(rendered, tok.add_bos() && !models::renders_bos(tmpl.kind), /*parse_special=*/true);
-}
-
 struct run_out {
   std::vector<int32_t> tokens;
   double decode_s = 0;
@@ -138,7 +128,7 @@ spec_bench_result run_spec_bench(const spec_bench_options& o) {
   }
 
   const std::string text = !o.prompt.empty() ? o.prompt : default_prompt(o.method);
-  const auto prompt = prompt_tokens(o, text, target, tok);
+  const auto prompt = chat_prompt_tokens(target, tok, text, o.chat);
   std::vector<int32_t> prediction;
   if (o.method == spec_bench_method::prediction) {
     const std::string predicted = !o.prediction.empty() ? o.prediction : first_fenced_block(text);

@@ -17,6 +17,7 @@
 #include "bench/http_load.h"
 #include "bench/serve_bench.h"
 #include "bench/spec_bench.h"
+#include "bench/grammar_bench.h"
 #include "bench/swap_bench.h"
 #include "cli/command_registry.h"
 #include "configs/roster_loader.h"
@@ -256,6 +257,41 @@ void add_spec_command(CLI::App& bench_cmd) {
   });
 }
 
+void add_grammar_command(CLI::App& bench_cmd) {
+  struct grammar_args {
+    bench::grammar_bench_options opt;
+    std::string schema_file, prompt_file;
+    bool json = false;
+  };
+  auto a = std::make_shared<grammar_args>();
+  auto* cmd =
+      bench_cmd.add_subcommand("grammar", "Measure constrained decoding: the token mask per token, and decode with and without a JSON schema");
+  cmd->add_option("-m,--model", a->opt.model_path, "the GGUF model file")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--vocab", a->opt.vocab_paths, "more GGUF files whose vocabularies the mask is timed on (repeatable)")->check(CLI::ExistingFile);
+  cmd->add_option("--schema", a->schema_file, "a JSON Schema file (default: a built-in record)")->check(CLI::ExistingFile);
+  cmd->add_option("-p,--prompt-file", a->prompt_file, "the request's text (default: asks for the built-in record)")->check(CLI::ExistingFile);
+  cmd->add_option("-n,--gen", a->opt.gen, "tokens to generate per run, at most")
+      ->check(CLI::Range(int64_t{2}, models::k_max_context))
+      ->capture_default_str();
+  cmd->add_option("-r,--reps", a->opt.reps, "timed repetitions of each side (after one untimed warm-up)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  cmd->add_option("--random-steps", a->opt.random_steps, "steps of the random walk over allowed tokens")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  cmd->add_option("-t,--threads", a->opt.threads, "threads (0: all cores)")->check(CLI::Range(0, 1024))->capture_default_str();
+  cmd->add_flag("--json", a->json, "print one JSON object instead of the table");
+  cmd->callback([a] {
+    auto& o = a->opt;
+    if (!a->schema_file.empty()) o.schema = read_text_file(a->schema_file);
+    if (!a->prompt_file.empty()) o.prompt = read_text_file(a->prompt_file);
+    const auto r = bench::run_grammar_bench(o);
+    const std::string out = a->json ? bench::to_json(r).dump() + "\n" : bench::format_table(r);
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fflush(stdout);
+  });
+}
+
 void add_gpu_command(CLI::App& bench_cmd) {
   struct gpu_args {
     bench::gpu_bench_options opt;
@@ -330,6 +366,7 @@ void add_bench_command(CLI::App& root) {
   add_http_command(*cmd);
   add_gpu_command(*cmd);
   add_spec_command(*cmd);
+  add_grammar_command(*cmd);
   cmd->add_option("-m,--model", a->opt.model_path, "GGUF model file")->check(CLI::ExistingFile);
   cmd->add_option("-t,--threads", a->opt.threads, "threads (0: all cores)")->check(CLI::Range(0, 1024))->capture_default_str();
   cmd->add_option("-p,--prompt", p.prompt, "prefill: prompt tokens")->check(CLI::Range(int64_t{1}, models::k_max_context))->capture_default_str();
@@ -371,7 +408,7 @@ void add_bench_command(CLI::App& root) {
   cmd->add_flag("--json", a->json, "print one JSON object instead of the table");
   cmd->callback([a, cmd] {
     if (cmd->got_subcommand("swap") || cmd->got_subcommand("serve") || cmd->got_subcommand("http") || cmd->got_subcommand("gpu") ||
-        cmd->got_subcommand("spec"))
+        cmd->got_subcommand("spec") || cmd->got_subcommand("grammar"))
       return;
     if (a->opt.model_path.empty()) throw std::runtime_error("bench: -m/--model is required");
     run_bench_command(*a);
