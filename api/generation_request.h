@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "api/constraint.h"
 #include "models/chat_template.h"
 #include "runtime/engine.h"
 
@@ -39,6 +40,8 @@ struct parsed_generation {
   // OpenAI's predicted output (prediction.content), as text: the route tokenizes it with the
   // model's tokenizer (no BOS) into params.prediction.
   std::optional<std::string> prediction;
+  // Structured output asked for (constraint.h): the route compiles it into params.constraint.
+  constraint_request constraint;
 };
 
 }  // namespace tandem::api

@@ -47,5 +47,9 @@ struct infill_request {
 // Requires input_prefix and input_suffix (strings, may be empty), as llama.cpp does. n_cmpl
 // (alternatives wanted, 1 to 16) is accepted and one completion is served.
 infill_request parse_infill(const nlohmann::json& body, const request_limits& limits);
+// llama.cpp's POST /completion: the same fields, with prompt (required: text, or token ids
+// into gen.prompt_tokens) instead of the FIM ones; grammar / json_schema as constraint.h reads
+// them.
+infill_request parse_llama_completion(const nlohmann::json& body, const request_limits& limits);
 
 }  // namespace tandem::api

@@ -93,9 +93,7 @@ ollama_request read_common(const json& body, const request_limits& limits) {
   if (const json* v = find_field(body, "keep_alive")) r.keep_alive = parse_keep_alive(*v);
   read_options(body, limits, r.gen);
 
-  // JSON output: "" is Ollama's "no format"; anything else ("json", a schema, {}) asks for it.
-  if (const json* format = find_field(body, "format"); format && !(format->is_string() && format->get_ref<const std::string&>().empty()))
-    unsupported("format (structured output)", "format");
+  read_ollama_format(body, r.gen.constraint);
   if (const json* think = find_field(body, "think"); think && !(think->is_boolean() && !think->get<bool>())) unsupported("think", "think");
   if (const json* tools = optional_array(body, "tools"); tools && !tools->empty()) unsupported("tools", "tools");
   return r;

@@ -47,7 +47,9 @@ constexpr std::string_view k_common_keys[] = {"model",
                                               "reasoning_effort",
                                               "modalities",
                                               "prediction",
-                                              "speculate"};
+                                              "speculate",
+                                              "grammar",
+                                              "json_schema"};
 constexpr std::string_view k_completion_keys[] = {"prompt", "suffix", "echo", "best_of"};
 constexpr std::string_view k_chat_keys[] = {"messages",  "max_completion_tokens", "top_logprobs",  "tools",
                                             "functions", "tool_choice",           "function_call", "chat_template_kwargs"};
@@ -127,11 +129,6 @@ void reject_unsupported_common(const json& body) {
   if (auto n = optional_integer(body, "n", std::numeric_limits<int64_t>::min(), k_int64_max); n && *n != 1)
     throw bad_request("only n=1 is supported", "n");
   if (const json* bias = optional_object(body, "logit_bias"); bias && !bias->empty()) unsupported("logit_bias", "logit_bias");
-  if (const json* format = optional_object(body, "response_format")) {
-    const std::string type = require_string(*format, "type", "response_format");
-    if (type == "json_object" || type == "json_schema") unsupported("response_format type '" + type + "'", "response_format.type");
-    if (type != "text") throw bad_request("'response_format.type' must be \"text\", got '" + type + "'", "response_format.type");
-  }
 
   // Accepted and ignored; type-checked so that a malformed body still fails loudly.
   optional_string(body, "user");
@@ -174,6 +171,8 @@ void read_common(const json& body, parsed_generation& g) {
   g.params.stop_at_eog = !optional_bool(body, "ignore_eos").value_or(false);
   read_stream(body, g);
   reject_unsupported_common(body);
+  read_response_format(body, g.constraint);
+  read_llama_constraint(body, g.constraint);
   g.prediction = read_prediction(body);
   // tandem's extra: no speculation for this request (the model's speculate: setting otherwise).
   if (auto v = optional_bool(body, "speculate")) g.params.speculate = *v;

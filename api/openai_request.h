@@ -1,13 +1,13 @@
 // Parsing of OpenAI-style request bodies: POST /v1/completions and /v1/chat/completions.
-// Strict as OpenAI is: unknown keys, features this server lacks (n > 1, logprobs, tools, JSON
-// output, images) and out-of-range values are 400 invalid_request_error naming the field,
-// never silently ignored. Null counts as absent for every optional field.
+// Strict as OpenAI is: unknown keys, features this server lacks (n > 1, tools, images) and out-of-range values are 400 invalid_request_error naming
+// the field, never silently ignored. Null counts as absent for every optional field.
 //
 // Sampling defaults are OpenAI's (temperature 1, top_p 1, top-k and min-p off, no penalties);
 // the penalties' window is the sampler's default (the last 64 tokens, as llama.cpp's server).
 // vLLM's and llama.cpp's extras are accepted: top_k (0 or -1: off), min_p,
 // repetition_penalty / repeat_penalty (repetition_penalty wins when both are given), and
-// ignore_eos (generate past end-of-generation tokens).
+// ignore_eos (generate past end-of-generation tokens), and llama.cpp's grammar (GBNF) and
+// json_schema beside OpenAI's response_format (constraint.h).
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -125,6 +125,7 @@ constexpr fixed_route k_routes[] = {
     {"/v1/chat/completions", "POST", handle_chat_completions},
     {"/chat/completions", "POST", handle_chat_completions},
     {"/infill", "POST", handle_infill},
+    {"/completion", "POST", handle_llama_completion},
     {"/apply-template", "POST", handle_apply_template},
     {"/api/generate", "POST", handle_ollama_generate},
     {"/api/chat", "POST", handle_ollama_chat},

@@ -22,6 +22,7 @@ route_result handle_chat_completions(server_context& ctx, const http_request& r)
 
 // POST /infill (routes_infill.cpp)
 route_result handle_infill(server_context& ctx, const http_request& r);
+route_result handle_llama_completion(server_context& ctx, const http_request& r);
 route_result handle_apply_template(server_context& ctx, const http_request& r);
 
 // POST /api/generate, POST /api/chat (routes_ollama.cpp); GET /api/tags, GET /api/ps,

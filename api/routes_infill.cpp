@@ -41,8 +41,8 @@ struct infill_state {
   indent_gate indent;
   std::vector<std::string> fields;
   request_clock clock;
-  infill_state(server_context& ctx, std::string m, int64_t prompt_tokens, request_clock::clock::time_point arrived)
-      : model(std::move(m)), clock(ctx, model, "infill", prompt_tokens, arrived) {}
+  infill_state(server_context& ctx, std::string m, const char* route, int64_t prompt_tokens, request_clock::clock::time_point arrived)
+      : model(std::move(m)), clock(ctx, model, route, prompt_tokens, arrived) {}
 
   json final_object(runtime::finish_reason why, const std::string& all_content) const {
     const char* stop_type = timed_out                                                                         ? "limit"
@@ -87,6 +87,9 @@ struct infill_state {
   }
 };
 
+route_result stream_llama(server_context& ctx, const http_request& r, const runtime::served_model& m, std::vector<int32_t> prompt,
+                          const infill_request& req, const char* route);
+
 }  // namespace
 
 route_result handle_infill(server_context& ctx, const http_request& r) {
@@ -111,9 +114,35 @@ route_result handle_infill(server_context& ctx, const http_request& r) {
   const int64_t context = m->entry->context;
   // Prefix and suffix get half the context between them, the extra chunks what is left
   // after the generation's room (llama.cpp's budget with n_batch = context / 2).
-  auto prompt = models::build_infill_prompt(*m->tokenizer, fim, in, context, context / 2, req.gen.params.max_tokens);
-  auto sub = submit_generation(ctx, *m, std::move(prompt), req.gen.params);
-  auto st = std::make_shared<infill_state>(ctx, m->name(), sub.prompt_tokens, r.received_at);
+  return stream_llama(ctx, r, *m, models::build_infill_prompt(*m->tokenizer, fim, in, context, context / 2, req.gen.params.max_tokens), req,
+                      "infill");
+}
+
+// llama.cpp's POST /completion: a plain prompt (text or token ids), answered as /infill is.
+route_result handle_llama_completion(server_context& ctx, const http_request& r) {
+  const auto req = parse_llama_completion(parse_json_object(r), {ctx.config.limits.max_tokens});
+  const runtime::served_model* m = nullptr;
+  if (!req.gen.model.empty()) {
+    m = &resolve_model(ctx, req.gen.model);
+  } else {
+    // llama.cpp's server has one model; here the first chat model stands for it.
+    for (const auto& s : ctx.served.models())
+      if (!m || (s->entry->role == configs::model_role::chat && m->entry->role != configs::model_role::chat)) m = s.get();
+    if (!m) throw bad_request("no model is served", "model");
+  }
+  auto prompt = req.gen.prompt_tokens ? *req.gen.prompt_tokens : tokenize_prompt(*m, req.gen.prompt.value_or(""));
+  return stream_llama(ctx, r, *m, std::move(prompt), req, "completion");
+}
+
+namespace {
+
+route_result stream_llama(server_context& ctx, const http_request& r, const runtime::served_model& model, std::vector<int32_t> prompt,
+                          const infill_request& req, const char* route) {
+  const runtime::served_model* m = &model;
+  auto params = req.gen.params;
+  params.constraint = compile_constraint(req.gen.constraint, r.body);
+  auto sub = submit_generation(ctx, *m, std::move(prompt), std::move(params));
+  auto st = std::make_shared<infill_state>(ctx, m->name(), route, sub.prompt_tokens, r.received_at);
   st->stream = req.gen.stream;
   st->t_max_predict_ms = req.t_max_predict_ms;
   st->indent = indent_gate(req.n_indent);
@@ -160,5 +189,7 @@ route_result handle_infill(server_context& ctx, const http_request& r) {
   g.on_close = [st, h = sub.handle](bool gone) { st->clock.finish(st->timed_out ? runtime::finish_reason::length : h->finished(), gone); };
   return g;
 }
+
+}  // namespace
 
 }  // namespace tandem::api

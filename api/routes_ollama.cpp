@@ -83,8 +83,10 @@ http_response load_or_unload(server_context& ctx, const runtime::served_model& m
 }
 
 route_result stream_of(server_context& ctx, const runtime::served_model& m, const ollama_request& req, std::vector<int32_t> prompt, bool chat,
-                       request_clock::clock::time_point arrived) {
-  auto sub = submit_generation(ctx, m, std::move(prompt), req.gen.params);
+                       const http_request& r) {
+  auto params = req.gen.params;
+  params.constraint = compile_constraint(req.gen.constraint, r.body);
+  auto sub = submit_generation(ctx, m, std::move(prompt), std::move(params));
   // Only once the request is accepted: keep_alive 0 on a generating request unloads the
   // model when it is idle again.
   if (req.keep_alive) {
@@ -92,7 +94,7 @@ route_result stream_of(server_context& ctx, const runtime::served_model& m, cons
     c.keep_alive = setting_of(*req.keep_alive);
     ctx.served.executor().control(m.name(), c);
   }
-  auto st = std::make_shared<ollama_state>(ctx, chat, m.name(), sub.prompt_tokens, arrived);
+  auto st = std::make_shared<ollama_state>(ctx, chat, m.name(), sub.prompt_tokens, r.received_at);
   st->stream = req.gen.stream;
   generation_stream g;
   g.handle = sub.handle;
@@ -146,14 +148,14 @@ route_result handle_ollama_generate(server_context& ctx, const http_request& r) 
     msgs.push_back({"user", text});
     prompt = tokenize_chat(m, msgs);
   }
-  return stream_of(ctx, m, req, std::move(prompt), false, r.received_at);
+  return stream_of(ctx, m, req, std::move(prompt), false, r);
 }
 
 route_result handle_ollama_chat(server_context& ctx, const http_request& r) {
   const auto req = parse_ollama_chat(parse_json_object(r), {ctx.config.limits.max_tokens});
   const auto& m = resolve_model(ctx, req.gen.model);
   if (req.load_only) return load_or_unload(ctx, m, req, true);
-  return stream_of(ctx, m, req, tokenize_chat(m, req.gen.messages), true, r.received_at);
+  return stream_of(ctx, m, req, tokenize_chat(m, req.gen.messages), true, r);
 }
 
 }  // namespace tandem::api

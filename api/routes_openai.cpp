@@ -216,6 +216,7 @@ route_result handle_completions(server_context& ctx, const http_request& r) {
   }
   auto params = req.params;
   if (req.prediction) params.prediction = tokenize_prediction(m, *req.prediction);
+  params.constraint = compile_constraint(req.constraint, r.body);
   auto sub = submit_generation(ctx, m, std::move(prompt), std::move(params));
   auto st = std::make_shared<openai_state>(ctx, dialect::completion, m.name(), sub.prompt_tokens, r.received_at);
   st->stream = req.stream;
@@ -232,6 +233,7 @@ route_result handle_chat_completions(server_context& ctx, const http_request& r)
   const auto& m = resolve_model(ctx, req.model);
   auto params = req.params;
   if (req.prediction) params.prediction = tokenize_prediction(m, *req.prediction);
+  params.constraint = compile_constraint(req.constraint, r.body);
   auto sub = submit_generation(ctx, m, tokenize_chat(m, req.messages, req.template_kwargs), std::move(params));
   auto st = std::make_shared<openai_state>(ctx, dialect::chat, m.name(), sub.prompt_tokens, r.received_at);
   st->stream = req.stream;
