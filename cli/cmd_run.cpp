@@ -11,6 +11,8 @@
 #include <optional>
 #include <random>
 #include <algorithm>
+#include <fstream>
+#include <iterator>
 
 #include "cli/log.h"
 #include "cli/command_registry.h"
@@ -26,6 +28,8 @@
 #include "models/weight_plan.h"
 #include "runtime/draft_mirror.h"
 #include "runtime/engine.h"
+#include "runtime/grammar.h"
+#include "runtime/json_schema.h"
 #include "runtime/placement.h"
 
 namespace tandem::cli {
@@ -54,6 +58,7 @@ struct run_args {
   // Speculative decoding: a draft model's guesses (--draft) or n-gram lookup (--draft-ngram),
   // at most draft_max verified per pass.
   std::string draft;
+  std::string grammar_file, schema_file;  // constrained output (docs/structured-output.md)
   bool draft_ngram = false;
   int64_t draft_max = 8;
   bool draft_max_given = false;
@@ -243,6 +248,18 @@ void run(const run_args& a) {
   rq.params.sampling = a.sampling;
   rq.params.sampling.seed = a.has_seed ? a.seed : std::random_device{}();
   rq.params.exact = true;
+  if (!a.grammar_file.empty() || !a.schema_file.empty()) {
+    const std::string path = a.grammar_file.empty() ? a.schema_file : a.grammar_file;
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw std::runtime_error("cannot read " + path);
+    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    try {
+      const std::string gbnf = a.grammar_file.empty() ? runtime::json_schema_to_gbnf(nlohmann::ordered_json::parse(text)) : text;
+      rq.params.constraint = std::make_shared<const runtime::grammar>(runtime::parse_gbnf(gbnf));
+    } catch (const std::exception& e) {
+      throw std::runtime_error(path + ": " + e.what());
+    }
+  }
   const auto t0 = std::chrono::steady_clock::now();
   auto h = eng.submit(std::move(rq));
   runtime::piece p;
@@ -334,6 +351,11 @@ void add_run_command(CLI::App& root) {
       ->check(CLI::Range(int64_t{1}, int64_t{32}))
       ->capture_default_str()
       ->each([a](const std::string&) { a->draft_max_given = true; });
+  auto* grammar =
+      cmd->add_option("--grammar", a->grammar_file, "constrain the output to a GBNF grammar (llama.cpp's format)")->check(CLI::ExistingFile);
+  cmd->add_option("--json-schema", a->schema_file, "constrain the output to JSON of this JSON Schema file")
+      ->check(CLI::ExistingFile)
+      ->excludes(grammar);
   cmd->add_flag("--gpu", a->gpu, "run on the CUDA device, the weights resident in its memory (CUDA builds)");
   cmd->add_option("--seed", a->seed, "random seed (default: random)")->each([a](const std::string&) { a->has_seed = true; });
   cmd->callback([a] { run(*a); });

@@ -1,5 +1,8 @@
 // `tandem run` end to end: the real binary on the committed test model and on SmolLM2.
 #include <doctest/doctest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <nlohmann/json.hpp>
 
 #include <string>
@@ -178,6 +181,26 @@ TEST_SUITE("run") {
     // 5 prompt + 11 generated tokens fill the 16 positions; the 12th is sampled from the
     // last position's logits and needs no cache slot.
     CHECK(r.err.find("generated: 12 tokens") != std::string::npos);
+  }
+
+  TEST_CASE("--grammar and --json-schema constrain the output; a bad one is an error naming the file") {
+    const std::string model = test::data_path("stories260K.gguf").string();
+    test::scratch_dir dir;
+    {
+      std::ofstream(dir / "pet.gbnf") << "root ::= \" Lily\" (\" and Tom\")? \".\"\n";
+      std::ofstream(dir / "n.json") << R"({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})";
+      std::ofstream(dir / "bad.json") << R"({"type": "string", "pattern": "x"})";
+    }
+    auto r = test::run_tandem("run -m '" + model + "' -p 'Once upon a time, there was a girl named' --seed 3 -n 30 --grammar '" +
+                              (dir / "pet.gbnf").string() + "'");
+    REQUIRE(r.exit_code == 0);
+    CHECK((r.out == " Lily.\n" || r.out == " Lily and Tom.\n"));
+    r = test::run_tandem("run -m '" + model + "' -p 'Once' --seed 3 -n 60 --json-schema '" + (dir / "n.json").string() + "'");
+    REQUIRE(r.exit_code == 0);
+    if (r.err.find("generated: 60 tokens") == std::string::npos) CHECK(nlohmann::json::parse(r.out, nullptr, false)["n"].is_number_integer());
+    r = test::run_tandem("run -m '" + model + "' -p 'Once' --json-schema '" + (dir / "bad.json").string() + "'");
+    CHECK(r.exit_code != 0);
+    CHECK(r.err.find("bad.json: JSON schema: keyword 'pattern' is not supported") != std::string::npos);
   }
 }
 
