@@ -1,4 +1,5 @@
 #include "runtime/grammar_matcher.h"
+#include "tests/runtime/grammar_test_util.h"
 
 #include <doctest/doctest.h>
 
@@ -16,18 +17,11 @@ using namespace tandem;
 using namespace tandem::runtime;
 using ojson = nlohmann::ordered_json;
 
+using tandem::test::byte_vocab;
+
 namespace {
 
 std::shared_ptr<const grammar> compile(const std::string& gbnf) { return std::make_shared<const grammar>(parse_gbnf(gbnf)); }
-
-std::shared_ptr<const grammar_vocab> byte_vocab() {
-  static const auto v = [] {
-    std::vector<std::string> pieces;
-    for (int b = 0; b < 256; ++b) pieces.emplace_back(1, static_cast<char>(b));
-    return std::make_shared<const grammar_vocab>(make_grammar_vocab(std::move(pieces), {}));
-  }();
-  return v;
-}
 
 bool bit(const std::vector<uint64_t>& bits, int32_t id) { return (bits[static_cast<size_t>(id) / 64] >> (id % 64)) & 1; }
 

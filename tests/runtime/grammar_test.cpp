@@ -6,20 +6,13 @@
 #include <string>
 
 #include "runtime/grammar_matcher.h"
+#include "tests/runtime/grammar_test_util.h"
 
 using namespace tandem::runtime;
 
-namespace {
+using tandem::test::byte_vocab;
 
-// A vocabulary of the 256 single bytes, so a matcher can be fed any byte string.
-std::shared_ptr<const grammar_vocab> byte_vocab() {
-  static const auto v = [] {
-    std::vector<std::string> pieces;
-    for (int b = 0; b < 256; ++b) pieces.emplace_back(1, static_cast<char>(b));
-    return std::make_shared<const grammar_vocab>(make_grammar_vocab(std::move(pieces), {}));
-  }();
-  return v;
-}
+namespace {
 
 // Whether `text` is a whole sentence of the grammar / a prefix of one.
 bool matches(const std::string& gbnf, std::string_view text) {
