@@ -12,6 +12,9 @@ constexpr int32_t k_unknown = -2, k_dead = -1;
 constexpr size_t k_max_nodes = 1 << 14;                // DFA states kept before it is forgotten
 constexpr size_t k_max_mask_bytes = size_t{64} << 20;  // token masks kept before they are dropped
 constexpr size_t k_max_closure = 1 << 16;              // stacks one expansion may visit
+// Stacks the expansions of one token's mask may visit in all: a grammar built to branch
+// without end cannot hold the engine. Past it, what is not computed yet counts as refused.
+constexpr size_t k_max_work = size_t{1} << 22;
 
 }  // namespace
 
@@ -32,13 +35,13 @@ grammar_matcher::grammar_matcher(std::shared_ptr<const grammar> g, std::shared_p
 // Expands a stack until its top is a byte set (or it is empty: the parse may end there). A
 // rule reference at the end of an alternative leaves no frame behind, so repetitions (right
 // recursion) keep the stack flat.
-void grammar_matcher::closure(std::vector<uint32_t> stack, std::vector<std::vector<uint32_t>>& out) const {
+void grammar_matcher::closure(std::vector<uint32_t> stack, std::vector<std::vector<uint32_t>>& out) {
   const auto& el = g_->elements;
   std::vector<std::vector<uint32_t>> work;
   std::unordered_set<std::vector<uint32_t>, config_hash> seen;
   work.push_back(std::move(stack));
   size_t visited = 0;
-  while (!work.empty() && ++visited <= k_max_closure) {
+  while (!work.empty() && ++visited <= k_max_closure && ++work_ <= k_max_work) {
     std::vector<uint32_t> s = std::move(work.back());
     work.pop_back();
     if (s.empty() || el[s.back()].k == grammar::kind::bytes) {
@@ -87,6 +90,7 @@ int32_t grammar_matcher::intern(std::vector<uint32_t> config) {
 }
 
 int32_t grammar_matcher::compute_step(int32_t from, uint8_t byte) {
+  if (work_ > k_max_work) return k_dead;  // (not kept: a later token's budget may compute it)
   std::vector<std::vector<uint32_t>> out;
   const std::vector<uint32_t> config = nodes_[static_cast<size_t>(from)].config;  // (nodes_ may grow below)
   for (size_t i = 0; i < config.size(); i += config[i] + 1) {
@@ -111,6 +115,7 @@ inline int32_t grammar_matcher::step(int32_t from, uint8_t byte) {
 void grammar_matcher::compute_mask(int32_t n) {
   const grammar_vocab& v = *v_;
   std::vector<uint64_t> bits((static_cast<size_t>(v.n_vocab()) + 63) / 64, 0);
+  work_ = 0;
   walk_[0] = n;
   const size_t count = v.byte.size();
   for (size_t i = 0; i < count;) {
@@ -155,6 +160,7 @@ bool grammar_matcher::mask(std::span<float> logits) {
 }
 
 bool grammar_matcher::accept_bytes(std::string_view bytes) {
+  work_ = 0;
   int32_t s = current_;
   for (const char c : bytes) {
     s = step(s, static_cast<uint8_t>(c));

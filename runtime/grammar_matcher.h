@@ -63,7 +63,7 @@ class grammar_matcher {
   int32_t intern(std::vector<uint32_t> config);
   int32_t step(int32_t from, uint8_t byte);
   int32_t compute_step(int32_t from, uint8_t byte);
-  void closure(std::vector<uint32_t> stack, std::vector<std::vector<uint32_t>>& out) const;
+  void closure(std::vector<uint32_t> stack, std::vector<std::vector<uint32_t>>& out);
   int32_t from_stacks(std::vector<std::vector<uint32_t>>& stacks);
   void compute_mask(int32_t n);
   void bound();  // between tokens: forgets the DFA (keeping the state) when it has grown too big
@@ -75,6 +75,7 @@ class grammar_matcher {
   int32_t current_ = 0;
   size_t masks_ = 0;
   std::vector<int32_t> walk_;  // the trie walk's state per depth
+  size_t work_ = 0;            // stacks expanded for the mask or token at hand (bounded)
 };
 
 }  // namespace tandem::runtime

@@ -114,6 +114,20 @@ TEST_SUITE("grammar_matcher") {
     CHECK(m.finished());
   }
 
+  TEST_CASE("an ambiguous grammar's branches stay bounded, and its outputs stay in its language") {
+    // Every 'a' may open a pair or not: the parses after n a's differ in depth.
+    const auto g = compile("root ::= s\ns ::= \"a\" s \"b\" | \"a\" s | \"\"");
+    grammar_matcher m(g, byte_vocab());
+    for (int i = 0; i < 100; ++i) {
+      std::vector<float> logits(256, 0.0f);
+      REQUIRE(m.mask(logits));
+      REQUIRE(m.accept('a'));
+    }
+    CHECK(m.accepting());
+    CHECK(m.accept_bytes("bbb"));
+    CHECK(m.accepting());
+  }
+
   TEST_CASE("a deep nesting is refused past the stack bound rather than growing without end") {
     grammar_matcher m(compile("root ::= \"[\" root? \"]\""), byte_vocab());
     int depth = 0;
